@@ -1,0 +1,39 @@
+// Expert activations. SwiGLU takes h = [gate | up] of width 2*ffn and gives silu(gate) * up;
+// GELU (tanh approximation) maps width ffn to ffn.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/device.h"
+#include "kernels/dtype.h"
+
+namespace scmoe {
+
+enum class Activation { kSwiGLU, kGeLU };
+
+const char* activation_name(Activation a);
+// Width of the first expert GEMM's output: 2*ffn for SwiGLU, ffn for GELU.
+constexpr std::int64_t activation_input_width(Activation a, std::int64_t ffn) {
+    return a == Activation::kSwiGLU ? 2 * ffn : ffn;
+}
+
+struct ActivationArgs {
+    Activation activation = Activation::kSwiGLU;
+    std::int64_t rows = 0, ffn = 0;
+    DType dtype = DType::kF32;
+    const void* h = nullptr;  // [rows, activation_input_width]
+    void* out = nullptr;      // [rows, ffn]
+};
+void activation_forward(const ActivationArgs& args, Stream& stream);
+
+struct ActivationBackwardArgs {
+    Activation activation = Activation::kSwiGLU;
+    std::int64_t rows = 0, ffn = 0;
+    DType dtype = DType::kF32;
+    const void* h = nullptr;         // [rows, activation_input_width] (forward input)
+    const void* grad_out = nullptr;  // [rows, ffn]
+    void* grad_h = nullptr;          // [rows, activation_input_width] out
+};
+void activation_backward(const ActivationBackwardArgs& args, Stream& stream);
+
+}  // namespace scmoe

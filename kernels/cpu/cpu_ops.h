@@ -1,0 +1,33 @@
+// CPU implementations of the ops in kernels/*.h. They run synchronously on the calling thread;
+// kernels/dispatch.cpp enqueues them on a CPU stream's worker. fp32 only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/layout.h"
+#include "kernels/permute.h"
+#include "kernels/router.h"
+
+namespace scmoe::cpu {
+
+void gemm(const GemmArgs& args);
+void grouped_gemm(const GroupedGemmArgs& args);
+void router_forward(const RouterForwardArgs& args);
+void router_backward(const RouterBackwardArgs& args);
+void compute_layout(const LayoutArgs& args);
+void permute(const PermuteArgs& args);
+void permute_backward(const PermuteBackwardArgs& args);
+void combine(const CombineArgs& args);
+void combine_backward(const CombineBackwardArgs& args);
+void activation_forward(const ActivationArgs& args);
+void activation_backward(const ActivationBackwardArgs& args);
+void gated_add(const GatedAddArgs& args);
+void gated_add_backward(const GatedAddBackwardArgs& args);
+void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index);
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
+
+}  // namespace scmoe::cpu

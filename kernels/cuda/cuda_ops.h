@@ -1,0 +1,39 @@
+// CUDA implementations of the ops in kernels/*.h, launched on `stream` (a cudaStream_t).
+// Storage bf16 (f32 where the op's header says so), fp32 accumulation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/activation.h"
+#include "kernels/device.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/layout.h"
+#include "kernels/permute.h"
+#include "kernels/router.h"
+
+namespace scmoe::cuda {
+
+int device_count();  // 0 when no driver or device answers
+std::unique_ptr<Device> make_device(int index);
+
+void gemm(const GemmArgs& args, void* stream);
+void grouped_gemm(const GroupedGemmArgs& args, GroupedGemmProvider provider, void* stream);
+void router_forward(const RouterForwardArgs& args, void* stream);
+void router_backward(const RouterBackwardArgs& args, void* stream);
+void compute_layout(const LayoutArgs& args, void* stream);
+void permute(const PermuteArgs& args, void* stream);
+void permute_backward(const PermuteBackwardArgs& args, void* stream);
+void combine(const CombineArgs& args, void* stream);
+void combine_backward(const CombineBackwardArgs& args, void* stream);
+void activation_forward(const ActivationArgs& args, void* stream);
+void activation_backward(const ActivationBackwardArgs& args, void* stream);
+void gated_add(const GatedAddArgs& args, void* stream);
+void gated_add_backward(const GatedAddBackwardArgs& args, void* stream);
+void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index,
+                     void* stream);
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, void* stream);
+
+}  // namespace scmoe::cuda

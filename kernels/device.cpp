@@ -1,0 +1,63 @@
+#include "kernels/device.h"
+
+#include <utility>
+
+#include "kernels/cpu/cpu_device.h"
+#include "kernels/error.h"
+#if SCMOE_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace scmoe {
+
+const char* backend_name(Backend b) { return b == Backend::kCpu ? "cpu" : "cuda"; }
+
+bool cuda_backend_built() { return SCMOE_WITH_CUDA != 0; }
+
+bool cuda_device_available() {
+#if SCMOE_WITH_CUDA
+    return cuda::device_count() > 0;
+#else
+    return false;
+#endif
+}
+
+std::unique_ptr<Device> make_device(std::string_view backend, [[maybe_unused]] int index) {
+    if (backend == "cpu") return cpu::make_device();
+    if (backend == "cuda" || backend == "auto") {
+        if (cuda_device_available()) {
+#if SCMOE_WITH_CUDA
+            int count = cuda::device_count();
+            SCMOE_CHECK(index >= 0 && index < count, "CUDA device index " << index << " out of range: " << count
+                                                                           << " device(s) visible");
+            return cuda::make_device(index);
+#endif
+        }
+        if (backend == "auto") return cpu::make_device();
+        SCMOE_FAIL("--backend cuda asked for, but "
+                   << (cuda_backend_built() ? "no CUDA device answers (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+                                            : "this build has no CUDA backend (configure with -DSCMOE_WITH_CUDA=ON)"));
+    }
+    SCMOE_FAIL("unknown backend '" << backend << "': expected auto, cpu or cuda");
+}
+
+DeviceBuffer::DeviceBuffer(Device& device, std::size_t bytes)
+    : device_(&device), ptr_(device.allocate(bytes)), bytes_(bytes) {}
+DeviceBuffer::~DeviceBuffer() {
+    if (device_ && ptr_) device_->deallocate(ptr_);
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : device_(std::exchange(other.device_, nullptr)),
+      ptr_(std::exchange(other.ptr_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+        if (device_ && ptr_) device_->deallocate(ptr_);
+        device_ = std::exchange(other.device_, nullptr);
+        ptr_ = std::exchange(other.ptr_, nullptr);
+        bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+}
+
+}  // namespace scmoe

@@ -1,0 +1,76 @@
+// Routes every op to its backend: on a CPU stream the CPU implementation is enqueued on the
+// stream's worker thread; on a CUDA stream the CUDA launcher is called with the cudaStream_t.
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/error.h"
+#if SCMOE_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace scmoe {
+namespace {
+
+template <class CpuFn, class CudaFn>
+void run_on(Stream& stream, CpuFn&& cpu_fn, [[maybe_unused]] CudaFn&& cuda_fn) {
+    if (stream.backend() == Backend::kCpu) {
+        stream.host_task(std::forward<CpuFn>(cpu_fn));
+        return;
+    }
+#if SCMOE_WITH_CUDA
+    cuda_fn(stream.native_handle());
+#else
+    SCMOE_FAIL("a CUDA stream reached an op in a build without CUDA");
+#endif
+}
+
+}  // namespace
+
+#if SCMOE_WITH_CUDA
+#define SCMOE_CUDA_CALL(call) [&](void* s) { cuda::call; }
+#else
+#define SCMOE_CUDA_CALL(call) [](void*) {}
+#endif
+
+void gemm(const GemmArgs& a, Stream& s) { run_on(s, [a] { cpu::gemm(a); }, SCMOE_CUDA_CALL(gemm(a, s))); }
+void grouped_gemm(const GroupedGemmArgs& a, Stream& s, [[maybe_unused]] GroupedGemmProvider p) {
+    run_on(s, [a] { cpu::grouped_gemm(a); }, SCMOE_CUDA_CALL(grouped_gemm(a, p, s)));
+}
+void router_forward(const RouterForwardArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::router_forward(a); }, SCMOE_CUDA_CALL(router_forward(a, s)));
+}
+void router_backward(const RouterBackwardArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::router_backward(a); }, SCMOE_CUDA_CALL(router_backward(a, s)));
+}
+void compute_layout(const LayoutArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::compute_layout(a); }, SCMOE_CUDA_CALL(compute_layout(a, s)));
+}
+void permute(const PermuteArgs& a, Stream& s) { run_on(s, [a] { cpu::permute(a); }, SCMOE_CUDA_CALL(permute(a, s))); }
+void permute_backward(const PermuteBackwardArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::permute_backward(a); }, SCMOE_CUDA_CALL(permute_backward(a, s)));
+}
+void combine(const CombineArgs& a, Stream& s) { run_on(s, [a] { cpu::combine(a); }, SCMOE_CUDA_CALL(combine(a, s))); }
+void combine_backward(const CombineBackwardArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::combine_backward(a); }, SCMOE_CUDA_CALL(combine_backward(a, s)));
+}
+void activation_forward(const ActivationArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::activation_forward(a); }, SCMOE_CUDA_CALL(activation_forward(a, s)));
+}
+void activation_backward(const ActivationBackwardArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::activation_backward(a); }, SCMOE_CUDA_CALL(activation_backward(a, s)));
+}
+void gated_add(const GatedAddArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::gated_add(a); }, SCMOE_CUDA_CALL(gated_add(a, s)));
+}
+void gated_add_backward(const GatedAddBackwardArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::gated_add_backward(a); }, SCMOE_CUDA_CALL(gated_add_backward(a, s)));
+}
+void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index,
+                     Stream& s) {
+    run_on(s, [=] { cpu::count_nonfinite(x, n, dtype, count, first_index); },
+           SCMOE_CUDA_CALL(count_nonfinite(x, n, dtype, count, first_index, s)));
+}
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream& s) {
+    run_on(s, [=] { cpu::convert(src, src_dtype, dst, dst_dtype, n); },
+           SCMOE_CUDA_CALL(convert(src, src_dtype, dst, dst_dtype, n, s)));
+}
+
+}  // namespace scmoe

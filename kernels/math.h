@@ -1,0 +1,74 @@
+// Per-element math shared by the CPU and CUDA backends, so the CPU tests exercise the same
+// arithmetic the GPU runs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define SCMOE_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define SCMOE_HOST_DEVICE inline
+#endif
+
+namespace scmoe::math {
+
+SCMOE_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// SiLU(g) * u and its derivatives.
+SCMOE_HOST_DEVICE float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+SCMOE_HOST_DEVICE float swiglu_grad_gate(float g, float u) {
+    float s = sigmoid(g);
+    return u * s * (1.0f + g * (1.0f - s));
+}
+SCMOE_HOST_DEVICE float swiglu_grad_up(float g) { return g * sigmoid(g); }
+
+// GELU, tanh approximation, and its derivative.
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+SCMOE_HOST_DEVICE float gelu(float x) { return 0.5f * x * (1.0f + tanhf(kGeluC * (x + kGeluA * x * x * x))); }
+SCMOE_HOST_DEVICE float gelu_grad(float x) {
+    float inner = kGeluC * (x + kGeluA * x * x * x);
+    float t = tanhf(inner);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+}
+
+// bf16 <-> f32 with round-to-nearest-even (NaN kept quiet), bit-identical to __float2bfloat16_rn.
+SCMOE_HOST_DEVICE std::uint16_t f32_to_bf16_bits(float f) {
+    std::uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<std::uint16_t>(u >> 16);
+}
+SCMOE_HOST_DEVICE float bf16_bits_to_f32(std::uint16_t b) {
+    std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+SCMOE_HOST_DEVICE float round_to_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
+
+// Counter-based standard normal sample for the noisy gate: the same (seed, index) gives the same
+// value on every backend, so noisy routing is reproducible.
+SCMOE_HOST_DEVICE std::uint64_t splitmix64(std::uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+SCMOE_HOST_DEVICE float normal_sample(std::uint64_t seed, std::uint64_t index) {
+    std::uint64_t r = splitmix64(seed ^ splitmix64(index));
+    // Two 24-bit uniforms in (0, 1], Box-Muller.
+    float u1 = (static_cast<float>(r >> 40) + 1.0f) * (1.0f / 16777216.0f);
+    float u2 = (static_cast<float>((r >> 16) & 0xffffffu) + 1.0f) * (1.0f / 16777216.0f);
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2);
+}
+
+// Top-k order: higher probability first; ties go to the lower expert index (deterministic).
+SCMOE_HOST_DEVICE bool ranks_before(float p_a, int e_a, float p_b, int e_b) {
+    return p_a > p_b || (p_a == p_b && e_a < e_b);
+}
+
+}  // namespace scmoe::math

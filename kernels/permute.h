@@ -1,0 +1,64 @@
+// Permute (gather tokens into the expert-major buffer) and unpermute + weighted combine.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/device.h"
+#include "kernels/dtype.h"
+
+namespace scmoe {
+
+// xp[r] = x[choice_of_row[r] / top_k], or zeros where choice_of_row[r] == -1.
+struct PermuteArgs {
+    std::int64_t rows = 0, hidden = 0;
+    int top_k = 1;
+    DType dtype = DType::kF32;
+    const void* x = nullptr;                  // [tokens, hidden]
+    const std::int32_t* choice_of_row = nullptr;  // [rows]
+    void* xp = nullptr;                       // [rows, hidden] out
+};
+void permute(const PermuteArgs& args, Stream& stream);
+
+// grad_x[t] (+)= sum_j grad_xp[slot_of_choice[t, j]] over kept choices, j ascending.
+struct PermuteBackwardArgs {
+    std::int64_t tokens = 0, hidden = 0;
+    int top_k = 1;
+    bool accumulate = false;
+    DType dtype = DType::kF32;
+    const void* grad_xp = nullptr;                 // [rows, hidden]
+    const std::int32_t* slot_of_choice = nullptr;  // [tokens, top_k]
+    void* grad_x = nullptr;                        // [tokens, hidden] out
+};
+void permute_backward(const PermuteBackwardArgs& args, Stream& stream);
+
+// y[t] (+)= sum_j gate_weight[t, j] * yp[slot_of_choice[t, j]] over kept choices, j ascending,
+// accumulated in fp32.
+struct CombineArgs {
+    std::int64_t tokens = 0, hidden = 0;
+    int top_k = 1;
+    bool accumulate = false;
+    DType dtype = DType::kF32;
+    const void* yp = nullptr;                      // [rows, hidden]
+    const std::int32_t* slot_of_choice = nullptr;  // [tokens, top_k]
+    const float* gate_weight = nullptr;            // [tokens, top_k]
+    void* y = nullptr;                             // [tokens, hidden] out
+};
+void combine(const CombineArgs& args, Stream& stream);
+
+// grad_yp[r] = w * grad_y[t] for r = slot of (t, j), zeros for empty rows;
+// grad_gate_weight[t, j] = <grad_y[t], yp[slot]>, 0 for dropped choices.
+struct CombineBackwardArgs {
+    std::int64_t tokens = 0, rows = 0, hidden = 0;
+    int top_k = 1;
+    DType dtype = DType::kF32;
+    const void* grad_y = nullptr;                  // [tokens, hidden]
+    const void* yp = nullptr;                      // [rows, hidden]
+    const std::int32_t* slot_of_choice = nullptr;  // [tokens, top_k]
+    const std::int32_t* choice_of_row = nullptr;   // [rows]
+    const float* gate_weight = nullptr;            // [tokens, top_k]
+    void* grad_yp = nullptr;                       // [rows, hidden] out
+    float* grad_gate_weight = nullptr;             // [tokens, top_k] out
+};
+void combine_backward(const CombineBackwardArgs& args, Stream& stream);
+
+}  // namespace scmoe

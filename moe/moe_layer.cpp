@@ -1,0 +1,218 @@
+// MoeLayer: construction, workspace layout, forward stages and statistics.
+// The backward stages live in moe_layer_backward.cpp.
+#include <cstring>
+
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/error.h"
+#include "kernels/gemm.h"
+#include "kernels/layout.h"
+#include "kernels/permute.h"
+#include "kernels/router.h"
+#include "kernels/workspace.h"
+#include "moe/moe_layer_buffers.h"
+
+namespace scmoe {
+
+std::size_t MoeLayer::workspace_bytes(const MoeConfig& config, std::int64_t max_tokens) {
+    config.validate();
+    MoeLayer::Buffers b;
+    WorkspaceCarver carver(nullptr);
+    b.carve(carver, config, max_tokens);
+    return carver.bytes_used();
+}
+
+MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens)
+    : MoeLayer(config, device, max_tokens, nullptr, 0) {}
+
+MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens, void* workspace,
+                   std::size_t bytes)
+    : config_(config), device_(device), max_tokens_(max_tokens), buf_(std::make_unique<Buffers>()) {
+    config_.validate();
+    SCMOE_CHECK(max_tokens >= 0, "MoeLayer: max_tokens = " << max_tokens << ": must be >= 0");
+    SCMOE_CHECK(config_.dtype == device.compute_dtype(),
+                "MoeConfig.dtype = " << dtype_name(config_.dtype) << ": the " << backend_name(device.backend())
+                                     << " backend computes in " << dtype_name(device.compute_dtype()));
+    const std::size_t need = workspace_bytes(config_, max_tokens_);
+    if (!workspace) {
+        owned_workspace_ = DeviceBuffer(device, need);
+        workspace = owned_workspace_.data();
+    } else {
+        SCMOE_CHECK(bytes >= need, "MoeLayer: workspace of " << bytes << " bytes is smaller than the " << need
+                                                             << " bytes workspace_bytes() asks for");
+    }
+    WorkspaceCarver carver(workspace);
+    buf_->carve(carver, config_, max_tokens_);
+    host_scratch_ = device.allocate_host(Buffers::host_scratch_bytes(config_));
+}
+
+MoeLayer::~MoeLayer() { device_.deallocate_host(host_scratch_); }
+
+std::int64_t MoeLayer::rows() const { return permuted_rows(tokens_, config_.num_experts, config_.top_k, capacity_); }
+
+void MoeLayer::check_finite(const Tensor& t, int slot, const char* what, Stream& stream) {
+    if (!config_.check_finite) return;
+    std::int64_t* dev = buf_->nonfinite + 2 * slot;
+    auto* host = static_cast<std::int64_t*>(host_scratch_) + 2 * slot;
+    count_nonfinite(t.data, t.numel(), t.dtype, dev, dev + 1, stream);
+    stream.copy(host, dev, 2 * sizeof(std::int64_t));
+    const std::int64_t width = t.ndim > 1 ? t.dim(1) : 1;
+    stream.host_task([host, what, width] {
+        if (host[0] > 0)
+            SCMOE_FAIL("MoeLayer: " << what << " holds " << host[0] << " NaN/Inf value(s), first at [token "
+                                    << host[1] / width << ", column " << host[1] % width << "]");
+    });
+}
+
+void MoeLayer::forward(const Tensor& x, const Tensor& shortcut, const MoeParams& params, Tensor y, Stream& stream) {
+    route(shortcut.defined() ? shortcut : x, params, stream);
+    x_ = x;
+    permute(stream);
+    experts(params, stream);
+    combine(y, stream);
+    if (config_.shared_expert) shared_expert(x, params, y, stream);
+}
+
+void MoeLayer::route(const Tensor& s, const MoeParams& params, Stream& stream) {
+    const std::int64_t T = s.ndim == 2 ? s.dim(0) : -1;
+    SCMOE_CHECK(T >= 0 && T <= max_tokens_, "MoeLayer.route: shortcut has " << describe(s) << "; expected [tokens <= "
+                                                                            << max_tokens_ << ", " << config_.hidden
+                                                                            << "]");
+    check_tensor(s, {T, config_.hidden}, config_.dtype, "MoeLayer.route: shortcut");
+    check_moe_params(config_, params, config_.dtype, "MoeParams");
+    tokens_ = T;
+    shortcut_ = s;
+    x_ = s;
+    capacity_ = config_.dispatch == DispatchMode::kCapacity
+                    ? expert_capacity(T, config_.num_experts, config_.top_k, config_.capacity_factor)
+                    : 0;
+    check_finite(s, 0, "input (shortcut) of forward", stream);
+
+    const int E = config_.num_experts, K = config_.top_k;
+    Buffers& b = *buf_;
+    gemm({false, false, T, E, config_.hidden, 1.0f, 0.0f, s.data, params.gate_w.data, b.logits, config_.dtype,
+          DType::kF32},
+         stream);
+    RouterForwardArgs r;
+    r.tokens = T;
+    r.num_experts = E;
+    r.top_k = K;
+    r.noise_std = training_ ? config_.noise_std : 0.0f;
+    r.noise_seed = config_.noise_seed;
+    r.logits = b.logits;
+    r.probs = b.probs;
+    r.logsumexp = b.logsumexp;
+    r.expert_index = b.expert_index;
+    r.gate_weight = b.gate_weight;
+    r.expert_fraction = b.expert_fraction;
+    r.losses = b.losses;
+    router_forward(r, stream);
+
+    LayoutArgs l;
+    l.tokens = T;
+    l.num_experts = E;
+    l.top_k = K;
+    l.capacity = capacity_;
+    l.expert_index = b.expert_index;
+    l.expert_counts = b.expert_counts;
+    l.group_offsets = b.group_offsets;
+    l.slot_of_choice = b.slot_of_choice;
+    l.choice_of_row = b.choice_of_row;
+    l.dropped = b.dropped;
+    compute_layout(l, stream);
+}
+
+void MoeLayer::permute(Stream& stream) {
+    PermuteArgs a;
+    a.rows = rows();
+    a.hidden = config_.hidden;
+    a.top_k = config_.top_k;
+    a.dtype = config_.dtype;
+    a.x = shortcut_.data;
+    a.choice_of_row = buf_->choice_of_row;
+    a.xp = buf_->xp;
+    scmoe::permute(a, stream);
+}
+
+void MoeLayer::experts(const MoeParams& params, Stream& stream) {
+    Buffers& b = *buf_;
+    const std::int64_t R = rows();
+    GroupedGemmArgs g;
+    g.num_groups = config_.num_experts;
+    g.max_rows = R;
+    g.rows_per_group = capacity_;
+    g.group_offsets = b.group_offsets;
+    g.ab_dtype = g.c_dtype = config_.dtype;
+
+    g.kind = GroupedGemmKind::kForward;
+    g.k = config_.hidden;
+    g.n = config_.expert_inner_width();
+    g.a = b.xp;
+    g.b = params.expert_w1.data;
+    g.c = b.h;
+    grouped_gemm(g, stream, provider_);
+
+    activation_forward({config_.activation, R, config_.ffn, config_.dtype, b.h, b.act}, stream);
+
+    g.k = config_.ffn;
+    g.n = config_.hidden;
+    g.a = b.act;
+    g.b = params.expert_w2.data;
+    g.c = b.yp;
+    grouped_gemm(g, stream, provider_);
+}
+
+void MoeLayer::combine(Tensor y, Stream& stream) {
+    check_tensor(y, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.combine: y");
+    CombineArgs a;
+    a.tokens = tokens_;
+    a.hidden = config_.hidden;
+    a.top_k = config_.top_k;
+    a.dtype = config_.dtype;
+    a.yp = buf_->yp;
+    a.slot_of_choice = buf_->slot_of_choice;
+    a.gate_weight = buf_->gate_weight;
+    a.y = y.data;
+    scmoe::combine(a, stream);
+}
+
+void MoeLayer::shared_expert(const Tensor& x, const MoeParams& params, Tensor y, Stream& stream) {
+    SCMOE_CHECK(config_.shared_expert, "MoeLayer.shared_expert: the config has shared_expert off");
+    check_tensor(x, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.shared_expert: x");
+    check_tensor(y, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.shared_expert: y");
+    if (x.data != shortcut_.data) check_finite(x, 1, "input x of forward", stream);
+    x_ = x;
+    Buffers& b = *buf_;
+    const std::int64_t T = tokens_, H = config_.hidden, Fs = config_.shared_ffn_width();
+    const std::int64_t Is = activation_input_width(config_.activation, Fs);
+    const DType dt = config_.dtype;
+    gemm({false, false, T, Is, H, 1.0f, 0.0f, x.data, params.shared_w1.data, b.shared_h, dt, dt}, stream);
+    activation_forward({config_.activation, T, Fs, dt, b.shared_h, b.shared_act}, stream);
+    gemm({false, false, T, H, Fs, 1.0f, 0.0f, b.shared_act, params.shared_w2.data, b.shared_out, dt, dt}, stream);
+    if (config_.coefficient_gate) {
+        gemm({false, false, T, 1, H, 1.0f, 0.0f, x.data, params.cg_w.data, b.cg_logit, dt, DType::kF32}, stream);
+    }
+    gated_add({T, H, dt, config_.coefficient_gate ? b.cg_logit : nullptr, b.shared_out, y.data}, stream);
+}
+
+MoeStats MoeLayer::stats(Stream& stream) {
+    const int E = config_.num_experts;
+    auto* host = static_cast<char*>(host_scratch_) + Buffers::kStatsOffset;
+    stream.copy(host, buf_->dropped, sizeof(std::int32_t));
+    stream.copy(host + 8, buf_->losses, 2 * sizeof(float));
+    stream.copy(host + 16, buf_->expert_counts, static_cast<std::size_t>(E) * sizeof(std::int32_t));
+    stream.synchronize();
+    MoeStats s;
+    s.tokens = tokens_;
+    s.capacity = capacity_;
+    std::int32_t dropped;
+    std::memcpy(&dropped, host, sizeof(dropped));
+    s.dropped_tokens = dropped;
+    std::memcpy(&s.aux_loss, host + 8, sizeof(float));
+    std::memcpy(&s.z_loss, host + 12, sizeof(float));
+    s.expert_counts.resize(static_cast<std::size_t>(E));
+    std::memcpy(s.expert_counts.data(), host + 16, static_cast<std::size_t>(E) * sizeof(std::int32_t));
+    return s;
+}
+
+}  // namespace scmoe

@@ -1,0 +1,165 @@
+// MoeLayer backward stages: combine-backward, expert backward (with weight grads), permute-backward,
+// router backward, shared-expert backward.
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/error.h"
+#include "kernels/gemm.h"
+#include "kernels/permute.h"
+#include "kernels/router.h"
+#include "moe/moe_layer_buffers.h"
+
+namespace scmoe {
+
+void MoeLayer::backward(const Tensor& grad_y, const MoeParams& params, const MoeGrads& grads, Tensor grad_x,
+                        Tensor grad_shortcut, Stream& stream) {
+    const bool separate_shortcut = shortcut_.data != x_.data || !config_.shared_expert;
+    SCMOE_CHECK(grad_x.defined() || grad_shortcut.defined(), "MoeLayer.backward: neither grad_x nor grad_shortcut given");
+    check_moe_params(config_, grads, DType::kF32, "MoeGrads");
+    // Where the routed path's gradient goes: grad_shortcut, or grad_x when the shortcut is x itself.
+    Tensor grad_s = grad_shortcut.defined() ? grad_shortcut : grad_x;
+    if (!separate_shortcut) {
+        SCMOE_CHECK(!grad_shortcut.defined(),
+                    "MoeLayer.backward: forward ran without a separate shortcut, so grad_shortcut must be undefined");
+    }
+    combine_backward(grad_y, stream);
+    experts_backward(params, grads, stream);
+    bool accumulate = false;
+    if (config_.shared_expert) {
+        shared_expert_backward(grad_y, params, grads, grad_x, false, stream);
+        accumulate = grad_s.data == grad_x.data;
+    } else if (grad_x.defined() && grad_x.data != grad_s.data) {
+        stream.fill_zero(grad_x.data, grad_x.bytes());  // x feeds nothing without a shared expert
+    }
+    permute_backward(grad_s, accumulate, stream);
+    route_backward(params, grads, grad_s, stream);
+}
+
+void MoeLayer::combine_backward(const Tensor& grad_y, Stream& stream) {
+    check_tensor(grad_y, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad_y");
+    check_finite(grad_y, 2, "grad_y of backward", stream);
+    CombineBackwardArgs a;
+    a.tokens = tokens_;
+    a.rows = rows();
+    a.hidden = config_.hidden;
+    a.top_k = config_.top_k;
+    a.dtype = config_.dtype;
+    a.grad_y = grad_y.data;
+    a.yp = buf_->yp;
+    a.slot_of_choice = buf_->slot_of_choice;
+    a.choice_of_row = buf_->choice_of_row;
+    a.gate_weight = buf_->gate_weight;
+    a.grad_yp = buf_->grad_yp;
+    a.grad_gate_weight = buf_->grad_gate_weight;
+    scmoe::combine_backward(a, stream);
+}
+
+void MoeLayer::experts_backward(const MoeParams& params, const MoeGrads& grads, Stream& stream) {
+    Buffers& b = *buf_;
+    const std::int64_t R = rows(), H = config_.hidden, F = config_.ffn, I = config_.expert_inner_width();
+    GroupedGemmArgs g;
+    g.num_groups = config_.num_experts;
+    g.max_rows = R;
+    g.rows_per_group = capacity_;
+    g.group_offsets = b.group_offsets;
+    g.ab_dtype = config_.dtype;
+
+    // Second GEMM: yp = act . W2  ->  grad_act = grad_yp . W2^T,  dW2 = act^T . grad_yp
+    g.k = F;
+    g.n = H;
+    g.kind = GroupedGemmKind::kGradInput;
+    g.a = b.grad_yp;
+    g.b = params.expert_w2.data;
+    g.c = b.grad_act;
+    g.c_dtype = config_.dtype;
+    grouped_gemm(g, stream, provider_);
+    g.kind = GroupedGemmKind::kGradWeight;
+    g.a = b.act;
+    g.b = b.grad_yp;
+    g.c = grads.expert_w2.data;
+    g.c_dtype = DType::kF32;
+    grouped_gemm(g, stream, provider_);
+
+    activation_backward({config_.activation, R, F, config_.dtype, b.h, b.grad_act, b.grad_h}, stream);
+
+    // First GEMM: h = xp . W1  ->  dW1 = xp^T . grad_h,  grad_xp = grad_h . W1^T
+    g.k = H;
+    g.n = I;
+    g.kind = GroupedGemmKind::kGradWeight;
+    g.a = b.xp;
+    g.b = b.grad_h;
+    g.c = grads.expert_w1.data;
+    g.c_dtype = DType::kF32;
+    grouped_gemm(g, stream, provider_);
+    g.kind = GroupedGemmKind::kGradInput;
+    g.a = b.grad_h;
+    g.b = params.expert_w1.data;
+    g.c = b.grad_xp;
+    g.c_dtype = config_.dtype;
+    grouped_gemm(g, stream, provider_);
+}
+
+void MoeLayer::permute_backward(Tensor grad_s, bool accumulate, Stream& stream) {
+    check_tensor(grad_s, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad of the shortcut");
+    PermuteBackwardArgs a;
+    a.tokens = tokens_;
+    a.hidden = config_.hidden;
+    a.top_k = config_.top_k;
+    a.accumulate = accumulate;
+    a.dtype = config_.dtype;
+    a.grad_xp = buf_->grad_xp;
+    a.slot_of_choice = buf_->slot_of_choice;
+    a.grad_x = grad_s.data;
+    scmoe::permute_backward(a, stream);
+}
+
+void MoeLayer::route_backward(const MoeParams& params, const MoeGrads& grads, Tensor grad_s, Stream& stream) {
+    Buffers& b = *buf_;
+    const std::int64_t T = tokens_, E = config_.num_experts, H = config_.hidden;
+    RouterBackwardArgs r;
+    r.tokens = T;
+    r.num_experts = config_.num_experts;
+    r.top_k = config_.top_k;
+    r.aux_loss_coef = config_.aux_loss_coef;
+    r.z_loss_coef = config_.z_loss_coef;
+    r.probs = b.probs;
+    r.logsumexp = b.logsumexp;
+    r.expert_index = b.expert_index;
+    r.expert_fraction = b.expert_fraction;
+    r.grad_gate_weight = b.grad_gate_weight;
+    r.grad_logits = b.grad_logits;
+    r.grad_dtype = config_.dtype;
+    router_backward(r, stream);
+    const DType dt = config_.dtype;
+    // logits = s . Wg  ->  dWg = s^T . grad_logits,  grad_s += grad_logits . Wg^T
+    gemm({true, false, H, E, T, 1.0f, 0.0f, shortcut_.data, b.grad_logits, grads.gate_w.data, dt, DType::kF32}, stream);
+    gemm({false, true, T, H, E, 1.0f, 1.0f, b.grad_logits, params.gate_w.data, grad_s.data, dt, dt}, stream);
+}
+
+void MoeLayer::shared_expert_backward(const Tensor& grad_y, const MoeParams& params, const MoeGrads& grads,
+                                      Tensor grad_x, bool accumulate, Stream& stream) {
+    check_tensor(grad_x, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad_x");
+    Buffers& b = *buf_;
+    const std::int64_t T = tokens_, H = config_.hidden, Fs = config_.shared_ffn_width();
+    const std::int64_t Is = activation_input_width(config_.activation, Fs);
+    const DType dt = config_.dtype;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    gated_add_backward({T, H, dt, config_.coefficient_gate ? b.cg_logit : nullptr, b.shared_out, grad_y.data,
+                        b.grad_shared_out, b.grad_cg_logit},
+                       stream);
+    // out = act . W2s
+    gemm({false, true, T, Fs, H, 1.0f, 0.0f, b.grad_shared_out, params.shared_w2.data, b.grad_shared_act, dt, dt},
+         stream);
+    gemm({true, false, Fs, H, T, 1.0f, 0.0f, b.shared_act, b.grad_shared_out, grads.shared_w2.data, dt, DType::kF32},
+         stream);
+    activation_backward({config_.activation, T, Fs, dt, b.shared_h, b.grad_shared_act, b.grad_shared_h}, stream);
+    // h = x . W1s
+    gemm({true, false, H, Is, T, 1.0f, 0.0f, x_.data, b.grad_shared_h, grads.shared_w1.data, dt, DType::kF32}, stream);
+    gemm({false, true, T, H, Is, 1.0f, beta, b.grad_shared_h, params.shared_w1.data, grad_x.data, dt, dt}, stream);
+    if (config_.coefficient_gate) {
+        // cg_logit = x . w_cg
+        gemm({true, false, H, 1, T, 1.0f, 0.0f, x_.data, b.grad_cg_logit, grads.cg_w.data, dt, DType::kF32}, stream);
+        gemm({false, true, T, H, 1, 1.0f, 1.0f, b.grad_cg_logit, params.cg_w.data, grad_x.data, dt, dt}, stream);
+    }
+}
+
+}  // namespace scmoe

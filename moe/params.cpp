@@ -1,0 +1,70 @@
+#include "moe/params.h"
+
+#include "kernels/error.h"
+
+namespace scmoe {
+
+std::int64_t ParamSpec::numel() const {
+    if (shape.empty()) return 0;
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    return n;
+}
+
+std::vector<ParamSpec> moe_param_specs(const MoeConfig& c) {
+    const std::int64_t H = c.hidden, E = c.num_experts, I = c.expert_inner_width(), F = c.ffn;
+    const std::int64_t Fs = c.shared_ffn_width(), Is = activation_input_width(c.activation, Fs);
+    using Shape = std::vector<std::int64_t>;
+    return {
+        {"gate_w", Shape{H, E}},
+        {"expert_w1", Shape{E, H, I}},
+        {"expert_w2", Shape{E, F, H}},
+        {"shared_w1", c.shared_expert ? Shape{H, Is} : Shape{}},
+        {"shared_w2", c.shared_expert ? Shape{Fs, H} : Shape{}},
+        {"cg_w", c.coefficient_gate ? Shape{H, 1} : Shape{}},
+    };
+}
+
+void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dtype, const char* what) {
+    const auto specs = moe_param_specs(config);
+    const Tensor* t = params.begin();
+    for (const ParamSpec& spec : specs) {
+        const std::string name = std::string(what) + "." + spec.name;
+        if (spec.shape.empty()) {
+            SCMOE_CHECK(!t->defined(), name << " is set but the config does not use it (" << config.to_string() << ")");
+        } else {
+            bool ok = t->dtype == dtype && t->ndim == static_cast<int>(spec.shape.size()) && t->data != nullptr;
+            for (std::size_t i = 0; ok && i < spec.shape.size(); ++i) ok = t->dim(static_cast<int>(i)) == spec.shape[i];
+            if (!ok) {
+                std::string expected = "[";
+                for (std::size_t i = 0; i < spec.shape.size(); ++i)
+                    expected += (i ? ", " : "") + std::to_string(spec.shape[i]);
+                SCMOE_FAIL(name << ": expected " << expected << "] " << dtype_name(dtype) << ", got " << describe(*t)
+                                << (t->data ? "" : " (null data)"));
+            }
+        }
+        ++t;
+    }
+}
+
+MoeParamStore::MoeParamStore(Device& device, const MoeConfig& config, DType dtype) {
+    config.validate();
+    const auto specs = moe_param_specs(config);
+    for (const ParamSpec& s : specs) numel_ += s.numel();
+    buffer_ = DeviceBuffer(device, static_cast<std::size_t>(numel_) * dtype_size(dtype));
+    auto* base = static_cast<char*>(buffer_.data());
+    std::size_t offset = 0;
+    Tensor* t = view_.begin();
+    for (const ParamSpec& s : specs) {
+        if (!s.shape.empty()) {
+            t->data = base + offset;
+            t->dtype = dtype;
+            t->ndim = static_cast<int>(s.shape.size());
+            for (std::size_t i = 0; i < s.shape.size(); ++i) t->dims[i] = s.shape[i];
+            offset += static_cast<std::size_t>(s.numel()) * dtype_size(dtype);
+        }
+        ++t;
+    }
+}
+
+}  // namespace scmoe

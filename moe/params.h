@@ -1,0 +1,62 @@
+// Parameters and gradients of one MoE layer, as views, plus an owning store for tests, benchmarks
+// and trainers that do not bring their own memory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+#include "moe/config.h"
+
+namespace scmoe {
+
+// Shapes (I = expert_inner_width(): 2F for SwiGLU, F for GELU; Is, Fs likewise for the shared expert):
+//   gate_w    [H, E]       router
+//   expert_w1 [E, H, I]    first expert GEMM
+//   expert_w2 [E, F, H]    second expert GEMM
+//   shared_w1 [H, Is]      shared expert (only with shared_expert)
+//   shared_w2 [Fs, H]
+//   cg_w      [H, 1]       CG-1 coefficient gate (only with coefficient_gate)
+// Parameters are in config.dtype; gradients are always f32.
+struct MoeParams {
+    Tensor gate_w, expert_w1, expert_w2, shared_w1, shared_w2, cg_w;
+
+    static constexpr int kCount = 6;
+    Tensor* begin() { return &gate_w; }
+    Tensor* end() { return &cg_w + 1; }
+    const Tensor* begin() const { return &gate_w; }
+    const Tensor* end() const { return &cg_w + 1; }
+};
+using MoeGrads = MoeParams;
+
+struct ParamSpec {
+    std::string name;                 // "gate_w", ...
+    std::vector<std::int64_t> shape;  // empty when the config does not use this parameter
+    std::int64_t numel() const;
+};
+
+// The six parameters in MoeParams order; unused ones have an empty shape.
+std::vector<ParamSpec> moe_param_specs(const MoeConfig& config);
+
+// Checks every used parameter's shape and dtype and that unused ones are undefined. Throws naming
+// the parameter, e.g. "MoeParams.expert_w1: expected [8, 64, 256] f32, got [8, 64, 128] f32".
+void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dtype, const char* what);
+
+// One allocation holding all parameters (or gradients) of a layer.
+class MoeParamStore {
+public:
+    MoeParamStore(Device& device, const MoeConfig& config, DType dtype);
+    const MoeParams& view() const { return view_; }
+    void* data() const { return buffer_.data(); }
+    std::int64_t numel() const { return numel_; }
+    std::size_t bytes() const { return buffer_.bytes(); }
+
+private:
+    DeviceBuffer buffer_;
+    MoeParams view_;
+    std::int64_t numel_ = 0;
+};
+
+}  // namespace scmoe

@@ -1,0 +1,10 @@
+// scmoe: shortcut-connected Mixture-of-Experts runtime. Umbrella header for embedders.
+#pragma once
+
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/tensor.h"
+#include "moe/config.h"
+#include "moe/moe_layer.h"
+#include "moe/params.h"
