@@ -215,4 +215,19 @@ MoeStats MoeLayer::stats(Stream& stream) {
     return s;
 }
 
+MoeRouting MoeLayer::routing(Stream& stream) {
+    const std::size_t n = static_cast<std::size_t>(tokens_ * config_.top_k);
+    MoeRouting r;
+    r.expert_index.resize(n);
+    r.gate_weight.resize(n);
+    r.slot_of_choice.resize(n);
+    r.group_offsets.resize(static_cast<std::size_t>(config_.num_experts + 1));
+    stream.copy(r.expert_index.data(), buf_->expert_index, n * sizeof(std::int32_t));
+    stream.copy(r.gate_weight.data(), buf_->gate_weight, n * sizeof(float));
+    stream.copy(r.slot_of_choice.data(), buf_->slot_of_choice, n * sizeof(std::int32_t));
+    stream.copy(r.group_offsets.data(), buf_->group_offsets, r.group_offsets.size() * sizeof(std::int32_t));
+    stream.synchronize();
+    return r;
+}
+
 }  // namespace scmoe

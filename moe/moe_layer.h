@@ -37,6 +37,14 @@ struct MoeStats {
     std::vector<std::int32_t> expert_counts;  // assignments routed to each expert, before capacity
 };
 
+// Where every assignment of the last forward went (host copies), for inspection and tests.
+struct MoeRouting {
+    std::vector<std::int32_t> expert_index;    // [tokens * top_k]
+    std::vector<float> gate_weight;            // [tokens * top_k]
+    std::vector<std::int32_t> slot_of_choice;  // [tokens * top_k] row in the permuted buffer, -1 dropped
+    std::vector<std::int32_t> group_offsets;   // [experts + 1]
+};
+
 class MoeLayer {
 public:
     // Allocates the workspace on `device` once.
@@ -85,6 +93,8 @@ public:
 
     // Copies routing statistics of the last forward to the host; synchronizes `stream`.
     MoeStats stats(Stream& stream);
+    // Copies the routing of the last forward to the host; synchronizes `stream`.
+    MoeRouting routing(Stream& stream);
 
 private:
     struct Buffers;

@@ -1,0 +1,81 @@
+// Helpers shared by the CPU tests: deterministic random fills and a harness that runs an MoeLayer
+// on the CPU backend with host-visible buffers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/device.h"
+#include "moe/moe_layer.h"
+#include "moe/params.h"
+
+namespace scmoe::testing {
+
+inline void fill_uniform(float* p, std::int64_t n, float scale, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = dist(rng);
+}
+
+inline Tensor host_tensor(std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
+    return Tensor(v.data(), DType::kF32, {rows, cols});
+}
+
+// One MoE layer on the CPU backend with its parameters, gradients and I/O in host memory.
+struct CpuLayerHarness {
+    std::unique_ptr<Device> device = make_device("cpu");
+    std::unique_ptr<Stream> stream = device->create_stream();
+    MoeConfig config;
+    std::int64_t tokens;
+    MoeLayer layer;
+    MoeParamStore params, grads;
+    std::vector<float> x, s, y, grad_y, grad_x, grad_s;
+    bool separate_shortcut;
+
+    CpuLayerHarness(const MoeConfig& c, std::int64_t t, bool shortcut, std::uint64_t seed = 1)
+        : config(c),
+          tokens(t),
+          layer(c, *device, t),
+          params(*device, c, DType::kF32),
+          grads(*device, c, DType::kF32),
+          x(static_cast<std::size_t>(t * c.hidden)),
+          s(x.size()),
+          y(x.size()),
+          grad_y(x.size()),
+          grad_x(x.size()),
+          grad_s(x.size()),
+          separate_shortcut(shortcut) {
+        fill_uniform(static_cast<float*>(params.data()), params.numel(), 0.5f, seed);
+        fill_uniform(x.data(), static_cast<std::int64_t>(x.size()), 1.0f, seed + 1);
+        fill_uniform(s.data(), static_cast<std::int64_t>(s.size()), 1.0f, seed + 2);
+        fill_uniform(grad_y.data(), static_cast<std::int64_t>(grad_y.size()), 1.0f, seed + 3);
+    }
+
+    Tensor xt() { return host_tensor(x, tokens, config.hidden); }
+    Tensor st() { return separate_shortcut ? host_tensor(s, tokens, config.hidden) : Tensor(); }
+
+    void forward() {
+        layer.forward(xt(), st(), params.view(), host_tensor(y, tokens, config.hidden), *stream);
+        stream->synchronize();
+    }
+    void backward() {
+        layer.backward(host_tensor(grad_y, tokens, config.hidden), params.view(), grads.view(),
+                       host_tensor(grad_x, tokens, config.hidden),
+                       separate_shortcut ? host_tensor(grad_s, tokens, config.hidden) : Tensor(), *stream);
+        stream->synchronize();
+    }
+    // Total loss whose gradient backward() computes with grad_y as the upstream gradient:
+    // <y, grad_y> + aux_coef * aux + z_coef * z, in double.
+    double loss() {
+        forward();
+        MoeStats st = layer.stats(*stream);
+        double l = 0.0;
+        for (std::size_t i = 0; i < y.size(); ++i) l += static_cast<double>(y[i]) * grad_y[i];
+        return l + static_cast<double>(config.aux_loss_coef) * st.aux_loss +
+               static_cast<double>(config.z_loss_coef) * st.z_loss;
+    }
+};
+
+}  // namespace scmoe::testing
