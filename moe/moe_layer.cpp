@@ -65,6 +65,11 @@ void MoeLayer::check_finite(const Tensor& t, int slot, const char* what, Stream&
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& shortcut, const MoeParams& params, Tensor y, Stream& stream) {
+    // Reject bad shapes before anything is enqueued.
+    const std::int64_t T = x.ndim == 2 ? x.dim(0) : -1;
+    check_tensor(x, {T, config_.hidden}, config_.dtype, "MoeLayer.forward: x");
+    if (shortcut.defined()) check_tensor(shortcut, {T, config_.hidden}, config_.dtype, "MoeLayer.forward: shortcut");
+    check_tensor(y, {T, config_.hidden}, config_.dtype, "MoeLayer.forward: y");
     route(shortcut.defined() ? shortcut : x, params, stream);
     x_ = x;
     permute(stream);

@@ -53,6 +53,16 @@ struct CpuLayerHarness {
         fill_uniform(grad_y.data(), static_cast<std::int64_t>(grad_y.size()), 1.0f, seed + 3);
     }
 
+    // Work still queued on the stream reads the buffers below: drain it before they go.
+    ~CpuLayerHarness() {
+        try {
+            stream->synchronize();
+        } catch (const std::exception&) {
+        }
+    }
+    CpuLayerHarness(const CpuLayerHarness&) = delete;
+    CpuLayerHarness& operator=(const CpuLayerHarness&) = delete;
+
     Tensor xt() { return host_tensor(x, tokens, config.hidden); }
     Tensor st() { return separate_shortcut ? host_tensor(s, tokens, config.hidden) : Tensor(); }
 

@@ -1,0 +1,184 @@
+#include "common.h"
+
+#include <cctype>
+#include <cstring>
+
+#include "kernels/elementwise.h"
+
+namespace scmoe::bench {
+
+void add_common_options(cxxopts::Options& options) {
+    // clang-format off
+    options.add_options("common")
+        ("h,help", "Print this help and exit")
+        ("backend", "Device backend: auto (CUDA when a GPU answers, else CPU), cpu or cuda",
+         cxxopts::value<std::string>()->default_value("auto"))
+        ("n,iters", "Timed iterations (default: " + std::to_string(kDefaultItersCuda) + " on cuda, " +
+                    std::to_string(kDefaultItersCpu) + " on cpu)", cxxopts::value<int>())
+        ("w,warmup", "Untimed warmup iterations before the timed loop", cxxopts::value<int>()->default_value("2"))
+        ("c,check", "Check results after the timed loop: 0 or 1", cxxopts::value<int>()->default_value("1"))
+        ("J,json", "Also write the results as JSON to this file", cxxopts::value<std::string>());
+    // clang-format on
+}
+
+CommonArgs read_common_options(const cxxopts::ParseResult& result) {
+    CommonArgs a;
+    a.backend = result["backend"].as<std::string>();
+    if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda")
+        throw UsageError("--backend " + a.backend + ": expected auto, cpu or cuda");
+    if (result.count("iters")) {
+        a.iters = result["iters"].as<int>();
+        if (a.iters < 1) throw UsageError("--iters " + std::to_string(a.iters) + ": must be >= 1");
+    }
+    a.warmup = result["warmup"].as<int>();
+    if (a.warmup < 0) throw UsageError("--warmup " + std::to_string(a.warmup) + ": must be >= 0");
+    const int check = result["check"].as<int>();
+    if (check != 0 && check != 1) throw UsageError("--check " + std::to_string(check) + ": expected 0 or 1");
+    a.check = check == 1;
+    if (result.count("json")) a.json_path = result["json"].as<std::string>();
+    return a;
+}
+
+void resolve_iters(CommonArgs& args, Backend backend) {
+    if (args.iters == 0) args.iters = backend == Backend::kCuda ? kDefaultItersCuda : kDefaultItersCpu;
+}
+
+nlohmann::ordered_json common_args_json(const CommonArgs& args) {
+    nlohmann::ordered_json j;
+    j["backend"] = args.backend;
+    j["iters"] = args.iters;
+    j["warmup"] = args.warmup;
+    j["check"] = args.check ? 1 : 0;
+    j["json"] = args.json_path;
+    return j;
+}
+
+std::int64_t parse_size(const std::string& text, const char* flag) {
+    std::size_t pos = 0;
+    long long value = 0;
+    try {
+        value = std::stoll(text, &pos);
+    } catch (const std::exception&) {
+        throw UsageError(std::string(flag) + " '" + text + "': expected a size such as 4096, 4K or 1M");
+    }
+    std::int64_t scale = 1;
+    if (pos + 1 == text.size()) {
+        switch (std::toupper(static_cast<unsigned char>(text[pos]))) {
+            case 'K': scale = 1024; break;
+            case 'M': scale = 1024 * 1024; break;
+            case 'G': scale = 1024 * 1024 * 1024; break;
+            default: pos = 0;
+        }
+        if (pos != 0) ++pos;
+    }
+    if (pos != text.size() || value <= 0)
+        throw UsageError(std::string(flag) + " '" + text + "': expected a positive size such as 4096, 4K or 1M");
+    return static_cast<std::int64_t>(value) * scale;
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+    std::vector<std::string> items;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+        std::size_t end = text.find(',', start);
+        if (end == std::string::npos) end = text.size();
+        if (end > start) items.push_back(text.substr(start, end - start));
+        start = end + 1;
+    }
+    return items;
+}
+
+std::vector<std::int64_t> parse_size_list(const std::string& text, const char* flag) {
+    std::vector<std::int64_t> sizes;
+    for (const std::string& item : split_list(text)) sizes.push_back(parse_size(item, flag));
+    if (sizes.empty()) throw UsageError(std::string(flag) + ": empty list");
+    return sizes;
+}
+
+std::vector<std::int64_t> size_sweep(std::int64_t begin, std::int64_t end, std::int64_t factor) {
+    if (end < begin) throw UsageError("-e/--max-tokens must be >= -b/--min-tokens");
+    if (factor < 2) throw UsageError("-f/--step-factor must be >= 2");
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t s = begin; s <= end; s *= factor) sizes.push_back(s);
+    return sizes;
+}
+
+void fill_uniform(float* dst, std::int64_t n, float scale, std::uint64_t seed) {
+    std::uint64_t state = seed;
+    for (std::int64_t i = 0; i < n; ++i) {
+        std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        // 24 random bits -> [0, 1) exactly representable in f32, then [-1, 1).
+        const float unit = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+        dst[i] = (2.0f * unit - 1.0f) * scale;
+    }
+}
+
+void upload_uniform(Device& device, Stream& stream, void* dst, DType dtype, std::int64_t n, float scale,
+                    std::uint64_t seed) {
+    if (n == 0) return;
+    const std::size_t f32_bytes = static_cast<std::size_t>(n) * sizeof(float);
+    auto* staging = static_cast<float*>(device.allocate_host(f32_bytes));
+    fill_uniform(staging, n, scale, seed);
+    if (dtype == DType::kF32) {
+        stream.copy(dst, staging, f32_bytes);
+    } else {
+        DeviceBuffer f32(device, f32_bytes);
+        stream.copy(f32.data(), staging, f32_bytes);
+        convert(f32.data(), DType::kF32, dst, dtype, n, stream);
+        stream.synchronize();
+    }
+    stream.synchronize();
+    device.deallocate_host(staging);
+}
+
+std::vector<std::uint8_t> download_bytes(Stream& stream, const void* src, std::size_t bytes) {
+    std::vector<std::uint8_t> host(bytes);
+    if (bytes) stream.copy(host.data(), src, bytes);
+    stream.synchronize();
+    return host;
+}
+
+std::vector<float> download_f32(Stream& stream, const void* src, DType dtype, std::int64_t n) {
+    const std::vector<std::uint8_t> raw = download_bytes(stream, src, static_cast<std::size_t>(n) * dtype_size(dtype));
+    std::vector<float> out(static_cast<std::size_t>(n));
+    if (dtype == DType::kF32) {
+        std::memcpy(out.data(), raw.data(), raw.size());
+    } else if (dtype == DType::kBF16) {
+        for (std::size_t i = 0; i < out.size(); ++i) {
+            std::uint16_t half;
+            std::memcpy(&half, raw.data() + 2 * i, 2);
+            const std::uint32_t bits = static_cast<std::uint32_t>(half) << 16;
+            std::memcpy(&out[i], &bits, 4);
+        }
+    } else {
+        throw std::invalid_argument("download_f32: only f32 and bf16 tensors");
+    }
+    return out;
+}
+
+std::int64_t count_nonfinite_elements(Device& device, Stream& stream, const void* x, DType dtype, std::int64_t n) {
+    if (n == 0) return 0;
+    DeviceBuffer result(device, 2 * sizeof(std::int64_t));
+    count_nonfinite(x, n, dtype, result.as<std::int64_t>(), result.as<std::int64_t>() + 1, stream);
+    std::int64_t host[2] = {0, 0};
+    stream.copy(host, result.data(), sizeof(host));
+    stream.synchronize();
+    return host[0];
+}
+
+double time_us(Device& device, Stream& stream, int warmup, int iters, const std::function<void()>& enqueue) {
+    for (int i = 0; i < warmup; ++i) enqueue();
+    auto start = device.create_event();
+    auto stop = device.create_event();
+    start->record(stream);
+    for (int i = 0; i < iters; ++i) enqueue();
+    stop->record(stream);
+    stop->synchronize();
+    stream.synchronize();  // surfaces an error raised by the timed work
+    return 1000.0 * static_cast<double>(stop->elapsed_ms_since(*start)) / iters;
+}
+
+}  // namespace scmoe::bench

@@ -1,0 +1,75 @@
+// What every scmoe-bench subcommand shares: the common flags (--backend -n -w -c -J), size lists,
+// deterministic inputs, event timing and host read-back for the checks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+
+#include "kernels/device.h"
+#include "kernels/dtype.h"
+
+namespace scmoe::bench {
+
+// Exit codes: 0 all rows correct, 1 some element wrong, 2 bad command line, 3 runtime error.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitWrong = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitError = 3;
+
+// Thrown for a bad command line (unknown value, impossible combination): exit kExitUsage.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct CommonArgs {
+    std::string backend = "auto";  // auto | cpu | cuda
+    int iters = 0;                 // timed iterations; 0 until resolved for the backend
+    int warmup = 2;                // untimed iterations before the timed loop
+    bool check = true;             // correctness check after the timed loop
+    std::string json_path;         // -J: JSON report file, empty = none
+};
+
+inline constexpr int kDefaultItersCuda = 20;
+inline constexpr int kDefaultItersCpu = 5;
+
+// Adds -h --backend -n -w -c -J to `options` (group "common").
+void add_common_options(cxxopts::Options& options);
+// Reads them back; iters stays 0 when -n was not given (resolve_iters picks the backend default).
+CommonArgs read_common_options(const cxxopts::ParseResult& result);
+void resolve_iters(CommonArgs& args, Backend backend);
+nlohmann::ordered_json common_args_json(const CommonArgs& args);
+
+// "4096", "4K" (= 4096), "1M"; throws UsageError naming `flag`.
+std::int64_t parse_size(const std::string& text, const char* flag);
+// Comma list of sizes: "1K,2K,4096".
+std::vector<std::int64_t> parse_size_list(const std::string& text, const char* flag);
+// Comma list of words, empty items dropped.
+std::vector<std::string> split_list(const std::string& text);
+// nccl-tests style sweep: begin, begin*factor, ... while <= end (factor > 1), or just begin.
+std::vector<std::int64_t> size_sweep(std::int64_t begin, std::int64_t end, std::int64_t factor);
+
+// Deterministic uniform values in [-scale, scale): splitmix64, identical on every platform.
+void fill_uniform(float* dst, std::int64_t n, float scale, std::uint64_t seed);
+// Fills n elements of `dtype` at `dst` (stream memory) with fill_uniform values, converted on the
+// device when dtype is bf16. Synchronizes `stream`.
+void upload_uniform(Device& device, Stream& stream, void* dst, DType dtype, std::int64_t n, float scale,
+                    std::uint64_t seed);
+
+// Copies `bytes` of stream memory to the host; synchronizes `stream`.
+std::vector<std::uint8_t> download_bytes(Stream& stream, const void* src, std::size_t bytes);
+// Copies n elements of `dtype` to the host as f32 (bf16 widened exactly); synchronizes `stream`.
+std::vector<float> download_f32(Stream& stream, const void* src, DType dtype, std::int64_t n);
+// NaN/Inf count of n elements in stream memory (count_nonfinite on the device); synchronizes.
+std::int64_t count_nonfinite_elements(Device& device, Stream& stream, const void* x, DType dtype, std::int64_t n);
+
+// Runs `enqueue` `warmup` times, then `iters` times between two events on `stream`; returns the mean
+// microseconds per timed iteration. `enqueue` only enqueues work on `stream`.
+double time_us(Device& device, Stream& stream, int warmup, int iters, const std::function<void()>& enqueue);
+
+}  // namespace scmoe::bench

@@ -1,0 +1,39 @@
+// Private: per-stream resources of the CUDA backend, looked up from the cudaStream_t an op gets.
+//
+// Ops receive only a cudaStream_t, but cuBLAS needs a handle bound to that stream (with its own
+// workspace, set once) and some ops need a little device scratch (router statistics). Streams made
+// by CudaDevice register their resources at creation; any other stream (a host trainer's own) gets
+// them created on first use and kept for the life of the process.
+//
+// NOTES: work on one stream is serialised, so a stream's scratch is never used by two ops at once.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace scmoe::cuda {
+
+struct StreamResources {
+    int device = 0;
+    cublasHandle_t cublas = nullptr;  // bound to the stream, workspace set
+    void* cublas_workspace = nullptr;
+    void* scratch = nullptr;  // kScratchBytes of device memory, 256-byte aligned
+    void* host_pinned = nullptr;  // pinned host staging, grown on demand (see host_staging)
+    std::size_t host_pinned_bytes = 0;
+};
+
+constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;  // what cuBLAS recommends on Hopper
+constexpr std::size_t kScratchBytes = std::size_t{1} << 20;
+
+// Creates and registers the resources of a stream created by the backend (device current).
+void register_stream(cudaStream_t stream, int device);
+// Frees them; the stream must be idle.
+void unregister_stream(cudaStream_t stream) noexcept;
+// The stream's resources; created on first use for streams the backend did not create.
+StreamResources& stream_resources(cudaStream_t stream);
+// Pinned host memory of at least `bytes` owned by the stream (reallocated when too small).
+void* host_staging(StreamResources& res, std::size_t bytes);
+
+}  // namespace scmoe::cuda

@@ -1,0 +1,148 @@
+// The CPU backend's device layer: stream order, events across streams, error propagation, backend
+// selection.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/workspace.h"
+
+namespace scmoe {
+namespace {
+
+TEST(CpuStream, RunsTasksInOrder) {
+    auto device = make_device("cpu");
+    auto stream = device->create_stream();
+    std::vector<int> order;
+    for (int i = 0; i < 100; ++i) stream->host_task([&order, i] { order.push_back(i); });
+    stream->synchronize();
+    ASSERT_EQ(order.size(), 100u);
+    for (int i = 0; i < 100; ++i) EXPECT_EQ(order[static_cast<std::size_t>(i)], i);
+}
+
+TEST(CpuStream, CopyAndFillAreStreamOrdered) {
+    auto device = make_device("cpu");
+    auto stream = device->create_stream();
+    std::vector<float> a(64, 1.5f), b(64, 0.0f);
+    stream->host_task([] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+    stream->copy(b.data(), a.data(), a.size() * sizeof(float));
+    stream->fill_zero(a.data(), a.size() * sizeof(float));
+    stream->synchronize();
+    EXPECT_EQ(b, std::vector<float>(64, 1.5f));
+    EXPECT_EQ(a, std::vector<float>(64, 0.0f));
+}
+
+TEST(CpuStream, StreamsRunConcurrently) {
+    auto device = make_device("cpu");
+    auto s1 = device->create_stream();
+    auto s2 = device->create_stream();
+    std::atomic<bool> s2_ran{false};
+    std::atomic<bool> s1_saw_s2{false};
+    // s1 polls for s2's task: only possible if the streams are independent workers.
+    s1->host_task([&] {
+        for (int i = 0; i < 2000 && !s2_ran; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        s1_saw_s2 = s2_ran.load();
+    });
+    s2->host_task([&] { s2_ran = true; });
+    s1->synchronize();
+    s2->synchronize();
+    EXPECT_TRUE(s1_saw_s2);
+}
+
+TEST(CpuEvent, OrdersWorkAcrossStreams) {
+    auto device = make_device("cpu");
+    auto producer = device->create_stream();
+    auto consumer = device->create_stream();
+    auto ready = device->create_event();
+    int value = 0;
+    int seen = -1;
+    producer->host_task([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        value = 42;
+    });
+    ready->record(*producer);
+    consumer->wait(*ready);
+    consumer->host_task([&] { seen = value; });
+    consumer->synchronize();
+    EXPECT_EQ(seen, 42);
+    producer->synchronize();
+}
+
+TEST(CpuEvent, ReRecordingDoesNotReleaseEarlierWaiterLate) {
+    auto device = make_device("cpu");
+    auto a = device->create_stream();
+    auto b = device->create_stream();
+    auto e = device->create_event();
+    e->record(*a);        // generation 1: completes at once
+    b->wait(*e);          // waits for generation 1 only
+    a->host_task([] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+    e->record(*a);        // generation 2: after the sleep
+    const auto start = std::chrono::steady_clock::now();
+    b->synchronize();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(150));
+    a->synchronize();
+}
+
+TEST(CpuEvent, ElapsedTime) {
+    auto device = make_device("cpu");
+    auto s = device->create_stream();
+    auto start = device->create_event();
+    auto stop = device->create_event();
+    start->record(*s);
+    s->host_task([] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); });
+    stop->record(*s);
+    stop->synchronize();
+    EXPECT_GE(stop->elapsed_ms_since(*start), 19.0f);
+}
+
+TEST(CpuStream, ErrorIsRethrownAtSynchronizeAndLaterWorkSkipped) {
+    auto device = make_device("cpu");
+    auto stream = device->create_stream();
+    bool later_ran = false;
+    stream->host_task([] { SCMOE_FAIL("boom in task"); });
+    stream->host_task([&] { later_ran = true; });
+    try {
+        stream->synchronize();
+        FAIL() << "synchronize did not rethrow";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("boom in task"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(later_ran);
+    // The stream is usable again after the error was reported.
+    bool ran = false;
+    stream->host_task([&] { ran = true; });
+    stream->synchronize();
+    EXPECT_TRUE(ran);
+}
+
+TEST(Backend, AutoPicksCpuWithoutGpuAndCudaWithoutGpuIsAClearError) {
+    if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present: this test covers machines without one";
+    EXPECT_EQ(make_device("auto")->backend(), Backend::kCpu);
+    try {
+        make_device("cuda");
+        FAIL() << "make_device(\"cuda\") succeeded without a device";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--backend cuda"), std::string::npos) << e.what();
+    }
+}
+
+TEST(Backend, UnknownNameIsRejected) { EXPECT_THROW(make_device("tpu"), Error); }
+
+TEST(Workspace, SizingPassMatchesRealPass) {
+    WorkspaceCarver sizing(nullptr);
+    sizing.take<float>(3);
+    sizing.take<double>(100);
+    std::vector<std::byte> memory(sizing.bytes_used() + WorkspaceCarver::kAlignment);
+    WorkspaceCarver real(memory.data());
+    auto* a = real.take<float>(3);
+    auto* b = real.take<double>(100);
+    EXPECT_EQ(real.bytes_used(), sizing.bytes_used());
+    EXPECT_EQ(reinterpret_cast<std::byte*>(b) - reinterpret_cast<std::byte*>(a), 256);
+}
+
+}  // namespace
+}  // namespace scmoe

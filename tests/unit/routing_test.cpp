@@ -1,0 +1,227 @@
+// Routing tables a person can check by hand, and the routing edge cases: zero tokens, all tokens to
+// one expert, empty experts, capacity overflow (drops counted exactly), ties.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/error.h"
+#include "kernels/layout.h"
+#include "kernels/router.h"
+#include "test_util.h"
+
+namespace scmoe {
+namespace {
+
+using I = std::vector<std::int32_t>;
+
+struct LayoutResult {
+    I counts, offsets, slots, choice_of_row;
+    std::int32_t dropped = -1;
+};
+
+LayoutResult run_layout(const I& expert_index, std::int64_t tokens, int experts, int top_k, std::int64_t capacity) {
+    auto device = make_device("cpu");
+    auto stream = device->create_stream();
+    LayoutResult r;
+    r.counts.resize(static_cast<std::size_t>(experts));
+    r.offsets.resize(static_cast<std::size_t>(experts + 1));
+    r.slots.resize(expert_index.size());
+    r.choice_of_row.resize(static_cast<std::size_t>(permuted_rows(tokens, experts, top_k, capacity)));
+    LayoutArgs a{tokens,          experts,          top_k,          capacity,   expert_index.data(), r.counts.data(),
+                 r.offsets.data(), r.slots.data(), r.choice_of_row.data(), &r.dropped};
+    compute_layout(a, *stream);
+    stream->synchronize();
+    return r;
+}
+
+// t0 -> (0, 1), t1 -> (0, 2), t2 -> (0, 1), t3 -> (1, 0), t4 -> (2, 0); 3 experts, top-2.
+const I kTable = {0, 1, 0, 2, 0, 1, 1, 0, 2, 0};
+
+TEST(Layout, CapacityTableByHand) {
+    // C = 2. First choices in token order: t0->e0 row0, t1->e0 row1, t2->e0 full (drop), t3->e1 row2,
+    // t4->e2 row4. Second choices: t0->e1 row3, t1->e2 row5, t2->e1 (e1 full: drop), t3->e0 drop,
+    // t4->e0 drop.
+    LayoutResult r = run_layout(kTable, 5, 3, 2, 2);
+    EXPECT_EQ(r.counts, (I{5, 3, 2}));
+    EXPECT_EQ(r.offsets, (I{0, 2, 4, 6}));
+    EXPECT_EQ(r.slots, (I{0, 3, 1, 5, -1, -1, 2, -1, 4, -1}));
+    EXPECT_EQ(r.choice_of_row, (I{0, 2, 6, 1, 8, 3}));
+    EXPECT_EQ(r.dropped, 4);
+}
+
+TEST(Layout, DroplessTableByHand) {
+    // e0 rows 0-4: t0, t1, t2 (first choices), t3, t4 (second); e1 rows 5-7: t3 | t0, t2; e2 rows 8-9: t4 | t1.
+    LayoutResult r = run_layout(kTable, 5, 3, 2, 0);
+    EXPECT_EQ(r.counts, (I{5, 3, 2}));
+    EXPECT_EQ(r.offsets, (I{0, 5, 8, 10}));
+    EXPECT_EQ(r.slots, (I{0, 6, 1, 9, 2, 7, 5, 3, 8, 4}));
+    EXPECT_EQ(r.choice_of_row, (I{0, 2, 4, 7, 9, 6, 1, 5, 8, 3}));
+    EXPECT_EQ(r.dropped, 0);
+}
+
+TEST(Layout, EmptyExpertsAndPaddingRows) {
+    // Everything to expert 3 of 4, top-1, C = 3: experts 0-2 empty, two assignments dropped.
+    LayoutResult r = run_layout(I{3, 3, 3, 3, 3}, 5, 4, 1, 3);
+    EXPECT_EQ(r.counts, (I{0, 0, 0, 5}));
+    EXPECT_EQ(r.offsets, (I{0, 3, 6, 9, 12}));
+    EXPECT_EQ(r.slots, (I{9, 10, 11, -1, -1}));
+    EXPECT_EQ(r.choice_of_row, (I{-1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 2}));
+    EXPECT_EQ(r.dropped, 2);
+}
+
+TEST(Layout, ZeroTokens) {
+    LayoutResult r = run_layout(I{}, 0, 4, 2, 0);
+    EXPECT_EQ(r.counts, (I{0, 0, 0, 0}));
+    EXPECT_EQ(r.offsets, (I{0, 0, 0, 0, 0}));
+    EXPECT_EQ(r.dropped, 0);
+}
+
+TEST(Layout, RejectsExpertIndexOutOfRange) {
+    EXPECT_THROW(run_layout(I{0, 7}, 2, 4, 1, 0), Error);
+}
+
+TEST(Capacity, Formula) {
+    EXPECT_EQ(expert_capacity(10, 4, 2, 1.0f), 5);    // ceil(1.0 * 20 / 4)
+    EXPECT_EQ(expert_capacity(10, 4, 2, 1.25f), 7);   // ceil(6.25)
+    EXPECT_EQ(expert_capacity(1, 64, 1, 1.0f), 1);    // at least one slot
+    EXPECT_EQ(permuted_rows(10, 4, 2, 7), 28);
+    EXPECT_EQ(permuted_rows(10, 4, 2, 0), 20);
+}
+
+struct RouterResult {
+    std::vector<float> probs, lse, weights, fraction, losses;
+    I index;
+};
+
+RouterResult run_router(const std::vector<float>& logits, std::int64_t tokens, int experts, int top_k) {
+    auto device = make_device("cpu");
+    auto stream = device->create_stream();
+    RouterResult r;
+    r.probs.resize(logits.size());
+    r.lse.resize(static_cast<std::size_t>(tokens));
+    r.weights.resize(static_cast<std::size_t>(tokens * top_k));
+    r.index.resize(r.weights.size());
+    r.fraction.resize(static_cast<std::size_t>(experts));
+    r.losses.resize(2);
+    RouterForwardArgs a;
+    a.tokens = tokens;
+    a.num_experts = experts;
+    a.top_k = top_k;
+    a.logits = logits.data();
+    a.probs = r.probs.data();
+    a.logsumexp = r.lse.data();
+    a.expert_index = r.index.data();
+    a.gate_weight = r.weights.data();
+    a.expert_fraction = r.fraction.data();
+    a.losses = r.losses.data();
+    router_forward(a, *stream);
+    stream->synchronize();
+    return r;
+}
+
+TEST(Router, Top2TableByHand) {
+    const float l2 = std::log(2.0f), l3 = std::log(3.0f);
+    // Token 0: probs 1/6, 2/6, 3/6 -> experts (2, 1), weights 3/5, 2/5.
+    // Token 1: probs 1/2, 1/4, 1/4 -> expert 0, then the tie 1 vs 2 goes to 1; weights 2/3, 1/3.
+    std::vector<float> logits = {0.0f, l2, l3, l2, 0.0f, 0.0f};
+    RouterResult r = run_router(logits, 2, 3, 2);
+    EXPECT_EQ(r.index, (I{2, 1, 0, 1}));
+    EXPECT_NEAR(r.weights[0], 0.6f, 1e-6f);
+    EXPECT_NEAR(r.weights[1], 0.4f, 1e-6f);
+    EXPECT_NEAR(r.weights[2], 2.0f / 3.0f, 1e-6f);
+    EXPECT_NEAR(r.weights[3], 1.0f / 3.0f, 1e-6f);
+    EXPECT_NEAR(r.probs[0], 1.0f / 6.0f, 1e-6f);
+    EXPECT_NEAR(r.probs[3], 0.5f, 1e-6f);
+    EXPECT_NEAR(r.lse[0], std::log(6.0f), 1e-6f);
+    EXPECT_NEAR(r.lse[1], std::log(4.0f), 1e-6f);
+    // f = {1, 2, 1} / 4; P = {(1/6 + 1/2) / 2, (1/3 + 1/4) / 2, (1/2 + 1/4) / 2}
+    EXPECT_EQ(r.fraction, (std::vector<float>{0.25f, 0.5f, 0.25f}));
+    const double aux = 3.0 * (0.25 * (1.0 / 6 + 0.5) / 2 + 0.5 * (1.0 / 3 + 0.25) / 2 + 0.25 * (0.5 + 0.25) / 2);
+    EXPECT_NEAR(r.losses[0], aux, 1e-6);
+    const double z = (std::log(6.0) * std::log(6.0) + std::log(4.0) * std::log(4.0)) / 2;
+    EXPECT_NEAR(r.losses[1], z, 1e-5);
+}
+
+TEST(Router, Top1WeightIsTheProbability) {
+    RouterResult r = run_router({1.0f, 3.0f, 2.0f}, 1, 3, 1);
+    EXPECT_EQ(r.index, (I{1}));
+    EXPECT_NEAR(r.weights[0], r.probs[1], 0.0f);
+}
+
+TEST(Router, AllTiedGoesToLowestExperts) {
+    RouterResult r = run_router(std::vector<float>(8, 0.5f), 2, 4, 2);
+    EXPECT_EQ(r.index, (I{0, 1, 0, 1}));
+    EXPECT_EQ(r.weights, (std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f}));
+}
+
+// A layer whose gate sends every token to expert 2 (and, top-2, the tied rest to expert 0).
+MoeConfig one_expert_config(DispatchMode mode) {
+    MoeConfig c;
+    c.hidden = 4;
+    c.ffn = 3;
+    c.num_experts = 4;
+    c.top_k = 2;
+    c.dispatch = mode;
+    c.capacity_factor = 1.0f;
+    return c;
+}
+
+void send_all_to_expert2(testing::CpuLayerHarness& h) {
+    for (float& v : h.x) v = std::abs(v) + 0.1f;
+    auto* gate = h.params.view().gate_w.as<float>();
+    for (std::int64_t i = 0; i < h.config.hidden * h.config.num_experts; ++i) gate[i] = i % 4 == 2 ? 1.0f : 0.0f;
+}
+
+TEST(Routing, AllTokensToOneExpertCapacityDropsExactly) {
+    testing::CpuLayerHarness h(one_expert_config(DispatchMode::kCapacity), 8, false);
+    send_all_to_expert2(h);
+    h.forward();
+    MoeStats s = h.layer.stats(*h.stream);
+    EXPECT_EQ(s.capacity, 4);  // ceil(1.0 * 8 * 2 / 4)
+    EXPECT_EQ(s.expert_counts, (I{8, 0, 8, 0}));
+    EXPECT_EQ(s.dropped_tokens, 8);  // 4 over capacity on expert 2, 4 on expert 0
+    MoeRouting r = h.layer.routing(*h.stream);
+    for (int t = 0; t < 8; ++t) {
+        EXPECT_EQ(r.expert_index[2 * t], 2);
+        EXPECT_EQ(r.expert_index[2 * t + 1], 0);
+        EXPECT_EQ(r.slot_of_choice[2 * t], t < 4 ? 8 + t : -1) << "token " << t;
+        EXPECT_EQ(r.slot_of_choice[2 * t + 1], t < 4 ? t : -1) << "token " << t;
+    }
+    // Dropped tokens (both choices dropped) produce exactly zero output.
+    for (std::int64_t i = 4 * 4; i < 8 * 4; ++i) EXPECT_EQ(h.y[static_cast<std::size_t>(i)], 0.0f);
+}
+
+TEST(Routing, AllTokensToOneExpertDropless) {
+    testing::CpuLayerHarness h(one_expert_config(DispatchMode::kDropless), 8, false);
+    send_all_to_expert2(h);
+    h.forward();
+    MoeStats s = h.layer.stats(*h.stream);
+    EXPECT_EQ(s.dropped_tokens, 0);
+    MoeRouting r = h.layer.routing(*h.stream);
+    EXPECT_EQ(r.group_offsets, (I{0, 8, 8, 16, 16}));
+    h.backward();  // empty experts 1 and 3 get zero weight gradients
+    const auto* gw1 = h.grads.view().expert_w1.as<float>();
+    const std::int64_t per_expert = h.config.hidden * h.config.expert_inner_width();
+    for (std::int64_t i = 0; i < per_expert; ++i) {
+        EXPECT_EQ(gw1[1 * per_expert + i], 0.0f);
+        EXPECT_EQ(gw1[3 * per_expert + i], 0.0f);
+    }
+}
+
+TEST(Routing, ZeroTokensForwardAndBackward) {
+    MoeConfig c = one_expert_config(DispatchMode::kCapacity);
+    c.shared_expert = true;
+    testing::CpuLayerHarness h(c, 0, false);
+    h.forward();
+    h.backward();
+    MoeStats s = h.layer.stats(*h.stream);
+    EXPECT_EQ(s.tokens, 0);
+    EXPECT_EQ(s.dropped_tokens, 0);
+    EXPECT_EQ(s.expert_counts, (I{0, 0, 0, 0}));
+    const auto* g = static_cast<const float*>(h.grads.data());
+    for (std::int64_t i = 0; i < h.grads.numel(); ++i) ASSERT_EQ(g[i], 0.0f) << "gradient element " << i;
+}
+
+}  // namespace
+}  // namespace scmoe
