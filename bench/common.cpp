@@ -103,6 +103,34 @@ std::vector<std::int64_t> size_sweep(std::int64_t begin, std::int64_t end, std::
     return sizes;
 }
 
+void add_token_options(cxxopts::Options& options, const std::string& group, const std::string& default_tokens) {
+    // clang-format off
+    options.add_options(group)
+        ("t,tokens", "Tokens per case: a comma list, K/M suffixes allowed (e.g. 1K,4K)",
+         cxxopts::value<std::string>()->default_value(default_tokens))
+        ("b,min-tokens", "Sweep instead of --tokens: first token count", cxxopts::value<std::string>())
+        ("e,max-tokens", "Sweep: last token count (default: --min-tokens)", cxxopts::value<std::string>())
+        ("f,step-factor", "Sweep: multiplication factor between token counts",
+         cxxopts::value<std::int64_t>()->default_value("2"));
+    // clang-format on
+}
+
+std::vector<std::int64_t> read_token_options(const cxxopts::ParseResult& result) {
+    if (!result.count("min-tokens")) {
+        if (result.count("max-tokens")) throw UsageError("-e/--max-tokens needs -b/--min-tokens");
+        return parse_size_list(result["tokens"].as<std::string>(), "--tokens");
+    }
+    if (result.count("tokens")) throw UsageError("give either --tokens or the -b/-e/-f sweep, not both");
+    const std::int64_t begin = parse_size(result["min-tokens"].as<std::string>(), "--min-tokens");
+    const std::int64_t end =
+        result.count("max-tokens") ? parse_size(result["max-tokens"].as<std::string>(), "--max-tokens") : begin;
+    return size_sweep(begin, end, result["step-factor"].as<std::int64_t>());
+}
+
+void reject_unmatched(const cxxopts::ParseResult& result) {
+    if (!result.unmatched().empty()) throw UsageError("unexpected argument '" + result.unmatched().front() + "'");
+}
+
 void fill_uniform(float* dst, std::int64_t n, float scale, std::uint64_t seed) {
     std::uint64_t state = seed;
     for (std::int64_t i = 0; i < n; ++i) {

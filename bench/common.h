@@ -54,6 +54,13 @@ std::vector<std::string> split_list(const std::string& text);
 // nccl-tests style sweep: begin, begin*factor, ... while <= end (factor > 1), or just begin.
 std::vector<std::int64_t> size_sweep(std::int64_t begin, std::int64_t end, std::int64_t factor);
 
+// Adds the token-count flags: -t/--tokens (comma list, K/M suffixes) and the nccl-tests sweep
+// -b/--min-tokens, -e/--max-tokens, -f/--step-factor (used instead of --tokens when -b is given).
+void add_token_options(cxxopts::Options& options, const std::string& group, const std::string& default_tokens);
+std::vector<std::int64_t> read_token_options(const cxxopts::ParseResult& result);
+// Throws UsageError on positional arguments nobody asked for.
+void reject_unmatched(const cxxopts::ParseResult& result);
+
 // Deterministic uniform values in [-scale, scale): splitmix64, identical on every platform.
 void fill_uniform(float* dst, std::int64_t n, float scale, std::uint64_t seed);
 // Fills n elements of `dtype` at `dst` (stream memory) with fill_uniform values, converted on the

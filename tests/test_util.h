@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/device.h"
+#include "kernels/error.h"
 #include "moe/moe_layer.h"
 #include "moe/params.h"
 
