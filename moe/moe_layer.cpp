@@ -10,7 +10,7 @@
 #include "kernels/permute.h"
 #include "kernels/router.h"
 #include "kernels/workspace.h"
-#include "moe/moe_layer_buffers.h"
+#include "moe/detail/moe_layer_buffers.h"
 
 namespace scmoe {
 

@@ -6,7 +6,7 @@
 #include "kernels/gemm.h"
 #include "kernels/permute.h"
 #include "kernels/router.h"
-#include "moe/moe_layer_buffers.h"
+#include "moe/detail/moe_layer_buffers.h"
 
 namespace scmoe {
 
