@@ -1,5 +1,6 @@
 // MoeLayer: construction, workspace layout, forward stages and statistics.
 // The backward stages live in moe_layer_backward.cpp.
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/activation.h"
@@ -44,6 +45,8 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
     WorkspaceCarver carver(workspace);
     buf_->carve(carver, config_, max_tokens_);
     host_scratch_ = device.allocate_host(Buffers::host_scratch_bytes(config_));
+    if (const char* provider = std::getenv("SCMOE_GROUPED_GEMM_PROVIDER"); provider && *provider)
+        provider_ = parse_grouped_gemm_provider(provider);
 }
 
 MoeLayer::~MoeLayer() { device_.deallocate_host(host_scratch_); }

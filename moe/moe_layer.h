@@ -59,6 +59,7 @@ public:
 
     const MoeConfig& config() const { return config_; }
     std::int64_t max_tokens() const { return max_tokens_; }
+    // Default: kAuto, or the provider named by the environment variable SCMOE_GROUPED_GEMM_PROVIDER.
     void set_grouped_gemm_provider(GroupedGemmProvider p) { provider_ = p; }
     GroupedGemmProvider grouped_gemm_provider() const { return provider_; }
     // Training mode adds gate noise (noise_std > 0); eval mode does not. Default: training.

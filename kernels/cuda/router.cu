@@ -1,6 +1,8 @@
 // Router on CUDA: softmax (+ optional noise), top-k with renormalised top-2 weights, aux and z
 // losses with deterministic reductions, and the backward. One thread per token mirrors the CPU
 // loop order (kernels/cpu/router.cpp) so both backends do the same arithmetic.
+#include <climits>
+
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/stream_resources.cuh"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds scmoe (CUDA code compiled whenever nvcc is found) and runs the whole test suite.
+# GPU tests skip with a message when no device is present. With SCMOE_TEST_SANITIZE=1 (CI sets it)
+# the CPU tests are also built and run under AddressSanitizer + UndefinedBehaviorSanitizer.
+#   usage: launch/run_tests.sh [build-dir]       (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+jobs=${SCMOE_JOBS:-$(nproc)}
+[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+
+echo "== configure ($build)"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${SCMOE_CMAKE_ARGS:-}
+echo "== build"
+cmake --build "$build" -j "$jobs"
+echo "== test"
+ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
+
+if [ "${SCMOE_TEST_SANITIZE:-0}" = 1 ]; then
+  echo "== sanitizer build (address,undefined; CPU code)"
+  cmake -S . -B "$build-asan" -DCMAKE_BUILD_TYPE=Debug -DSCMOE_WITH_CUDA=OFF -DSCMOE_BUILD_BENCH=OFF \
+        -DSCMOE_SANITIZE=address,undefined
+  cmake --build "$build-asan" -j "$jobs"
+  # OpenBLAS's own threads are not instrumented; LeakSanitizer would report their pools.
+  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir "$build-asan" --output-on-failure -j "$jobs" -E packaging --timeout 900
+fi
