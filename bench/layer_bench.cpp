@@ -159,16 +159,30 @@ struct LayerPass {
     // Calls `mark(stage)` before each stage and `mark(kNumStages)` after the last.
     template <class Mark>
     void run(Stream& s, Mark&& mark) {
-        mark(kRoute), layer.route(x, params, s);
-        mark(kPermute), layer.permute(s);
-        mark(kExperts), layer.experts(params, s);
-        mark(kCombine), layer.combine(y, s);
-        if (shared) mark(kShared), layer.shared_expert(x, params, y, s);
-        mark(kCombineBwd), layer.combine_backward(grad_y, s);
-        mark(kExpertsBwd), layer.experts_backward(params, grads, s);
-        if (shared) mark(kSharedBwd), layer.shared_expert_backward(grad_y, params, grads, grad_x, false, s);
-        mark(kPermuteBwd), layer.permute_backward(grad_x, shared, s);
-        mark(kRouteBwd), layer.route_backward(params, grads, grad_x, s);
+        mark(kRoute);
+        layer.route(x, params, s);
+        mark(kPermute);
+        layer.permute(s);
+        mark(kExperts);
+        layer.experts(params, s);
+        mark(kCombine);
+        layer.combine(y, s);
+        if (shared) {
+            mark(kShared);
+            layer.shared_expert(x, params, y, s);
+        }
+        mark(kCombineBwd);
+        layer.combine_backward(grad_y, s);
+        mark(kExpertsBwd);
+        layer.experts_backward(params, grads, s);
+        if (shared) {
+            mark(kSharedBwd);
+            layer.shared_expert_backward(grad_y, params, grads, grad_x, false, s);
+        }
+        mark(kPermuteBwd);
+        layer.permute_backward(grad_x, shared, s);  // adds to the shared expert's part when there is one
+        mark(kRouteBwd);
+        layer.route_backward(params, grads, grad_x, s);
         mark(kNumStages);
     }
 };

@@ -52,11 +52,13 @@ __global__ void layout_assign_kernel(LayoutArgs a, const std::int32_t* invalid) 
         for (int i = 0; i < e; ++i) offset += a.expert_counts[i];
     }
     const long long count = a.expert_counts[e];
+    const long long num_invalid = *invalid;
+    __syncthreads();  // `invalid` aliases `dropped`, which thread 0 of block 0 overwrites below
     if (threadIdx.x == 0) {
         a.group_offsets[e + 1] = static_cast<std::int32_t>(C > 0 ? offset + C : offset + count);
         if (e == 0) {
             a.group_offsets[0] = 0;
-            long long dropped = *invalid;
+            long long dropped = num_invalid;
             if (C > 0) {
                 for (int i = 0; i < E; ++i) dropped += a.expert_counts[i] > C ? a.expert_counts[i] - C : 0;
             }
@@ -65,7 +67,7 @@ __global__ void layout_assign_kernel(LayoutArgs a, const std::int32_t* invalid) 
     }
     if (e == 0 && C == 0) {
         // Dropless rows never reached because of out-of-range indices stay empty.
-        for (long long r = n - *invalid + threadIdx.x; r < n; r += kThreads) a.choice_of_row[r] = -1;
+        for (long long r = n - num_invalid + threadIdx.x; r < n; r += kThreads) a.choice_of_row[r] = -1;
     }
 
     long long filled = 0;  // assignments of expert e seen so far, kept or not

@@ -1,0 +1,60 @@
+// scmoe-bench: single-node microbenchmarks with nccl-tests style output.
+//   scmoe-bench gemm  [options]   grouped GEMM vs dense GEMM of the same FLOPs
+//   scmoe-bench layer [options]   MoeLayer forward / forward+backward and per-stage times
+#include <iostream>
+
+#include "benches.h"
+#include "common.h"
+#include "kernels/error.h"
+#include "report.h"
+
+namespace {
+
+void print_usage(std::ostream& os) {
+    cxxopts::Options common("scmoe-bench <gemm|layer> [options]",
+                            "scmoe-bench " + std::string(scmoe::bench::scmoe_version()) +
+                                ": scmoe microbenchmarks with nccl-tests style tables.\n\n"
+                                "Subcommands:\n"
+                                "  gemm    grouped GEMM over expert loads vs one dense GEMM of the same FLOPs\n"
+                                "  layer   MoeLayer forward and forward+backward, per-stage times\n\n"
+                                "'scmoe-bench <subcommand> --help' lists a subcommand's options. Exit status: 0 ok, "
+                                "1 wrong results, 2 bad command line, 3 runtime error.");
+    common.set_width(110);
+    scmoe::bench::add_common_options(common);
+    os << common.help({"common"});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    using namespace scmoe::bench;
+    const std::string command = command_line(argc, argv);
+    if (argc < 2) {
+        print_usage(std::cerr);
+        return kExitUsage;
+    }
+    const std::string sub = argv[1];
+    if (sub == "-h" || sub == "--help") {
+        print_usage(std::cout);
+        return kExitOk;
+    }
+    if (sub == "--version") {
+        std::cout << "scmoe-bench " << scmoe_version() << "\n";
+        return kExitOk;
+    }
+    try {
+        if (sub == "gemm") return run_gemm_bench(argc - 1, argv + 1, command);
+        if (sub == "layer") return run_layer_bench(argc - 1, argv + 1, command);
+        std::cerr << "scmoe-bench: unknown subcommand '" << sub << "': expected gemm or layer (see --help)\n";
+        return kExitUsage;
+    } catch (const cxxopts::exceptions::exception& e) {
+        std::cerr << "scmoe-bench " << sub << ": " << e.what() << " (see 'scmoe-bench " << sub << " --help')\n";
+        return kExitUsage;
+    } catch (const UsageError& e) {
+        std::cerr << "scmoe-bench " << sub << ": " << e.what() << " (see 'scmoe-bench " << sub << " --help')\n";
+        return kExitUsage;
+    } catch (const std::exception& e) {
+        std::cerr << "scmoe-bench " << sub << ": error: " << e.what() << "\n";
+        return kExitError;
+    }
+}

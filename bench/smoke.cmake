@@ -1,0 +1,30 @@
+# Runs scmoe-bench gemm and layer at tiny sizes with --check 1 and -J, and checks that each exits 0,
+# writes JSON with rows and reports no wrong elements.
+#   cmake -DBENCH=/path/to/scmoe-bench -DOUT_DIR=/tmp/out -P smoke.cmake
+cmake_minimum_required(VERSION 3.25)
+file(MAKE_DIRECTORY ${OUT_DIR})
+
+function(run_bench name)
+  set(json ${OUT_DIR}/${name}.json)
+  file(REMOVE ${json})
+  execute_process(COMMAND ${BENCH} ${ARGN} -J ${json} --check 1 --backend cpu
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${name}: scmoe-bench exited with ${rc}")
+  endif()
+  file(READ ${json} text)
+  string(JSON num_rows LENGTH "${text}" rows)
+  string(JSON wrong GET "${text}" wrong)
+  string(JSON benchmark GET "${text}" benchmark)
+  if(num_rows LESS 1 OR NOT wrong EQUAL 0)
+    message(FATAL_ERROR "${name}: ${json} has ${num_rows} rows and wrong = ${wrong}")
+  endif()
+  message(STATUS "${name}: ${benchmark}, ${num_rows} rows, wrong = 0")
+endfunction()
+
+run_bench(gemm gemm --tokens 64,100 --hidden 32 --ffn 48 --experts 4 --top-k 2 --loads balanced,zipf
+          --provider auto,loop -n 2 -w 1)
+run_bench(layer layer --tokens 40,64 --hidden 32 --ffn 48 --experts 4 --top-k 2 --dispatch capacity,dropless
+          --shared-expert --cg -n 2 -w 1)
+run_bench(layer_gelu layer -b 16 -e 64 -f 4 --hidden 16 --ffn 24 --experts 3 --top-k 1 --activation gelu -n 1 -w 0)
