@@ -1,6 +1,8 @@
 // scmoe: shortcut-connected Mixture-of-Experts runtime. Umbrella header for embedders.
 #pragma once
 
+#include "comm/communicator.h"
+#include "comm/local_communicator.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/grouped_gemm.h"

@@ -64,10 +64,17 @@ std::int64_t parse_size(const std::string& text, const char* flag) {
     std::int64_t scale = 1;
     if (pos + 1 == text.size()) {
         switch (std::toupper(static_cast<unsigned char>(text[pos]))) {
-            case 'K': scale = 1024; break;
-            case 'M': scale = 1024 * 1024; break;
-            case 'G': scale = 1024 * 1024 * 1024; break;
-            default: pos = 0;
+            case 'K':
+                scale = 1024;
+                break;
+            case 'M':
+                scale = 1024 * 1024;
+                break;
+            case 'G':
+                scale = 1024 * 1024 * 1024;
+                break;
+            default:
+                pos = 0;
         }
         if (pos != 0) ++pos;
     }

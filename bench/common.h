@@ -3,13 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <cxxopts.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <cxxopts.hpp>
-#include <nlohmann/json.hpp>
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"

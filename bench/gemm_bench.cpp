@@ -133,10 +133,13 @@ int run_gemm_bench(int argc, char** argv, const std::string& command) {
     const Backend backend = device->backend();
     resolve_iters(common, backend);
     const DType dtype = resolve_dtype(args.dtype, *device);
+    // The providers that run, resolved (auto named as what it picks) and without repeats.
+    std::vector<GroupedGemmProvider> providers;
     for (std::size_t i = 0; i < args.providers.size(); ++i) {
-        const GroupedGemmProvider p = args.providers[i];
-        if (backend == Backend::kCpu && p != GroupedGemmProvider::kAuto && p != GroupedGemmProvider::kLoop)
+        const GroupedGemmProvider p = resolve_provider(args.providers[i], backend);
+        if (backend == Backend::kCpu && p != GroupedGemmProvider::kLoop)
             throw UsageError("--provider " + args.provider_names[i] + " needs the cuda backend");
+        if (std::find(providers.begin(), providers.end(), p) == providers.end()) providers.push_back(p);
     }
 
     nlohmann::ordered_json args_json = common_args_json(common);
@@ -205,19 +208,27 @@ int run_gemm_bench(int argc, char** argv, const std::string& command) {
     for (const std::int64_t tokens : args.tokens) {
         const std::int64_t rows = tokens * args.top_k;
         const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(H) * static_cast<double>(F);
-        const GemmArgs dense{false, false, rows, F, H, 1.0f, 0.0f, a_buf.data(), w_buf.data(), d_buf.data(), dtype, dtype};
+        GemmArgs dense;  // [rows, H] x W[0] [H, F] -> [rows, F]
+        dense.m = rows;
+        dense.n = F;
+        dense.k = H;
+        dense.a = a_buf.data();
+        dense.b = w_buf.data();
+        dense.c = d_buf.data();
+        dense.ab_dtype = dense.c_dtype = dtype;
         const double dense_us = time_us(*device, *stream, common.warmup, common.iters, [&] { gemm(dense, *stream); });
 
         for (const LoadKind load : args.loads) {
             const std::vector<std::int64_t> counts = expert_loads(load, rows, E, args.zipf);
             const std::vector<std::int32_t> offsets = group_offsets(counts);
             const std::int64_t max_per_expert = *std::max_element(counts.begin(), counts.end());
+            // `offsets` is pageable host memory: wait for the copy before it goes out of scope.
             stream->copy(offsets_buf.data(), offsets.data(), offsets_buf.bytes());
-            stream->synchronize();  // `offsets` is pageable host memory
-            std::vector<float> reference;  // per-group dense GEMMs, computed once per load when checking
+            stream->synchronize();
+            // The per-group dense GEMMs, computed once per load and only when checking.
+            std::vector<float> reference;
 
-            for (std::size_t pi = 0; pi < args.providers.size(); ++pi) {
-                const GroupedGemmProvider provider = resolve_provider(args.providers[pi], backend);
+            for (const GroupedGemmProvider provider : providers) {
                 const std::string provider_name = grouped_gemm_provider_name(provider, backend);
                 std::int64_t rows_per_group = 0;
                 if (provider == GroupedGemmProvider::kCublasStridedBatched) {

@@ -3,6 +3,7 @@
 // a check that outputs and gradients are finite and bitwise reproducible.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -27,6 +28,7 @@ struct LayerBenchArgs {
     float capacity_factor = 1.25f;
     Activation activation = Activation::kSwiGLU;
     bool shared_expert = false, cg = false, check_finite = true;
+    bool provider_given = false;  // else the layer's default: SCMOE_GROUPED_GEMM_PROVIDER or auto
     GroupedGemmProvider provider = GroupedGemmProvider::kAuto;
     std::string provider_name;
     std::uint64_t seed = 0;
@@ -54,8 +56,8 @@ cxxopts::Options layer_options() {
         ("shared-expert", "Add the dense shared expert on x")
         ("shared-ffn", "Shared expert FFN width (0 = --ffn)", cxxopts::value<std::int64_t>()->default_value("0"))
         ("cg", "CG-1 coefficient gate on the shared expert (implies --shared-expert)")
-        ("p,provider", "Grouped GEMM provider of the experts: auto, loop, cublas-batched, device-grouped",
-         cxxopts::value<std::string>()->default_value("auto"))
+        ("p,provider", "Grouped GEMM provider of the experts: auto, loop, cublas-batched, device-grouped "
+                       "(default: SCMOE_GROUPED_GEMM_PROVIDER, else auto)", cxxopts::value<std::string>())
         ("check-finite", "The layer's own NaN/Inf input checks (MoeConfig.check_finite): 0 or 1",
          cxxopts::value<int>()->default_value("1"))
         ("seed", "Seed of the random inputs and parameters", cxxopts::value<std::uint64_t>()->default_value("1234"));
@@ -75,8 +77,11 @@ LayerBenchArgs read_layer_args(const cxxopts::ParseResult& r) {
         for (const std::string& name : split_list(r["dispatch"].as<std::string>()))
             a.dispatch.push_back(parse_dispatch_mode(name));
         a.activation = parse_activation(r["activation"].as<std::string>());
-        a.provider_name = r["provider"].as<std::string>();
-        a.provider = parse_grouped_gemm_provider(a.provider_name.c_str());
+        if (r.count("provider")) {
+            a.provider_given = true;
+            a.provider_name = r["provider"].as<std::string>();
+            a.provider = parse_grouped_gemm_provider(a.provider_name.c_str());
+        }
     } catch (const Error& e) {
         throw UsageError(e.what());
     }
@@ -114,8 +119,7 @@ MoeConfig make_config(const LayerBenchArgs& a, DispatchMode dispatch, DType dtyp
 }
 
 // Uniform in [-1, 1) / sqrt(fan_in), fan_in = the second-to-last dimension ([.., in, out] weights).
-void init_params(Device& device, Stream& stream, const MoeConfig& config, const MoeParams& params,
-                 std::uint64_t seed) {
+void init_params(Device& device, Stream& stream, const MoeConfig& config, const MoeParams& params, std::uint64_t seed) {
     const std::vector<ParamSpec> specs = moe_param_specs(config);
     const Tensor* tensor = params.begin();
     for (std::size_t i = 0; i < specs.size(); ++i, ++tensor) {
@@ -136,17 +140,26 @@ std::int64_t count_bit_mismatches(const std::vector<std::uint8_t>& a, const std:
     return mismatches;
 }
 
-// The stages in the order they run; `column` is where each shows in the table.
+// The stages of one forward+backward in table-column order. LayerPass::run gives the execution
+// order, which is MoeLayer::backward's: the shared expert's backward runs before permute_backward.
 enum Stage {
-    kRoute, kPermute, kExperts, kCombine, kShared,
-    kCombineBwd, kExpertsBwd, kPermuteBwd, kRouteBwd, kSharedBwd, kNumStages
+    kRoute,
+    kPermute,
+    kExperts,
+    kCombine,
+    kShared,
+    kCombineBwd,
+    kExpertsBwd,
+    kPermuteBwd,
+    kRouteBwd,
+    kSharedBwd,
+    kNumStages
 };
-const char* const kStageKey[kNumStages] = {"route_us",          "permute_us",     "experts_us",
-                                           "combine_us",        "shared_us",      "combine_bwd_us",
-                                           "experts_bwd_us",    "permute_bwd_us", "route_bwd_us",
-                                           "shared_bwd_us"};
-const char* const kStageHeader[kNumStages] = {"route",    "permute",  "exp_ffn",  "combine",   "shared",
-                                              "comb_bwd", "exp_bwd",  "perm_bwd", "route_bwd", "shrd_bwd"};
+const char* const kStageKey[kNumStages] = {"route_us",     "permute_us",     "experts_us",     "combine_us",
+                                           "shared_us",    "combine_bwd_us", "experts_bwd_us", "permute_bwd_us",
+                                           "route_bwd_us", "shared_bwd_us"};
+const char* const kStageHeader[kNumStages] = {"route",    "permute", "exp_ffn",  "combine",   "shared",
+                                              "comb_bwd", "exp_bwd", "perm_bwd", "route_bwd", "shrd_bwd"};
 
 // What one forward+backward does, stage by stage, as MoeLayer::forward/backward do it.
 struct LayerPass {
@@ -213,6 +226,13 @@ std::vector<double> stage_times_us(Device& device, Stream& stream, LayerPass& pa
     return sum;
 }
 
+// Where the layer's grouped GEMM provider came from, for the config line.
+std::string provider_source(const LayerBenchArgs& args) {
+    if (args.provider_given) return "--provider";
+    const char* env = std::getenv("SCMOE_GROUPED_GEMM_PROVIDER");
+    return env && *env ? "SCMOE_GROUPED_GEMM_PROVIDER" : "the default";
+}
+
 std::string fixed(double value, int precision) {
     std::ostringstream os;
     os << std::fixed << std::setprecision(precision) << value;
@@ -237,7 +257,7 @@ int run_layer_bench(int argc, char** argv, const std::string& command) {
     const Backend backend = device->backend();
     resolve_iters(common, backend);
     const DType dtype = device->compute_dtype();
-    if (backend == Backend::kCpu && args.provider != GroupedGemmProvider::kAuto &&
+    if (args.provider_given && backend == Backend::kCpu && args.provider != GroupedGemmProvider::kAuto &&
         args.provider != GroupedGemmProvider::kLoop)
         throw UsageError("--provider " + args.provider_name + " needs the cuda backend");
 
@@ -254,18 +274,20 @@ int run_layer_bench(int argc, char** argv, const std::string& command) {
     args_json["shared_expert"] = args.shared_expert;
     args_json["shared_ffn"] = args.shared_ffn;
     args_json["cg"] = args.cg;
-    args_json["provider"] = args.provider_name;
+    args_json["provider"] = args.provider_given ? nlohmann::ordered_json(args.provider_name) : nullptr;
     args_json["check_finite"] = args.check_finite;
     args_json["seed"] = args.seed;
     args_json["dtype"] = dtype_name(dtype);
 
     Report report(std::cout, "layer", command, *device, common, args_json);
     report.print_preamble();
-    report.note("fwd = MoeLayer::forward; train = forward + backward; stage columns: each stage method alone, "
-                "events between stages, mean over the timed iterations");
+    report.note(
+        "fwd = MoeLayer::forward; train = forward + backward; stage columns: each stage method alone, "
+        "events between stages, mean over the timed iterations");
     if (common.check)
-        report.note("check: outputs and gradients finite, and a second forward+backward bitwise equal "
-                    "(wrong = non-finite + mismatching elements)");
+        report.note(
+            "check: outputs and gradients finite, and a second forward+backward bitwise equal "
+            "(wrong = non-finite + mismatching elements)");
 
     std::vector<Column> columns = {
         {"experts", "experts", "", 7, 0},
@@ -314,9 +336,10 @@ int run_layer_bench(int argc, char** argv, const std::string& command) {
     for (const DispatchMode dispatch : args.dispatch) {
         const MoeConfig config = make_config(args, dispatch, dtype);
         MoeLayer layer(config, *device, max_tokens);
-        layer.set_grouped_gemm_provider(args.provider);
-        report.note("config: " + config.to_string() + " provider=" +
-                    grouped_gemm_provider_name(args.provider, backend));
+        if (args.provider_given) layer.set_grouped_gemm_provider(args.provider);
+        report.note("config: " + config.to_string() +
+                    " provider=" + grouped_gemm_provider_name(layer.grouped_gemm_provider(), backend) + " (from " +
+                    provider_source(args) + ")");
         if (!table_started) {
             report.begin_table(columns);
             table_started = true;

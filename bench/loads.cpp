@@ -38,7 +38,8 @@ std::vector<std::int64_t> expert_loads(LoadKind kind, std::int64_t rows, int num
     }
     std::vector<std::size_t> order(E);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return remainder[a] > remainder[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return remainder[a] > remainder[b]; });
     for (std::size_t i = 0; assigned < rows; i = (i + 1) % E, ++assigned) ++counts[order[i]];
     return counts;
 }

@@ -11,7 +11,7 @@
 namespace {
 
 void print_usage(std::ostream& os) {
-    cxxopts::Options common("scmoe-bench <gemm|layer> [options]",
+    cxxopts::Options common("scmoe-bench <gemm|layer>",
                             "scmoe-bench " + std::string(scmoe::bench::scmoe_version()) +
                                 ": scmoe microbenchmarks with nccl-tests style tables.\n\n"
                                 "Subcommands:\n"
@@ -20,6 +20,7 @@ void print_usage(std::ostream& os) {
                                 "'scmoe-bench <subcommand> --help' lists a subcommand's options. Exit status: 0 ok, "
                                 "1 wrong results, 2 bad command line, 3 runtime error.");
     common.set_width(110);
+    common.custom_help("[options]");
     scmoe::bench::add_common_options(common);
     os << common.help({"common"});
 }

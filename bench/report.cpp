@@ -94,8 +94,8 @@ std::vector<std::pair<std::string, std::string>> relevant_environment() {
     return env;
 }
 
-Report::Report(std::ostream& os, std::string benchmark, std::string command, Device& device,
-               const CommonArgs& common, nlohmann::ordered_json args)
+Report::Report(std::ostream& os, std::string benchmark, std::string command, Device& device, const CommonArgs& common,
+               nlohmann::ordered_json args)
     : os_(os),
       benchmark_(std::move(benchmark)),
       command_(std::move(command)),
@@ -140,7 +140,9 @@ std::string Report::format_row(const std::vector<std::string>& texts, bool comme
     for (std::size_t i = 0; i < columns_.size(); ++i) {
         os << " " << std::setw(columns_[i].width) << (i < texts.size() ? texts[i] : std::string());
     }
-    return os.str();
+    std::string line = os.str();
+    line.erase(line.find_last_not_of(' ') + 1);
+    return line;
 }
 
 void Report::begin_table(std::vector<Column> columns) {
@@ -173,8 +175,8 @@ int Report::finish(const std::vector<std::pair<std::string, std::string>>& summa
     const bool ok = total_wrong_ == 0;
     std::size_t label_width = std::string("Out of bounds values").size();
     for (const auto& line : summary) label_width = std::max(label_width, line.first.size());
-    os_ << "# " << std::left << std::setw(static_cast<int>(label_width)) << "Out of bounds values" << " : "
-        << total_wrong_ << " " << (ok ? "OK" : "FAILED") << "\n";
+    os_ << "# " << std::left << std::setw(static_cast<int>(label_width)) << "Out of bounds values"
+        << " : " << total_wrong_ << " " << (ok ? "OK" : "FAILED") << "\n";
     for (const auto& [label, value] : summary)
         os_ << "# " << std::setw(static_cast<int>(label_width)) << label << " : " << value << "\n";
     os_ << std::right << "#\n" << std::flush;

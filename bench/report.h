@@ -5,12 +5,11 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common.h"
 #include "kernels/device.h"
@@ -37,7 +36,7 @@ struct Column {
 using Cell = std::variant<std::monostate, std::int64_t, double, std::string>;
 
 class Report {
-public:
+  public:
     // `args` holds every parsed argument (resolved values); `requested_backend` is --backend.
     Report(std::ostream& os, std::string benchmark, std::string command, Device& device, const CommonArgs& common,
            nlohmann::ordered_json args);
@@ -57,7 +56,7 @@ public:
 
     std::int64_t total_wrong() const { return total_wrong_; }
 
-private:
+  private:
     std::string format_row(const std::vector<std::string>& texts, bool comment) const;
 
     std::ostream& os_;

@@ -32,6 +32,9 @@ void run_on(Stream& stream, CpuFn&& cpu_fn, [[maybe_unused]] CudaFn&& cuda_fn) {
 
 void gemm(const GemmArgs& a, Stream& s) { run_on(s, [a] { cpu::gemm(a); }, SCMOE_CUDA_CALL(gemm(a, s))); }
 void grouped_gemm(const GroupedGemmArgs& a, Stream& s, [[maybe_unused]] GroupedGemmProvider p) {
+    SCMOE_CHECK(s.backend() != Backend::kCpu || p == GroupedGemmProvider::kAuto || p == GroupedGemmProvider::kLoop,
+                "grouped GEMM provider " << grouped_gemm_provider_name(p, s.backend())
+                                         << " needs the CUDA backend; the CPU backend has auto and loop");
     run_on(s, [a] { cpu::grouped_gemm(a); }, SCMOE_CUDA_CALL(grouped_gemm(a, p, s)));
 }
 void router_forward(const RouterForwardArgs& a, Stream& s) {

@@ -169,7 +169,6 @@ public:
 
     Backend backend() const override { return Backend::kCuda; }
     void* native_handle() const override { return stream_; }
-    int device() const { return device_; }
 
     void synchronize() override {
         DeviceGuard guard(device_);

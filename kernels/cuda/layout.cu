@@ -1,6 +1,7 @@
 // Layout on CUDA: one CTA per expert scans the T*k assignments in (choice j, token t) order with a
 // block-wide prefix sum, so positions inside an expert follow the CPU order exactly (first choices
 // in token order, then second choices) and the result is deterministic.
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/check.cuh"

@@ -1,0 +1,105 @@
+#include "comm/communicator.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <vector>
+
+#include "comm/detail/collective_util.h"
+#include "kernels/error.h"
+#include "kernels/math.h"
+
+namespace scmoe {
+namespace {
+
+double parse_timeout() {
+    const char* text = std::getenv("SCMOE_COMM_TIMEOUT_S");
+    if (text == nullptr || *text == '\0') return 300.0;
+    char* end = nullptr;
+    double value = std::strtod(text, &end);
+    SCMOE_CHECK(end != text && *end == '\0' && std::isfinite(value) && value > 0.0,
+                "SCMOE_COMM_TIMEOUT_S='" << text << "' is not a positive number of seconds");
+    return value;
+}
+
+}  // namespace
+
+double comm_timeout_seconds() {
+    static const double timeout_s = parse_timeout();
+    return timeout_s;
+}
+
+namespace comm_detail {
+
+const char* comm_op_name(CommOp op) {
+    switch (op) {
+        case CommOp::kAllToAllV:
+            return "all_to_all_v";
+        case CommOp::kAllReduceSum:
+            return "all_reduce_sum";
+        case CommOp::kAllGather:
+            return "all_gather";
+        case CommOp::kBroadcast:
+            return "broadcast";
+        case CommOp::kBarrier:
+            return "barrier";
+    }
+    return "?";
+}
+
+void sum_in_rank_order(const void* const* inputs, int num_inputs, void* out, std::int64_t count, DType dtype) {
+    SCMOE_CHECK(num_inputs > 0, "sum of no contributions");
+    switch (dtype) {
+        case DType::kF32: {
+            auto* o = static_cast<float*>(out);
+            for (std::int64_t i = 0; i < count; ++i) o[i] = static_cast<const float*>(inputs[0])[i];
+            for (int r = 1; r < num_inputs; ++r) {
+                const auto* in = static_cast<const float*>(inputs[r]);
+                for (std::int64_t i = 0; i < count; ++i) o[i] += in[i];
+            }
+            break;
+        }
+        case DType::kBF16: {
+            std::vector<float> acc(static_cast<std::size_t>(count), 0.0f);
+            for (int r = 0; r < num_inputs; ++r) {
+                const auto* in = static_cast<const std::uint16_t*>(inputs[r]);
+                for (std::int64_t i = 0; i < count; ++i)
+                    acc[static_cast<std::size_t>(i)] += math::bf16_bits_to_f32(in[i]);
+            }
+            auto* o = static_cast<std::uint16_t*>(out);
+            for (std::int64_t i = 0; i < count; ++i) o[i] = math::f32_to_bf16_bits(acc[static_cast<std::size_t>(i)]);
+            break;
+        }
+        case DType::kI32: {
+            // Unsigned adds wrap instead of overflowing into undefined behaviour.
+            std::vector<std::uint32_t> acc(static_cast<std::size_t>(count), 0u);
+            for (int r = 0; r < num_inputs; ++r) {
+                const auto* in = static_cast<const std::int32_t*>(inputs[r]);
+                for (std::int64_t i = 0; i < count; ++i)
+                    acc[static_cast<std::size_t>(i)] += static_cast<std::uint32_t>(in[i]);
+            }
+            auto* o = static_cast<std::int32_t*>(out);
+            for (std::int64_t i = 0; i < count; ++i) o[i] = static_cast<std::int32_t>(acc[static_cast<std::size_t>(i)]);
+            break;
+        }
+    }
+}
+
+std::size_t checked_bytes(std::int64_t count, DType dtype, const char* what) {
+    SCMOE_CHECK(count >= 0, what << " = " << count << " is negative");
+    return static_cast<std::size_t>(count) * dtype_size(dtype);
+}
+
+std::string format_seconds(double seconds) {
+    std::ostringstream os;
+    os << seconds;
+    return os.str();
+}
+
+std::string timeout_message(int rank, CommOp op, double timeout_s, int peer) {
+    return "rank " + std::to_string(rank) + ": " + comm_op_name(op) + " timed out after " + format_seconds(timeout_s) +
+           " s waiting for rank " + std::to_string(peer) + " (SCMOE_COMM_TIMEOUT_S)";
+}
+
+}  // namespace comm_detail
+}  // namespace scmoe

@@ -1,0 +1,30 @@
+// Pieces the host-buffer communicators share: operation names, the rank-order sum, the timeout
+// and its error message. Private to comm/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/dtype.h"
+
+namespace scmoe::comm_detail {
+
+enum class CommOp : std::uint8_t { kAllToAllV, kAllReduceSum, kAllGather, kBroadcast, kBarrier };
+
+const char* comm_op_name(CommOp op);
+
+// out[i] = inputs[0][i] + inputs[1][i] + ... added left to right (rank order), for f32 (fp32
+// adds), bf16 (fp32 accumulation, rounded once) and i32 (wrapping). `out` may alias no input.
+void sum_in_rank_order(const void* const* inputs, int num_inputs, void* out, std::int64_t count, DType dtype);
+
+// count * dtype_size(dtype) after checking count >= 0; `what` names the argument in the error.
+std::size_t checked_bytes(std::int64_t count, DType dtype, const char* what);
+
+// "5", "0.5": seconds as people write them.
+std::string format_seconds(double seconds);
+
+// "rank <rank>: <op> timed out after <t> s waiting for rank <peer> (SCMOE_COMM_TIMEOUT_S)".
+std::string timeout_message(int rank, CommOp op, double timeout_s, int peer);
+
+}  // namespace scmoe::comm_detail

@@ -1,0 +1,338 @@
+#include "comm/local_communicator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "comm/detail/collective_util.h"
+#include "kernels/error.h"
+
+namespace scmoe {
+namespace local_detail {
+
+using comm_detail::CommOp;
+
+// What one rank asked for in one collective. Pointers are that rank's own buffers.
+struct Call {
+    CommOp op = CommOp::kBarrier;
+    DType dtype = DType::kF32;
+    const void* send = nullptr;
+    void* recv = nullptr;                     // all_reduce_sum and broadcast: the in-place buffer
+    std::vector<std::int64_t> send_counts{};  // all_to_all_v: snapshot taken when the work runs
+    std::int64_t count = 0;
+    int root = 0;
+    std::string invalid{};  // a bad argument this rank found; fails the operation on every rank
+};
+
+}  // namespace local_detail
+namespace {
+
+using comm_detail::comm_op_name;
+using comm_detail::CommOp;
+using local_detail::Call;
+using Clock = std::chrono::steady_clock;
+
+std::string describe(const Call& c) {
+    std::ostringstream os;
+    os << comm_op_name(c.op) << "(";
+    switch (c.op) {
+        case CommOp::kAllToAllV:
+            os << dtype_name(c.dtype);
+            break;
+        case CommOp::kAllReduceSum:
+        case CommOp::kAllGather:
+            os << "count=" << c.count << ", " << dtype_name(c.dtype);
+            break;
+        case CommOp::kBroadcast:
+            os << "count=" << c.count << ", " << dtype_name(c.dtype) << ", root=" << c.root;
+            break;
+        case CommOp::kBarrier:
+            break;
+    }
+    os << ")";
+    return os.str();
+}
+
+bool compatible(const Call& a, const Call& b) {
+    if (a.op != b.op) return false;
+    switch (a.op) {
+        case CommOp::kAllToAllV:
+            return a.dtype == b.dtype;
+        case CommOp::kAllReduceSum:
+        case CommOp::kAllGather:
+            return a.dtype == b.dtype && a.count == b.count;
+        case CommOp::kBroadcast:
+            return a.dtype == b.dtype && a.count == b.count && a.root == b.root;
+        case CommOp::kBarrier:
+            return true;
+    }
+    return false;
+}
+
+Clock::duration to_duration(double seconds) {
+    // Clamped so that now() + timeout cannot overflow for absurdly large settings.
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(seconds, 1e9)));
+}
+
+}  // namespace
+
+// NOTES: one Op per sequence number. A rank joins (records its Call), waits until all ranks have
+// joined, runs its body (reads peers' inputs, writes its own outputs), then waits until all ranks
+// have finished their bodies, so no rank frees or overwrites an input a peer still reads. The
+// first failure (mismatch, bad argument, timeout, a body that threw) is stored in the Op and
+// every rank still in it, or arriving later, raises it: no rank waits on a dead operation.
+struct LocalGroup::Rendezvous {
+    struct Op {
+        std::vector<Call> calls;
+        std::vector<bool> joined, finished;
+        int num_joined = 0, num_finished = 0;
+        std::string failure;
+    };
+
+    int size;
+    double timeout_s;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<std::uint64_t, std::shared_ptr<Op>> ops;
+
+    void run(int rank, std::uint64_t seq, Call call, const std::function<void(const std::vector<Call>&)>& body);
+
+  private:
+    [[noreturn]] void raise(int rank, CommOp op, std::uint64_t seq, const std::string& failure) {
+        SCMOE_FAIL("rank " << rank << ": " << comm_op_name(op) << " (collective #" << seq << ") failed: " << failure);
+    }
+    // Waits until `done` holds or the op failed; on timeout records and raises the timeout, naming
+    // the first rank for which `pending(q)` still holds.
+    template <class Done, class Pending>
+    void wait(std::unique_lock<std::mutex>& lock, Op& o, int rank, CommOp op, std::uint64_t seq, Done done,
+              Pending pending) {
+        const auto deadline = Clock::now() + to_duration(timeout_s);
+        while (o.failure.empty() && !done()) {
+            if (cv.wait_until(lock, deadline) != std::cv_status::timeout) continue;
+            if (!o.failure.empty() || done()) break;
+            int peer = 0;
+            while (peer < size && !pending(peer)) ++peer;
+            o.failure = comm_detail::timeout_message(rank, op, timeout_s, peer);
+            cv.notify_all();
+            SCMOE_FAIL(o.failure);
+        }
+        if (!o.failure.empty()) raise(rank, op, seq, o.failure);
+    }
+};
+
+void LocalGroup::Rendezvous::run(int rank, std::uint64_t seq, Call call,
+                                 const std::function<void(const std::vector<Call>&)>& body) {
+    const CommOp kind = call.op;
+    std::shared_ptr<Op> op;
+    {
+        std::unique_lock lock(mu);
+        auto& slot = ops[seq];
+        if (!slot) {
+            slot = std::make_shared<Op>();
+            slot->calls.resize(static_cast<std::size_t>(size));
+            slot->joined.assign(static_cast<std::size_t>(size), false);
+            slot->finished.assign(static_cast<std::size_t>(size), false);
+        }
+        op = slot;
+        Op& o = *op;
+        const auto r = static_cast<std::size_t>(rank);
+        if (o.failure.empty()) {
+            if (!call.invalid.empty()) {
+                o.failure = "rank " + std::to_string(rank) + " passed " + call.invalid;
+            } else {
+                for (std::size_t q = 0; q < o.calls.size(); ++q) {
+                    if (q == r || !o.joined[q]) continue;
+                    if (!compatible(o.calls[q], call)) {
+                        o.failure = "mismatched collectives: rank " + std::to_string(q) + " issued " +
+                                    describe(o.calls[q]) + ", rank " + std::to_string(rank) + " issued " +
+                                    describe(call);
+                    }
+                    break;
+                }
+            }
+        }
+        o.calls[r] = std::move(call);
+        o.joined[r] = true;
+        ++o.num_joined;
+        cv.notify_all();
+        wait(
+            lock, o, rank, kind, seq, [&] { return o.num_joined == size; },
+            [&](int q) { return !o.joined[static_cast<std::size_t>(q)]; });
+    }
+    // Every rank has joined and agreed; calls no longer change, so the body reads them unlocked.
+    try {
+        body(op->calls);
+    } catch (const std::exception& e) {
+        std::scoped_lock lock(mu);
+        if (op->failure.empty()) op->failure = "rank " + std::to_string(rank) + ": " + e.what();
+        cv.notify_all();
+        throw;
+    }
+    std::unique_lock lock(mu);
+    Op& o = *op;
+    o.finished[static_cast<std::size_t>(rank)] = true;
+    if (++o.num_finished == size) ops.erase(seq);
+    cv.notify_all();
+    wait(
+        lock, o, rank, kind, seq, [&] { return o.num_finished == size; },
+        [&](int q) { return !o.finished[static_cast<std::size_t>(q)]; });
+}
+
+LocalGroup::LocalGroup(int size, double timeout_s)
+    : size_(size),
+      timeout_s_(timeout_s),
+      rendezvous_(std::make_unique<Rendezvous>()),
+      rank_taken_(static_cast<std::size_t>(size), false) {
+    rendezvous_->size = size;
+    rendezvous_->timeout_s = timeout_s;
+}
+
+LocalGroup::~LocalGroup() = default;
+
+std::shared_ptr<LocalGroup> LocalGroup::create(int size, double timeout_s) {
+    SCMOE_CHECK(size >= 1, "LocalGroup size " << size << " must be at least 1");
+    SCMOE_CHECK(timeout_s > 0.0, "LocalGroup timeout " << timeout_s << " s must be positive");
+    return std::shared_ptr<LocalGroup>(new LocalGroup(size, timeout_s));
+}
+
+std::unique_ptr<Communicator> LocalGroup::communicator(int rank) {
+    SCMOE_CHECK(rank >= 0 && rank < size_, "rank " << rank << " is outside the local group of " << size_);
+    {
+        std::scoped_lock lock(mu_);
+        SCMOE_CHECK(!rank_taken_[static_cast<std::size_t>(rank)],
+                    "the communicator of local rank " << rank << " was already created");
+        rank_taken_[static_cast<std::size_t>(rank)] = true;
+    }
+    return std::make_unique<LocalCommunicator>(shared_from_this(), rank);
+}
+
+LocalCommunicator::LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank)
+    : group_(std::move(group)), rank_(rank) {}
+
+std::string LocalCommunicator::name() const {
+    return "local(rank " + std::to_string(rank_) + " of " + std::to_string(size()) + ")";
+}
+
+namespace {
+
+// "<what> = <count> (negative)" or "" when fine; null pointers only matter when bytes move.
+std::string check_count(std::int64_t count, const char* what) {
+    return count < 0 ? std::string(what) + " = " + std::to_string(count) + " (negative)" : std::string();
+}
+
+}  // namespace
+
+void LocalCommunicator::all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv,
+                                     std::int64_t* recv_counts, DType dtype, Stream& stream) {
+    const std::uint64_t seq = next_seq_++;
+    const int rank = rank_;
+    const int n = size();
+    LocalGroup::Rendezvous& rv = group_->rendezvous();
+    stream.host_task([=, &rv] {
+        Call call{.op = CommOp::kAllToAllV, .dtype = dtype, .send = send, .recv = recv};
+        if (send_counts == nullptr || recv_counts == nullptr) {
+            call.invalid = "null send_counts or recv_counts to all_to_all_v";
+        } else {
+            call.send_counts.assign(send_counts, send_counts + n);
+            std::int64_t total = 0;
+            for (int p = 0; p < n && call.invalid.empty(); ++p) {
+                call.invalid =
+                    check_count(send_counts[p], ("all_to_all_v send_counts[" + std::to_string(p) + "]").c_str());
+                total += send_counts[p];
+            }
+            if (call.invalid.empty() && total > 0 && send == nullptr)
+                call.invalid = "a null send buffer to all_to_all_v";
+        }
+        rv.run(rank, seq, std::move(call), [&](const std::vector<Call>& calls) {
+            const std::size_t esize = dtype_size(dtype);
+            std::int64_t offset = 0;
+            for (int s = 0; s < n; ++s) {
+                const Call& c = calls[static_cast<std::size_t>(s)];
+                std::int64_t src_offset = 0;
+                for (int p = 0; p < rank; ++p) src_offset += c.send_counts[static_cast<std::size_t>(p)];
+                const std::int64_t count = c.send_counts[static_cast<std::size_t>(rank)];
+                if (count > 0) {
+                    SCMOE_CHECK(recv != nullptr, "all_to_all_v: null recv buffer but rank " << s << " sends " << count);
+                    std::memcpy(static_cast<char*>(recv) + static_cast<std::size_t>(offset) * esize,
+                                static_cast<const char*>(c.send) + static_cast<std::size_t>(src_offset) * esize,
+                                static_cast<std::size_t>(count) * esize);
+                }
+                recv_counts[s] = count;
+                offset += count;
+            }
+        });
+    });
+}
+
+void LocalCommunicator::all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) {
+    const std::uint64_t seq = next_seq_++;
+    const int rank = rank_;
+    LocalGroup::Rendezvous& rv = group_->rendezvous();
+    stream.host_task([=, &rv] {
+        Call call{.op = CommOp::kAllReduceSum, .dtype = dtype, .recv = buf, .count = count};
+        call.invalid = check_count(count, "all_reduce_sum count");
+        if (call.invalid.empty() && count > 0 && buf == nullptr) call.invalid = "a null buffer to all_reduce_sum";
+        // Peers read `buf` until everyone has finished, so the sum is built aside and stored after.
+        std::vector<unsigned char> sum(count > 0 ? static_cast<std::size_t>(count) * dtype_size(dtype) : 0);
+        rv.run(rank, seq, std::move(call), [&](const std::vector<Call>& calls) {
+            std::vector<const void*> inputs;
+            for (const Call& c : calls) inputs.push_back(c.recv);
+            if (count > 0)
+                comm_detail::sum_in_rank_order(inputs.data(), static_cast<int>(inputs.size()), sum.data(), count,
+                                               dtype);
+        });
+        if (!sum.empty()) std::memcpy(buf, sum.data(), sum.size());
+    });
+}
+
+void LocalCommunicator::all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype,
+                                   Stream& stream) {
+    const std::uint64_t seq = next_seq_++;
+    const int rank = rank_;
+    LocalGroup::Rendezvous& rv = group_->rendezvous();
+    stream.host_task([=, &rv] {
+        Call call{.op = CommOp::kAllGather, .dtype = dtype, .send = send, .recv = recv, .count = count_per_rank};
+        call.invalid = check_count(count_per_rank, "all_gather count_per_rank");
+        if (call.invalid.empty() && count_per_rank > 0 && (send == nullptr || recv == nullptr))
+            call.invalid = "a null buffer to all_gather";
+        rv.run(rank, seq, std::move(call), [&](const std::vector<Call>& calls) {
+            const std::size_t bytes = static_cast<std::size_t>(count_per_rank) * dtype_size(dtype);
+            for (std::size_t s = 0; s < calls.size(); ++s) {
+                char* dst = static_cast<char*>(recv) + s * bytes;
+                if (bytes > 0 && calls[s].send != dst) std::memcpy(dst, calls[s].send, bytes);
+            }
+        });
+    });
+}
+
+void LocalCommunicator::broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) {
+    const std::uint64_t seq = next_seq_++;
+    const int rank = rank_;
+    const int n = size();
+    LocalGroup::Rendezvous& rv = group_->rendezvous();
+    stream.host_task([=, &rv] {
+        Call call{.op = CommOp::kBroadcast, .dtype = dtype, .recv = buf, .count = count, .root = root};
+        call.invalid = check_count(count, "broadcast count");
+        if (call.invalid.empty() && (root < 0 || root >= n))
+            call.invalid = "broadcast root " + std::to_string(root) + " outside [0, " + std::to_string(n) + ")";
+        if (call.invalid.empty() && count > 0 && buf == nullptr) call.invalid = "a null buffer to broadcast";
+        rv.run(rank, seq, std::move(call), [&](const std::vector<Call>& calls) {
+            if (rank != root && count > 0)
+                std::memcpy(buf, calls[static_cast<std::size_t>(root)].recv,
+                            static_cast<std::size_t>(count) * dtype_size(dtype));
+        });
+    });
+}
+
+void LocalCommunicator::barrier(Stream& stream) {
+    const std::uint64_t seq = next_seq_++;
+    const int rank = rank_;
+    LocalGroup::Rendezvous& rv = group_->rendezvous();
+    stream.host_task([=, &rv] { rv.run(rank, seq, Call{.op = CommOp::kBarrier}, [](const std::vector<Call>&) {}); });
+}
+
+}  // namespace scmoe

@@ -1,0 +1,80 @@
+// LocalCommunicator: N ranks as threads of one process, for tests without mpirun and for many
+// expert-parallel ranks in one process.
+//
+//   auto group = LocalGroup::create(4);               // once, shared by the rank threads
+//   std::unique_ptr<Communicator> comm = group->communicator(rank);   // once per rank
+//
+// Each rank normally drives its communicator from its own thread and its own Stream. The
+// collectives rendezvous per operation sequence number (a rank's k-th call meets every other
+// rank's k-th call) and copy directly between the ranks' host buffers: each rank reads its
+// peers' inputs and writes only its own outputs. All ranks must issue the same operation with
+// compatible sizes at each step; a mismatch raises an Error on every rank (naming the ranks and
+// what each issued) instead of hanging. A rank that does not arrive within the timeout makes
+// the ranks waiting for it fail, naming it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace scmoe {
+
+class LocalCommunicator;
+
+class LocalGroup : public std::enable_shared_from_this<LocalGroup> {
+  public:
+    // A group of `size` ranks (>= 1). `timeout_s` bounds every wait (seconds, > 0); by default
+    // SCMOE_COMM_TIMEOUT_S (300).
+    static std::shared_ptr<LocalGroup> create(int size, double timeout_s = comm_timeout_seconds());
+    ~LocalGroup();
+    LocalGroup(const LocalGroup&) = delete;
+    LocalGroup& operator=(const LocalGroup&) = delete;
+
+    int size() const { return size_; }
+    double timeout_s() const { return timeout_s_; }
+
+    // The communicator of `rank` in [0, size). Each rank's communicator can be created once; it
+    // keeps the group alive.
+    std::unique_ptr<Communicator> communicator(int rank);
+
+    // The rendezvous state (comm/local_communicator.cpp).
+    struct Rendezvous;
+    Rendezvous& rendezvous() { return *rendezvous_; }
+
+  private:
+    LocalGroup(int size, double timeout_s);
+
+    int size_;
+    double timeout_s_;
+    std::unique_ptr<Rendezvous> rendezvous_;
+    std::mutex mu_;
+    std::vector<bool> rank_taken_;
+};
+
+class LocalCommunicator final : public Communicator {
+  public:
+    LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank);
+
+    int rank() const override { return rank_; }
+    int size() const override { return group_->size(); }
+    std::string name() const override;
+
+    void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
+                      DType dtype, Stream& stream) override;
+    void all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) override;
+    void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override;
+    void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override;
+    void barrier(Stream& stream) override;
+
+  private:
+    std::shared_ptr<LocalGroup> group_;
+    int rank_;
+    std::atomic<std::uint64_t> next_seq_{0};
+};
+
+}  // namespace scmoe

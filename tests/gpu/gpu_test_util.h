@@ -1,0 +1,128 @@
+// Helpers for the GPU tests: a CPU and a CUDA backend side by side, uploads that round to bf16 on
+// the host, downloads that widen back to f32, and comparison helpers with the tolerance in the call.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/device.h"
+#include "kernels/math.h"
+
+// Every GPU test starts with this: without a device it reports a skip, never a failure.
+#define SCMOE_REQUIRE_GPU()                                                             \
+    do {                                                                                \
+        if (!::scmoe::cuda_device_available()) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
+    } while (0)
+
+namespace scmoe::gpu_testing {
+
+using F = std::vector<float>;
+using I = std::vector<std::int32_t>;
+
+inline F random_uniform(std::int64_t n, float scale, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    F v(static_cast<std::size_t>(n));
+    for (float& x : v) x = dist(rng);
+    return v;
+}
+
+// The values bf16 storage holds: what the CPU f32 reference must see.
+inline F round_bf16(F v) {
+    for (float& x : v) x = math::round_to_bf16(x);
+    return v;
+}
+
+struct Backends {
+    std::unique_ptr<Device> cpu = make_device("cpu");
+    std::unique_ptr<Stream> cpu_stream = cpu->create_stream();
+    std::unique_ptr<Device> gpu = make_device("cuda");
+    std::unique_ptr<Stream> gpu_stream = gpu->create_stream();
+};
+
+// f32 host values -> device buffer in `dtype` (bf16: rounded to nearest even on the host).
+inline DeviceBuffer upload(Backends& b, const F& host, DType dtype) {
+    DeviceBuffer buf(*b.gpu, std::max<std::size_t>(host.size() * dtype_size(dtype), 1));
+    if (host.empty()) return buf;
+    if (dtype == DType::kBF16) {
+        std::vector<std::uint16_t> bits(host.size());
+        for (std::size_t i = 0; i < host.size(); ++i) bits[i] = math::f32_to_bf16_bits(host[i]);
+        b.gpu_stream->copy(buf.data(), bits.data(), bits.size() * sizeof(std::uint16_t));
+    } else {
+        b.gpu_stream->copy(buf.data(), host.data(), host.size() * sizeof(float));
+    }
+    b.gpu_stream->synchronize();
+    return buf;
+}
+
+inline DeviceBuffer upload_i32(Backends& b, const I& host) {
+    DeviceBuffer buf(*b.gpu, std::max<std::size_t>(host.size() * sizeof(std::int32_t), 1));
+    if (!host.empty()) b.gpu_stream->copy(buf.data(), host.data(), host.size() * sizeof(std::int32_t));
+    b.gpu_stream->synchronize();
+    return buf;
+}
+
+// Synchronizes the GPU stream, then copies n elements of `dtype` back and widens them to f32.
+inline F download(Backends& b, const void* dev, std::int64_t n, DType dtype) {
+    F out(static_cast<std::size_t>(n));
+    b.gpu_stream->synchronize();
+    if (n == 0) return out;
+    if (dtype == DType::kBF16) {
+        std::vector<std::uint16_t> bits(out.size());
+        b.gpu_stream->copy(bits.data(), dev, bits.size() * sizeof(std::uint16_t));
+        b.gpu_stream->synchronize();
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = math::bf16_bits_to_f32(bits[i]);
+    } else {
+        b.gpu_stream->copy(out.data(), dev, out.size() * sizeof(float));
+        b.gpu_stream->synchronize();
+    }
+    return out;
+}
+
+inline I download_i32(Backends& b, const void* dev, std::int64_t n) {
+    I out(static_cast<std::size_t>(n));
+    b.gpu_stream->synchronize();
+    if (n > 0) b.gpu_stream->copy(out.data(), dev, out.size() * sizeof(std::int32_t));
+    b.gpu_stream->synchronize();
+    return out;
+}
+
+// |got - want| <= tol * max(1, |want|) for every element.
+inline void expect_close(const F& got, const F& want, float tol, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], tol * std::max(1.0f, std::abs(want[i])))
+            << what << ": element " << i << " of " << got.size();
+    }
+}
+
+// ||got - want||_2 <= tol * ||want||_2 (for results with many bf16 rounding stages).
+inline void expect_rel_l2(const F& got, const F& want, double tol, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double diff = 0.0, ref = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const double d = static_cast<double>(got[i]) - want[i];
+        diff += d * d;
+        ref += static_cast<double>(want[i]) * want[i];
+    }
+    EXPECT_LE(std::sqrt(diff), tol * std::max(std::sqrt(ref), 1e-12)) << what << ": relative L2 error";
+}
+
+inline void expect_bitwise_equal(const F& a, const F& b, const char* what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        std::uint32_t ua, ub;
+        std::memcpy(&ua, &a[i], 4);
+        std::memcpy(&ub, &b[i], 4);
+        ASSERT_EQ(ua, ub) << what << ": element " << i << " differs between runs (" << a[i] << " vs " << b[i] << ")";
+    }
+}
+
+}  // namespace scmoe::gpu_testing
