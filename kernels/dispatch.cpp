@@ -25,55 +25,58 @@ void run_on(Stream& stream, CpuFn&& cpu_fn, [[maybe_unused]] CudaFn&& cuda_fn) {
 }  // namespace
 
 #if SCMOE_WITH_CUDA
-#define SCMOE_CUDA_CALL(call) [&](void* s) { cuda::call; }
+#define SCMOE_CUDA_CALL(call) [&](void* native) { cuda::call; }
 #else
 #define SCMOE_CUDA_CALL(call) [](void*) {}
 #endif
 
-void gemm(const GemmArgs& a, Stream& s) { run_on(s, [a] { cpu::gemm(a); }, SCMOE_CUDA_CALL(gemm(a, s))); }
+void gemm(const GemmArgs& a, Stream& s) { run_on(s, [a] { cpu::gemm(a); }, SCMOE_CUDA_CALL(gemm(a, native))); }
 void grouped_gemm(const GroupedGemmArgs& a, Stream& s, [[maybe_unused]] GroupedGemmProvider p) {
     SCMOE_CHECK(s.backend() != Backend::kCpu || p == GroupedGemmProvider::kAuto || p == GroupedGemmProvider::kLoop,
                 "grouped GEMM provider " << grouped_gemm_provider_name(p, s.backend())
                                          << " needs the CUDA backend; the CPU backend has auto and loop");
-    run_on(s, [a] { cpu::grouped_gemm(a); }, SCMOE_CUDA_CALL(grouped_gemm(a, p, s)));
+    run_on(s, [a] { cpu::grouped_gemm(a); }, SCMOE_CUDA_CALL(grouped_gemm(a, p, native)));
 }
 void router_forward(const RouterForwardArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::router_forward(a); }, SCMOE_CUDA_CALL(router_forward(a, s)));
+    run_on(s, [a] { cpu::router_forward(a); }, SCMOE_CUDA_CALL(router_forward(a, native)));
 }
 void router_backward(const RouterBackwardArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::router_backward(a); }, SCMOE_CUDA_CALL(router_backward(a, s)));
+    run_on(s, [a] { cpu::router_backward(a); }, SCMOE_CUDA_CALL(router_backward(a, native)));
 }
 void compute_layout(const LayoutArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::compute_layout(a); }, SCMOE_CUDA_CALL(compute_layout(a, s)));
+    run_on(s, [a] { cpu::compute_layout(a); }, SCMOE_CUDA_CALL(compute_layout(a, native)));
 }
-void permute(const PermuteArgs& a, Stream& s) { run_on(s, [a] { cpu::permute(a); }, SCMOE_CUDA_CALL(permute(a, s))); }
+void permute(const PermuteArgs& a, Stream& s) { run_on(s, [a] { cpu::permute(a); }, SCMOE_CUDA_CALL(permute(a, native))); }
 void permute_backward(const PermuteBackwardArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::permute_backward(a); }, SCMOE_CUDA_CALL(permute_backward(a, s)));
+    run_on(s, [a] { cpu::permute_backward(a); }, SCMOE_CUDA_CALL(permute_backward(a, native)));
 }
-void combine(const CombineArgs& a, Stream& s) { run_on(s, [a] { cpu::combine(a); }, SCMOE_CUDA_CALL(combine(a, s))); }
+void combine(const CombineArgs& a, Stream& s) { run_on(s, [a] { cpu::combine(a); }, SCMOE_CUDA_CALL(combine(a, native))); }
 void combine_backward(const CombineBackwardArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::combine_backward(a); }, SCMOE_CUDA_CALL(combine_backward(a, s)));
+    run_on(s, [a] { cpu::combine_backward(a); }, SCMOE_CUDA_CALL(combine_backward(a, native)));
 }
 void activation_forward(const ActivationArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::activation_forward(a); }, SCMOE_CUDA_CALL(activation_forward(a, s)));
+    run_on(s, [a] { cpu::activation_forward(a); }, SCMOE_CUDA_CALL(activation_forward(a, native)));
 }
 void activation_backward(const ActivationBackwardArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::activation_backward(a); }, SCMOE_CUDA_CALL(activation_backward(a, s)));
+    run_on(s, [a] { cpu::activation_backward(a); }, SCMOE_CUDA_CALL(activation_backward(a, native)));
 }
 void gated_add(const GatedAddArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::gated_add(a); }, SCMOE_CUDA_CALL(gated_add(a, s)));
+    run_on(s, [a] { cpu::gated_add(a); }, SCMOE_CUDA_CALL(gated_add(a, native)));
 }
 void gated_add_backward(const GatedAddBackwardArgs& a, Stream& s) {
-    run_on(s, [a] { cpu::gated_add_backward(a); }, SCMOE_CUDA_CALL(gated_add_backward(a, s)));
+    run_on(s, [a] { cpu::gated_add_backward(a); }, SCMOE_CUDA_CALL(gated_add_backward(a, native)));
 }
 void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index,
                      Stream& s) {
     run_on(s, [=] { cpu::count_nonfinite(x, n, dtype, count, first_index); },
-           SCMOE_CUDA_CALL(count_nonfinite(x, n, dtype, count, first_index, s)));
+           SCMOE_CUDA_CALL(count_nonfinite(x, n, dtype, count, first_index, native)));
+}
+void regroup(const RegroupArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::regroup(a); }, SCMOE_CUDA_CALL(regroup(a, native)));
 }
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream& s) {
     run_on(s, [=] { cpu::convert(src, src_dtype, dst, dst_dtype, n); },
-           SCMOE_CUDA_CALL(convert(src, src_dtype, dst, dst_dtype, n, s)));
+           SCMOE_CUDA_CALL(convert(src, src_dtype, dst, dst_dtype, n, native)));
 }
 
 }  // namespace scmoe

@@ -11,12 +11,14 @@ std::int64_t ParamSpec::numel() const {
     return n;
 }
 
-std::vector<ParamSpec> moe_param_specs(const MoeConfig& c) {
-    const std::int64_t H = c.hidden, E = c.num_experts, I = c.expert_inner_width(), F = c.ffn;
+std::vector<ParamSpec> moe_param_specs(const MoeConfig& c, int ep_size) {
+    SCMOE_CHECK(ep_size >= 1 && c.num_experts % ep_size == 0,
+                "MoeConfig.num_experts = " << c.num_experts << " is not divisible by the expert-parallel size " << ep_size);
+    const std::int64_t H = c.hidden, E = c.num_experts / ep_size, I = c.expert_inner_width(), F = c.ffn;
     const std::int64_t Fs = c.shared_ffn_width(), Is = activation_input_width(c.activation, Fs);
     using Shape = std::vector<std::int64_t>;
     return {
-        {"gate_w", Shape{H, E}},
+        {"gate_w", Shape{H, c.num_experts}},
         {"expert_w1", Shape{E, H, I}},
         {"expert_w2", Shape{E, F, H}},
         {"shared_w1", c.shared_expert ? Shape{H, Is} : Shape{}},
@@ -25,8 +27,9 @@ std::vector<ParamSpec> moe_param_specs(const MoeConfig& c) {
     };
 }
 
-void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dtype, const char* what) {
-    const auto specs = moe_param_specs(config);
+void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dtype, const char* what,
+                      int ep_size) {
+    const auto specs = moe_param_specs(config, ep_size);
     const Tensor* t = params.begin();
     for (const ParamSpec& spec : specs) {
         const std::string name = std::string(what) + "." + spec.name;
@@ -47,9 +50,9 @@ void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dt
     }
 }
 
-MoeParamStore::MoeParamStore(Device& device, const MoeConfig& config, DType dtype) {
+MoeParamStore::MoeParamStore(Device& device, const MoeConfig& config, DType dtype, int ep_size) {
     config.validate();
-    const auto specs = moe_param_specs(config);
+    const auto specs = moe_param_specs(config, ep_size);
     for (const ParamSpec& s : specs) numel_ += s.numel();
     buffer_ = DeviceBuffer(device, static_cast<std::size_t>(numel_) * dtype_size(dtype));
     auto* base = static_cast<char*>(buffer_.data());

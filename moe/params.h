@@ -14,8 +14,8 @@ namespace scmoe {
 
 // Shapes (I = expert_inner_width(): 2F for SwiGLU, F for GELU; Is, Fs likewise for the shared expert):
 //   gate_w    [H, E]       router
-//   expert_w1 [E, H, I]    first expert GEMM
-//   expert_w2 [E, F, H]    second expert GEMM
+//   expert_w1 [El, H, I]   first expert GEMM of this rank's El = E / ep_size local experts
+//   expert_w2 [El, F, H]   second expert GEMM
 //   shared_w1 [H, Is]      shared expert (only with shared_expert)
 //   shared_w2 [Fs, H]
 //   cg_w      [H, 1]       CG-1 coefficient gate (only with coefficient_gate)
@@ -37,17 +37,19 @@ struct ParamSpec {
     std::int64_t numel() const;
 };
 
-// The six parameters in MoeParams order; unused ones have an empty shape.
-std::vector<ParamSpec> moe_param_specs(const MoeConfig& config);
+// The six parameters in MoeParams order for one of ep_size expert-parallel ranks; unused ones have
+// an empty shape.
+std::vector<ParamSpec> moe_param_specs(const MoeConfig& config, int ep_size = 1);
 
 // Checks every used parameter's shape and dtype and that unused ones are undefined. Throws naming
 // the parameter, e.g. "MoeParams.expert_w1: expected [8, 64, 256] f32, got [8, 64, 128] f32".
-void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dtype, const char* what);
+void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dtype, const char* what,
+                      int ep_size = 1);
 
 // One allocation holding all parameters (or gradients) of a layer.
 class MoeParamStore {
 public:
-    MoeParamStore(Device& device, const MoeConfig& config, DType dtype);
+    MoeParamStore(Device& device, const MoeConfig& config, DType dtype, int ep_size = 1);
     const MoeParams& view() const { return view_; }
     void* data() const { return buffer_.data(); }
     std::int64_t numel() const { return numel_; }

@@ -10,6 +10,7 @@
 #include "kernels/grouped_gemm.h"
 #include "kernels/layout.h"
 #include "kernels/permute.h"
+#include "kernels/regroup.h"
 #include "kernels/router.h"
 
 namespace scmoe::cpu {
@@ -29,5 +30,6 @@ void gated_add(const GatedAddArgs& args);
 void gated_add_backward(const GatedAddBackwardArgs& args);
 void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index);
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
+void regroup(const RegroupArgs& args);
 
 }  // namespace scmoe::cpu

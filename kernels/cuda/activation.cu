@@ -56,11 +56,11 @@ void activation_forward(const ActivationArgs& a, void* stream) {
         const auto* h = static_cast<const T*>(a.h);
         auto* out = static_cast<T*>(a.out);
         if (a.activation == Activation::kSwiGLU) {
-            activation_forward_kernel<T, Activation::kSwiGLU><<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, out, a.rows,
-                                                                                                            a.ffn);
+            activation_forward_kernel<T, Activation::kSwiGLU>
+                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, out, a.rows, a.ffn);
         } else {
-            activation_forward_kernel<T, Activation::kGeLU><<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, out, a.rows,
-                                                                                                          a.ffn);
+            activation_forward_kernel<T, Activation::kGeLU>
+                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, out, a.rows, a.ffn);
         }
         SCMOE_CUDA_CHECK_LAUNCH("activation_forward_kernel");
     });

@@ -18,31 +18,31 @@ const char* cublas_status_string(cublasStatus_t status);
 }  // namespace scmoe::cuda
 
 // SCMOE_CUDA_CHECK(cudaMalloc(...)): throws scmoe::Error "file:line: cudaMalloc(...) failed: <cuda error>".
-#define SCMOE_CUDA_CHECK(call)                                                                            \
-    do {                                                                                                  \
-        cudaError_t scmoe_cuda_err_ = (call);                                                             \
-        if (scmoe_cuda_err_ != cudaSuccess) {                                                             \
-            SCMOE_FAIL(#call << " failed: " << cudaGetErrorName(scmoe_cuda_err_) << ": "                  \
-                             << cudaGetErrorString(scmoe_cuda_err_));                                     \
-        }                                                                                                 \
+#define SCMOE_CUDA_CHECK(call)                                                           \
+    do {                                                                                 \
+        cudaError_t scmoe_cuda_err_ = (call);                                            \
+        if (scmoe_cuda_err_ != cudaSuccess) {                                            \
+            SCMOE_FAIL(#call << " failed: " << cudaGetErrorName(scmoe_cuda_err_) << ": " \
+                             << cudaGetErrorString(scmoe_cuda_err_));                    \
+        }                                                                                \
     } while (0)
 
-#define SCMOE_CUBLAS_CHECK(call)                                                                          \
-    do {                                                                                                  \
-        cublasStatus_t scmoe_cublas_st_ = (call);                                                         \
-        if (scmoe_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-            SCMOE_FAIL(#call << " failed: " << ::scmoe::cuda::cublas_status_string(scmoe_cublas_st_));    \
-        }                                                                                                 \
+#define SCMOE_CUBLAS_CHECK(call)                                                                       \
+    do {                                                                                               \
+        cublasStatus_t scmoe_cublas_st_ = (call);                                                      \
+        if (scmoe_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                               \
+            SCMOE_FAIL(#call << " failed: " << ::scmoe::cuda::cublas_status_string(scmoe_cublas_st_)); \
+        }                                                                                              \
     } while (0)
 
 // After every kernel launch: launch-configuration errors surface here, named by the kernel.
-#define SCMOE_CUDA_CHECK_LAUNCH(kernel_name)                                                             \
-    do {                                                                                                  \
-        cudaError_t scmoe_cuda_err_ = cudaGetLastError();                                                 \
-        if (scmoe_cuda_err_ != cudaSuccess) {                                                             \
-            SCMOE_FAIL("launch of " << kernel_name << " failed: " << cudaGetErrorName(scmoe_cuda_err_)    \
-                                    << ": " << cudaGetErrorString(scmoe_cuda_err_));                      \
-        }                                                                                                 \
+#define SCMOE_CUDA_CHECK_LAUNCH(kernel_name)                                                                   \
+    do {                                                                                                       \
+        cudaError_t scmoe_cuda_err_ = cudaGetLastError();                                                      \
+        if (scmoe_cuda_err_ != cudaSuccess) {                                                                  \
+            SCMOE_FAIL("launch of " << kernel_name << " failed: " << cudaGetErrorName(scmoe_cuda_err_) << ": " \
+                                    << cudaGetErrorString(scmoe_cuda_err_));                                   \
+        }                                                                                                      \
     } while (0)
 
 namespace scmoe::cuda {
@@ -51,7 +51,7 @@ inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(s
 
 // Makes `device` current for the guard's lifetime and restores the previous one.
 class DeviceGuard {
-public:
+  public:
     explicit DeviceGuard(int device) {
         SCMOE_CUDA_CHECK(cudaGetDevice(&previous_));
         if (previous_ != device) SCMOE_CUDA_CHECK(cudaSetDevice(device));
@@ -63,17 +63,17 @@ public:
     DeviceGuard(const DeviceGuard&) = delete;
     DeviceGuard& operator=(const DeviceGuard&) = delete;
 
-private:
+  private:
     int previous_ = 0;
     bool changed_ = false;
 };
 
 // Makes the device `stream` belongs to current (ops are called from any thread with any current device).
 class StreamDeviceGuard {
-public:
+  public:
     explicit StreamDeviceGuard(cudaStream_t stream) : guard_(stream_device(stream)) {}
 
-private:
+  private:
     static int stream_device(cudaStream_t stream) {
         int device = 0;
         SCMOE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
@@ -113,9 +113,14 @@ __device__ __forceinline__ void store_f32<__nv_bfloat16>(__nv_bfloat16* p, float
 template <class Fn>
 void dispatch_float_dtype(DType dtype, const char* op, Fn&& fn) {
     switch (dtype) {
-        case DType::kF32: fn(float{}); return;
-        case DType::kBF16: fn(__nv_bfloat16{}); return;
-        case DType::kI32: break;
+        case DType::kF32:
+            fn(float{});
+            return;
+        case DType::kBF16:
+            fn(__nv_bfloat16{});
+            return;
+        case DType::kI32:
+            break;
     }
     SCMOE_FAIL(op << ": dtype " << dtype_name(dtype) << " not supported on CUDA (f32 or bf16)");
 }

@@ -15,16 +15,26 @@ namespace scmoe::cuda {
 
 const char* cublas_status_string(cublasStatus_t status) {
     switch (status) {
-        case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-        case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-        case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-        case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-        case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-        case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-        case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-        case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+        case CUBLAS_STATUS_SUCCESS:
+            return "CUBLAS_STATUS_SUCCESS";
+        case CUBLAS_STATUS_NOT_INITIALIZED:
+            return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED:
+            return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE:
+            return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_ARCH_MISMATCH:
+            return "CUBLAS_STATUS_ARCH_MISMATCH";
+        case CUBLAS_STATUS_MAPPING_ERROR:
+            return "CUBLAS_STATUS_MAPPING_ERROR";
+        case CUBLAS_STATUS_EXECUTION_FAILED:
+            return "CUBLAS_STATUS_EXECUTION_FAILED";
+        case CUBLAS_STATUS_INTERNAL_ERROR:
+            return "CUBLAS_STATUS_INTERNAL_ERROR";
+        case CUBLAS_STATUS_NOT_SUPPORTED:
+            return "CUBLAS_STATUS_NOT_SUPPORTED";
+        case CUBLAS_STATUS_LICENSE_ERROR:
+            return "CUBLAS_STATUS_LICENSE_ERROR";
     }
     return "unknown cuBLAS status";
 }
@@ -144,7 +154,7 @@ void CUDART_CB run_host_task(void* data) {
 class CudaEvent;
 
 class CudaStream final : public Stream {
-public:
+  public:
     explicit CudaStream(int device) : device_(device), errors_(std::make_shared<HostTaskErrors>()) {
         DeviceGuard guard(device_);
         SCMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -199,14 +209,14 @@ public:
         task.release();  // owned by the callback now
     }
 
-private:
+  private:
     int device_;
     cudaStream_t stream_ = nullptr;
     std::shared_ptr<HostTaskErrors> errors_;
 };
 
 class CudaEvent final : public Event {
-public:
+  public:
     explicit CudaEvent(int device) : device_(device) {
         DeviceGuard guard(device_);
         SCMOE_CUDA_CHECK(cudaEventCreate(&event_));  // default flags: timing enabled
@@ -216,8 +226,8 @@ public:
     CudaEvent& operator=(const CudaEvent&) = delete;
 
     void record(Stream& stream) override {
-        SCMOE_CHECK(stream.backend() == Backend::kCuda, "CUDA event recorded on a " << backend_name(stream.backend())
-                                                                                    << " stream");
+        SCMOE_CHECK(stream.backend() == Backend::kCuda,
+                    "CUDA event recorded on a " << backend_name(stream.backend()) << " stream");
         DeviceGuard guard(device_);
         SCMOE_CUDA_CHECK(cudaEventRecord(event_, static_cast<cudaStream_t>(stream.native_handle())));
     }
@@ -235,7 +245,7 @@ public:
     }
     cudaEvent_t native() const { return event_; }
 
-private:
+  private:
     int device_;
     cudaEvent_t event_ = nullptr;
 };
@@ -247,7 +257,7 @@ void CudaStream::wait(const Event& event) {
 }
 
 class CudaDevice final : public Device {
-public:
+  public:
     explicit CudaDevice(int index) : index_(index) {
         DeviceGuard guard(index_);
         SCMOE_CUDA_CHECK(cudaGetDeviceProperties(&props_, index_));
@@ -302,7 +312,7 @@ public:
     std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(index_); }
     std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(index_); }
 
-private:
+  private:
     int index_;
     cudaDeviceProp props_{};
 };

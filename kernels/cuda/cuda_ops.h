@@ -12,6 +12,7 @@
 #include "kernels/grouped_gemm.h"
 #include "kernels/layout.h"
 #include "kernels/permute.h"
+#include "kernels/regroup.h"
 #include "kernels/router.h"
 
 namespace scmoe::cuda {
@@ -35,5 +36,6 @@ void gated_add_backward(const GatedAddBackwardArgs& args, void* stream);
 void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index,
                      void* stream);
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, void* stream);
+void regroup(const RegroupArgs& args, void* stream);
 
 }  // namespace scmoe::cuda

@@ -31,7 +31,8 @@ __global__ void gated_add_backward_kernel(GatedAddBackwardArgs a) {
     T* gb = static_cast<T*>(a.grad_branch);
     const long long warps_per_block = blockDim.x / 32;
     const int lane = threadIdx.x % 32;
-    for (long long t = blockIdx.x * warps_per_block + threadIdx.x / 32; t < a.tokens; t += gridDim.x * warps_per_block) {
+    for (long long t = blockIdx.x * warps_per_block + threadIdx.x / 32; t < a.tokens;
+         t += gridDim.x * warps_per_block) {
         const float c = a.gate_logit ? math::sigmoid(a.gate_logit[t]) : 1.0f;
         float dot = 0.0f;
         for (long long h = lane; h < a.hidden; h += 32) {
@@ -139,11 +140,11 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::
     StreamDeviceGuard guard(s);
     if (n == 0) return;
     if (src_dtype == dst_dtype) {
-        SCMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * dtype_size(src_dtype),
-                                         cudaMemcpyDefault, s));
+        SCMOE_CUDA_CHECK(
+            cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * dtype_size(src_dtype), cudaMemcpyDefault, s));
     } else if (src_dtype == DType::kF32 && dst_dtype == DType::kBF16) {
         f32_to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<const float*>(src),
-                                                                         static_cast<std::uint16_t*>(dst), n);
+                                                                        static_cast<std::uint16_t*>(dst), n);
         SCMOE_CUDA_CHECK_LAUNCH("f32_to_bf16_kernel");
     } else if (src_dtype == DType::kBF16 && dst_dtype == DType::kF32) {
         bf16_to_f32_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(static_cast<const std::uint16_t*>(src),

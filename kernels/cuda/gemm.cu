@@ -20,9 +20,12 @@ __global__ void scale_kernel(T* c, std::int64_t n, float beta) {
 
 cudaDataType_t cuda_type(DType d) {
     switch (d) {
-        case DType::kF32: return CUDA_R_32F;
-        case DType::kBF16: return CUDA_R_16BF;
-        case DType::kI32: break;
+        case DType::kF32:
+            return CUDA_R_32F;
+        case DType::kBF16:
+            return CUDA_R_16BF;
+        case DType::kI32:
+            break;
     }
     SCMOE_FAIL("gemm: dtype " << dtype_name(d) << " not supported (bf16 or f32)");
 }

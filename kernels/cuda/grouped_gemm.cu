@@ -64,11 +64,12 @@ void loop_provider(const GroupedGemmArgs& a, cudaStream_t stream) {
 }
 
 void strided_batched_provider(const GroupedGemmArgs& a, cudaStream_t stream) {
-    SCMOE_CHECK(a.rows_per_group > 0, "grouped gemm provider cublas-batched needs capacity mode (rows_per_group > 0); "
-                                      "use device-grouped or loop for ragged groups");
-    SCMOE_CHECK(a.num_groups * a.rows_per_group <= a.max_rows,
-                "grouped gemm: " << a.num_groups << " groups x " << a.rows_per_group << " rows exceed max_rows "
-                                 << a.max_rows);
+    SCMOE_CHECK(a.rows_per_group > 0,
+                "grouped gemm provider cublas-batched needs capacity mode (rows_per_group > 0); "
+                "use device-grouped or loop for ragged groups");
+    SCMOE_CHECK(
+        a.num_groups * a.rows_per_group <= a.max_rows,
+        "grouped gemm: " << a.num_groups << " groups x " << a.rows_per_group << " rows exceed max_rows " << a.max_rows);
     const std::int64_t R = a.rows_per_group;
     RowMajorGemm r = group_gemm(a, 0, 0, R);
     r.batch = a.num_groups;
@@ -104,10 +105,17 @@ void grouped_gemm(const GroupedGemmArgs& a, GroupedGemmProvider provider, void* 
         }
     }
     switch (provider) {
-        case GroupedGemmProvider::kLoop: loop_provider(a, s); return;
-        case GroupedGemmProvider::kCublasStridedBatched: strided_batched_provider(a, s); return;
-        case GroupedGemmProvider::kDeviceGrouped: device_grouped_gemm(a, s); return;
-        case GroupedGemmProvider::kAuto: break;
+        case GroupedGemmProvider::kLoop:
+            loop_provider(a, s);
+            return;
+        case GroupedGemmProvider::kCublasStridedBatched:
+            strided_batched_provider(a, s);
+            return;
+        case GroupedGemmProvider::kDeviceGrouped:
+            device_grouped_gemm(a, s);
+            return;
+        case GroupedGemmProvider::kAuto:
+            break;
     }
     SCMOE_FAIL("grouped gemm: unknown provider " << static_cast<int>(provider));
 }

@@ -22,10 +22,10 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kBM = 128, kBN = 128, kBK = 32;
-constexpr int kThreads = 256;                    // 8 warps: 2 (M) x 4 (N)
-constexpr int kWarpM = 64, kWarpN = 32;          // warp tile
+constexpr int kThreads = 256;            // 8 warps: 2 (M) x 4 (N)
+constexpr int kWarpM = 64, kWarpN = 32;  // warp tile
 constexpr int kFragM = kWarpM / 16, kFragN = kWarpN / 16;
-constexpr int kPad = 8;                          // bf16 elements: keeps rows 16-byte aligned, breaks bank conflicts
+constexpr int kPad = 8;  // bf16 elements: keeps rows 16-byte aligned, breaks bank conflicts
 constexpr int kStageElems = (kBM * (kBK + kPad) > kBK * (kBN + kPad)) ? kBM * (kBK + kPad) : kBK * (kBN + kPad);
 constexpr int kSmemBytes = 2 /*operands*/ * 2 /*stages*/ * kStageElems * 2 /*bytes*/;
 static_assert(kBM == kBN, "stage sizing assumes square block tiles");
@@ -285,9 +285,15 @@ void launch(const Params& p, bool vec, unsigned int grid, cudaStream_t stream) {
 template <class OutT>
 void launch_kind(GroupedGemmKind kind, const Params& p, bool vec, unsigned int grid, cudaStream_t stream) {
     switch (kind) {
-        case GroupedGemmKind::kForward: launch<GroupedGemmKind::kForward, OutT>(p, vec, grid, stream); return;
-        case GroupedGemmKind::kGradInput: launch<GroupedGemmKind::kGradInput, OutT>(p, vec, grid, stream); return;
-        case GroupedGemmKind::kGradWeight: launch<GroupedGemmKind::kGradWeight, OutT>(p, vec, grid, stream); return;
+        case GroupedGemmKind::kForward:
+            launch<GroupedGemmKind::kForward, OutT>(p, vec, grid, stream);
+            return;
+        case GroupedGemmKind::kGradInput:
+            launch<GroupedGemmKind::kGradInput, OutT>(p, vec, grid, stream);
+            return;
+        case GroupedGemmKind::kGradWeight:
+            launch<GroupedGemmKind::kGradWeight, OutT>(p, vec, grid, stream);
+            return;
     }
 }
 
@@ -301,9 +307,8 @@ void device_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     if (a.num_groups == 0 || a.k == 0 || a.n == 0) {
         // Nothing to compute; kGradWeight still owes zeros for every group.
         if (a.kind == GroupedGemmKind::kGradWeight && a.k * a.n > 0) {
-            SCMOE_CUDA_CHECK(cudaMemsetAsync(a.c, 0,
-                                             static_cast<std::size_t>(a.num_groups * a.k * a.n) * dtype_size(a.c_dtype),
-                                             stream));
+            SCMOE_CUDA_CHECK(cudaMemsetAsync(
+                a.c, 0, static_cast<std::size_t>(a.num_groups * a.k * a.n) * dtype_size(a.c_dtype), stream));
         }
         return;
     }

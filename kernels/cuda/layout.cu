@@ -100,7 +100,8 @@ __global__ void layout_assign_kernel(LayoutArgs a, const std::int32_t* invalid) 
         filled += chunk_total;
     }
     if (C > 0) {
-        for (long long r = (count < C ? count : C) + threadIdx.x; r < C; r += kThreads) a.choice_of_row[offset + r] = -1;
+        for (long long r = (count < C ? count : C) + threadIdx.x; r < C; r += kThreads)
+            a.choice_of_row[offset + r] = -1;
     }
 }
 

@@ -23,7 +23,8 @@ __global__ void router_token_kernel(RouterForwardArgs a) {
     float mx = -INFINITY;
     for (int e = 0; e < E; ++e) {
         float v = logit[e];
-        if (a.noise_std > 0.0f) v += a.noise_std * math::normal_sample(a.noise_seed, static_cast<std::uint64_t>(t * E + e));
+        if (a.noise_std > 0.0f)
+            v += a.noise_std * math::normal_sample(a.noise_seed, static_cast<std::uint64_t>(t * E + e));
         p[e] = v;
         mx = fmaxf(mx, v);
     }

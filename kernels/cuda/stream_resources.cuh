@@ -19,7 +19,7 @@ struct StreamResources {
     int device = 0;
     cublasHandle_t cublas = nullptr;  // bound to the stream, workspace set
     void* cublas_workspace = nullptr;
-    void* scratch = nullptr;  // kScratchBytes of device memory, 256-byte aligned
+    void* scratch = nullptr;      // kScratchBytes of device memory, 256-byte aligned
     void* host_pinned = nullptr;  // pinned host staging, grown on demand (see host_staging)
     std::size_t host_pinned_bytes = 0;
 };

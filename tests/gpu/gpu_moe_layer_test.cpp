@@ -192,7 +192,8 @@ INSTANTIATE_TEST_SUITE_P(
     GpuScMoE2, GpuMoeLayer,
     ::testing::Values(LayerCase{"capacity_auto", DispatchMode::kCapacity, GroupedGemmProvider::kAuto},
                       LayerCase{"capacity_loop", DispatchMode::kCapacity, GroupedGemmProvider::kLoop},
-                      LayerCase{"capacity_device_grouped", DispatchMode::kCapacity, GroupedGemmProvider::kDeviceGrouped},
+                      LayerCase{"capacity_device_grouped", DispatchMode::kCapacity,
+                                GroupedGemmProvider::kDeviceGrouped},
                       LayerCase{"dropless_auto", DispatchMode::kDropless, GroupedGemmProvider::kAuto},
                       LayerCase{"dropless_loop", DispatchMode::kDropless, GroupedGemmProvider::kLoop}),
     [](const ::testing::TestParamInfo<LayerCase>& param_info) { return std::string(param_info.param.name); });

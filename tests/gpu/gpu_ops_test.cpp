@@ -17,8 +17,8 @@
 
 #include "gpu_test_util.h"
 #include "kernels/activation.h"
-#include "kernels/error.h"
 #include "kernels/elementwise.h"
+#include "kernels/error.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 
@@ -29,11 +29,11 @@ using namespace gpu_testing;
 
 // ---- GEMM ---------------------------------------------------------------------------------
 
-void check_gemm(Backends& b, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float beta,
-                DType ab, DType c_dtype, std::uint64_t seed) {
+void check_gemm(Backends& b, bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float beta, DType ab,
+                DType c_dtype, std::uint64_t seed) {
     SCOPED_TRACE("ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " m=" + std::to_string(m) +
-                 " n=" + std::to_string(n) + " k=" + std::to_string(k) + " beta=" + std::to_string(beta) + " ab=" +
-                 dtype_name(ab) + " c=" + dtype_name(c_dtype));
+                 " n=" + std::to_string(n) + " k=" + std::to_string(k) + " beta=" + std::to_string(beta) +
+                 " ab=" + dtype_name(ab) + " c=" + dtype_name(c_dtype));
     F a = random_uniform(m * k, 1.0f, seed), bm = random_uniform(k * n, 1.0f, seed + 1),
       c = random_uniform(m * n, 1.0f, seed + 2);
     if (ab == DType::kBF16) a = round_bf16(a), bm = round_bf16(bm);
@@ -56,7 +56,7 @@ TEST(GpuOps, GemmAllTransposesMatchCpu) {
         for (bool tb : {false, true})
             for (DType c : {DType::kF32, DType::kBF16})
                 for (float beta : {0.0f, 1.0f}) {
-                    check_gemm(b, ta, tb, 37, 45, 61, beta, DType::kBF16, c, seed += 3);   // odd sizes
+                    check_gemm(b, ta, tb, 37, 45, 61, beta, DType::kBF16, c, seed += 3);    // odd sizes
                     check_gemm(b, ta, tb, 64, 128, 256, beta, DType::kBF16, c, seed += 3);  // aligned
                 }
     for (bool ta : {false, true})
@@ -93,14 +93,14 @@ TEST(GpuOps, GemmEmptySizes) {
 
 struct Load {
     const char* name;
-    I rows;                   // per group
+    I rows;                       // per group
     std::int64_t rows_per_group;  // capacity mode (every group this many rows), else 0
 };
 
 std::vector<Load> loads() {
     return {
         {"balanced", {50, 50, 50, 50}, 0},
-        {"skewed", {0, 260, 0, 0}, 0},       // one expert gets everything (3 row tiles)
+        {"skewed", {0, 260, 0, 0}, 0},  // one expert gets everything (3 row tiles)
         {"empty_experts", {0, 120, 0, 77}, 0},
         {"capacity", {48, 48, 48, 48}, 48},
     };
@@ -108,9 +108,12 @@ std::vector<Load> loads() {
 
 const char* kind_name(GroupedGemmKind k) {
     switch (k) {
-        case GroupedGemmKind::kForward: return "forward";
-        case GroupedGemmKind::kGradInput: return "grad_input";
-        case GroupedGemmKind::kGradWeight: return "grad_weight";
+        case GroupedGemmKind::kForward:
+            return "forward";
+        case GroupedGemmKind::kGradInput:
+            return "grad_input";
+        case GroupedGemmKind::kGradWeight:
+            return "grad_weight";
     }
     return "?";
 }
@@ -148,9 +151,15 @@ TEST_P(GpuGroupedGemm, MatchesCpu) {
                 const std::int64_t max_rows = total + 16;  // padding rows outside every group
                 std::int64_t a_n = 0, b_n = 0, c_n = 0;
                 switch (kind) {
-                    case GroupedGemmKind::kForward: a_n = max_rows * k, b_n = G * k * n, c_n = max_rows * n; break;
-                    case GroupedGemmKind::kGradInput: a_n = max_rows * n, b_n = G * k * n, c_n = max_rows * k; break;
-                    case GroupedGemmKind::kGradWeight: a_n = max_rows * k, b_n = max_rows * n, c_n = G * k * n; break;
+                    case GroupedGemmKind::kForward:
+                        a_n = max_rows * k, b_n = G * k * n, c_n = max_rows * n;
+                        break;
+                    case GroupedGemmKind::kGradInput:
+                        a_n = max_rows * n, b_n = G * k * n, c_n = max_rows * k;
+                        break;
+                    case GroupedGemmKind::kGradWeight:
+                        a_n = max_rows * k, b_n = max_rows * n, c_n = G * k * n;
+                        break;
                 }
                 const F a = round_bf16(random_uniform(a_n, 1.0f, seed++));
                 const F bm = round_bf16(random_uniform(b_n, 1.0f, seed++));

@@ -25,13 +25,13 @@ struct RouterResult {
     I expert_index;
 };
 
-RouterResult run_router_gpu(Backends& b, const F& logits, std::int64_t T, int E, int K, float noise,
-                            const F& grad_gw, DType grad_dtype) {
+RouterResult run_router_gpu(Backends& b, const F& logits, std::int64_t T, int E, int K, float noise, const F& grad_gw,
+                            DType grad_dtype) {
     DeviceBuffer dl = upload(b, logits, DType::kF32), dggw = upload(b, grad_gw, DType::kF32);
-    DeviceBuffer probs(*b.gpu, static_cast<std::size_t>(T * E) * 4 + 4), lse(*b.gpu, static_cast<std::size_t>(T) * 4 + 4),
-        idx(*b.gpu, static_cast<std::size_t>(T * K) * 4 + 4), gw(*b.gpu, static_cast<std::size_t>(T * K) * 4 + 4),
-        frac(*b.gpu, static_cast<std::size_t>(E) * 4), losses(*b.gpu, 8),
-        grad(*b.gpu, static_cast<std::size_t>(T * E) * 4 + 4);
+    DeviceBuffer probs(*b.gpu, static_cast<std::size_t>(T * E) * 4 + 4),
+        lse(*b.gpu, static_cast<std::size_t>(T) * 4 + 4), idx(*b.gpu, static_cast<std::size_t>(T * K) * 4 + 4),
+        gw(*b.gpu, static_cast<std::size_t>(T * K) * 4 + 4), frac(*b.gpu, static_cast<std::size_t>(E) * 4),
+        losses(*b.gpu, 8), grad(*b.gpu, static_cast<std::size_t>(T * E) * 4 + 4);
     RouterForwardArgs f;
     f.tokens = T;
     f.num_experts = E;
@@ -180,8 +180,8 @@ LayoutResult layout_gpu(Backends& b, const I& idx, std::int64_t T, int E, int K,
 }
 
 LayoutResult layout_cpu(Backends& b, const I& idx, std::int64_t T, int E, int K, std::int64_t C) {
-    LayoutResult r{I(static_cast<std::size_t>(E)), I(static_cast<std::size_t>(E + 1)), I(static_cast<std::size_t>(T * K)),
-                   I(static_cast<std::size_t>(permuted_rows(T, E, K, C))), I(1)};
+    LayoutResult r{I(static_cast<std::size_t>(E)), I(static_cast<std::size_t>(E + 1)),
+                   I(static_cast<std::size_t>(T * K)), I(static_cast<std::size_t>(permuted_rows(T, E, K, C))), I(1)};
     LayoutArgs a;
     a.tokens = T;
     a.num_experts = E;
@@ -254,11 +254,12 @@ TEST(GpuRouting, PermuteCombineAndBackwardMatchCpu) {
         const F gxp = round_bf16(random_uniform(R * H, 1.0f, 4));
         const F y0 = round_bf16(random_uniform(T * H, 1.0f, 5));
         const F gw = random_uniform(T * K, 1.0f, 6);
-        DeviceBuffer dx = upload(b, x, DType::kBF16), dyp = upload(b, yp, DType::kBF16), dgy = upload(b, gy, DType::kBF16),
-                     dgxp = upload(b, gxp, DType::kBF16), dgw = upload(b, gw, DType::kF32);
+        DeviceBuffer dx = upload(b, x, DType::kBF16), dyp = upload(b, yp, DType::kBF16),
+                     dgy = upload(b, gy, DType::kBF16), dgxp = upload(b, gxp, DType::kBF16),
+                     dgw = upload(b, gw, DType::kF32);
         DeviceBuffer dslots = upload_i32(b, lay.slots), drows = upload_i32(b, lay.rows);
-        DeviceBuffer dxp(*b.gpu, static_cast<std::size_t>(R * H) * 2), dgyp(*b.gpu, static_cast<std::size_t>(R * H) * 2),
-            dggw(*b.gpu, static_cast<std::size_t>(T * K) * 4);
+        DeviceBuffer dxp(*b.gpu, static_cast<std::size_t>(R * H) * 2),
+            dgyp(*b.gpu, static_cast<std::size_t>(R * H) * 2), dggw(*b.gpu, static_cast<std::size_t>(T * K) * 4);
 
         for (bool accumulate : {false, true}) {
             SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
@@ -266,19 +267,22 @@ TEST(GpuRouting, PermuteCombineAndBackwardMatchCpu) {
             permute({R, H, K, DType::kBF16, dx.data(), drows.as<std::int32_t>(), dxp.data()}, *b.gpu_stream);
             permute_backward({T, H, K, accumulate, DType::kBF16, dgxp.data(), dslots.as<std::int32_t>(), dgx.data()},
                              *b.gpu_stream);
-            combine({T, H, K, accumulate, DType::kBF16, dyp.data(), dslots.as<std::int32_t>(), dgw.as<float>(), dy.data()},
-                    *b.gpu_stream);
+            combine(
+                {T, H, K, accumulate, DType::kBF16, dyp.data(), dslots.as<std::int32_t>(), dgw.as<float>(), dy.data()},
+                *b.gpu_stream);
             combine_backward({T, R, H, K, DType::kBF16, dgy.data(), dyp.data(), dslots.as<std::int32_t>(),
                               drows.as<std::int32_t>(), dgw.as<float>(), dgyp.data(), dggw.as<float>()},
                              *b.gpu_stream);
 
             F xp(static_cast<std::size_t>(R * H)), gx = y0, y = y0, gyp(static_cast<std::size_t>(R * H)),
-                ggw(static_cast<std::size_t>(T * K));
+                                                   ggw(static_cast<std::size_t>(T * K));
             permute({R, H, K, DType::kF32, x.data(), lay.rows.data(), xp.data()}, *b.cpu_stream);
-            permute_backward({T, H, K, accumulate, DType::kF32, gxp.data(), lay.slots.data(), gx.data()}, *b.cpu_stream);
-            combine({T, H, K, accumulate, DType::kF32, yp.data(), lay.slots.data(), gw.data(), y.data()}, *b.cpu_stream);
-            combine_backward({T, R, H, K, DType::kF32, gy.data(), yp.data(), lay.slots.data(), lay.rows.data(), gw.data(),
-                              gyp.data(), ggw.data()},
+            permute_backward({T, H, K, accumulate, DType::kF32, gxp.data(), lay.slots.data(), gx.data()},
+                             *b.cpu_stream);
+            combine({T, H, K, accumulate, DType::kF32, yp.data(), lay.slots.data(), gw.data(), y.data()},
+                    *b.cpu_stream);
+            combine_backward({T, R, H, K, DType::kF32, gy.data(), yp.data(), lay.slots.data(), lay.rows.data(),
+                              gw.data(), gyp.data(), ggw.data()},
                              *b.cpu_stream);
             b.cpu_stream->synchronize();
 

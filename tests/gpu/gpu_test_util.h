@@ -16,8 +16,8 @@
 #include "kernels/math.h"
 
 // Every GPU test starts with this: without a device it reports a skip, never a failure.
-#define SCMOE_REQUIRE_GPU()                                                             \
-    do {                                                                                \
+#define SCMOE_REQUIRE_GPU()                                                                        \
+    do {                                                                                           \
         if (!::scmoe::cuda_device_available()) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
     } while (0)
 
