@@ -23,6 +23,9 @@ struct ActivationArgs {
     DType dtype = DType::kF32;
     const void* h = nullptr;  // [rows, activation_input_width]
     void* out = nullptr;      // [rows, ffn]
+    // Optional, stream memory: the rows actually in use (<= rows), read when the op runs, so a
+    // row count known only on the device (expert-parallel dropless) needs no host sync.
+    const std::int32_t* num_rows = nullptr;
 };
 void activation_forward(const ActivationArgs& args, Stream& stream);
 
@@ -33,6 +36,7 @@ struct ActivationBackwardArgs {
     const void* h = nullptr;         // [rows, activation_input_width] (forward input)
     const void* grad_out = nullptr;  // [rows, ffn]
     void* grad_h = nullptr;          // [rows, activation_input_width] out
+    const std::int32_t* num_rows = nullptr;  // optional, as in ActivationArgs
 };
 void activation_backward(const ActivationBackwardArgs& args, Stream& stream);
 

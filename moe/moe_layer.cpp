@@ -1,8 +1,8 @@
 // MoeLayer: construction, workspace layout, forward stages and statistics.
 // The backward stages live in moe_layer_backward.cpp.
 #include <cstdlib>
-#include <cstring>
 
+#include "comm/communicator.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/error.h"
@@ -15,48 +15,66 @@
 
 namespace scmoe {
 
-std::size_t MoeLayer::workspace_bytes(const MoeConfig& config, std::int64_t max_tokens) {
+std::size_t MoeLayer::workspace_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size) {
     config.validate();
+    moe_param_specs(config, ep_size);  // checks num_experts % ep_size
     MoeLayer::Buffers b;
     WorkspaceCarver carver(nullptr);
-    b.carve(carver, config, max_tokens);
+    b.carve(carver, config, max_tokens, ep_size);
     return carver.bytes_used();
 }
 
-MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens)
-    : MoeLayer(config, device, max_tokens, nullptr, 0) {}
-
-MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens, void* workspace,
-                   std::size_t bytes)
-    : config_(config), device_(device), max_tokens_(max_tokens), buf_(std::make_unique<Buffers>()) {
+MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
+                   void* workspace, std::size_t workspace_size)
+    : config_(config),
+      device_(device),
+      max_tokens_(max_tokens),
+      ep_(ep),
+      buf_(std::make_unique<Buffers>()),
+      host_(std::make_unique<HostScratch>()) {
     config_.validate();
     SCMOE_CHECK(max_tokens >= 0, "MoeLayer: max_tokens = " << max_tokens << ": must be >= 0");
     SCMOE_CHECK(config_.dtype == device.compute_dtype(),
                 "MoeConfig.dtype = " << dtype_name(config_.dtype) << ": the " << backend_name(device.backend())
                                      << " backend computes in " << dtype_name(device.compute_dtype()));
-    const std::size_t need = workspace_bytes(config_, max_tokens_);
+    if (ep_) {
+        ep_size_ = ep_->size();
+        ep_rank_ = ep_->rank();
+    }
+    const std::size_t need = workspace_bytes(config_, max_tokens_, ep_size_);
     if (!workspace) {
         owned_workspace_ = DeviceBuffer(device, need);
         workspace = owned_workspace_.data();
     } else {
-        SCMOE_CHECK(bytes >= need, "MoeLayer: workspace of " << bytes << " bytes is smaller than the " << need
-                                                             << " bytes workspace_bytes() asks for");
+        SCMOE_CHECK(workspace_size >= need, "MoeLayer: workspace of " << workspace_size
+                                                                      << " bytes is smaller than the " << need
+                                                                      << " bytes workspace_bytes() asks for");
     }
     WorkspaceCarver carver(workspace);
-    buf_->carve(carver, config_, max_tokens_);
-    host_scratch_ = device.allocate_host(Buffers::host_scratch_bytes(config_));
+    buf_->carve(carver, config_, max_tokens_, ep_size_);
+    WorkspaceCarver host_sizing(nullptr);
+    host_->carve(host_sizing, config_, ep_size_);
+    host_scratch_ = device.allocate_host(host_sizing.bytes_used());
+    WorkspaceCarver host_carver(host_scratch_);
+    host_->carve(host_carver, config_, ep_size_);
     if (const char* provider = std::getenv("SCMOE_GROUPED_GEMM_PROVIDER"); provider && *provider)
         provider_ = parse_grouped_gemm_provider(provider);
+    if (ep_size_ > 1) check_config_across_ranks();
 }
 
 MoeLayer::~MoeLayer() { device_.deallocate_host(host_scratch_); }
 
 std::int64_t MoeLayer::rows() const { return permuted_rows(tokens_, config_.num_experts, config_.top_k, capacity_); }
 
+std::int64_t MoeLayer::expert_rows() const {
+    if (ep_size_ == 1) return rows();
+    return Buffers::max_expert_rows(config_, max_tokens_, ep_size_);
+}
+
 void MoeLayer::check_finite(const Tensor& t, int slot, const char* what, Stream& stream) {
     if (!config_.check_finite) return;
     std::int64_t* dev = buf_->nonfinite + 2 * slot;
-    auto* host = static_cast<std::int64_t*>(host_scratch_) + 2 * slot;
+    std::int64_t* host = host_->nonfinite + 2 * slot;
     count_nonfinite(t.data, t.numel(), t.dtype, dev, dev + 1, stream);
     stream.copy(host, dev, 2 * sizeof(std::int64_t));
     const std::int64_t width = t.ndim > 1 ? t.dim(1) : 1;
@@ -76,7 +94,9 @@ void MoeLayer::forward(const Tensor& x, const Tensor& shortcut, const MoeParams&
     route(shortcut.defined() ? shortcut : x, params, stream);
     x_ = x;
     permute(stream);
+    dispatch(stream);
     experts(params, stream);
+    collect(stream);
     combine(y, stream);
     if (config_.shared_expert) shared_expert(x, params, y, stream);
 }
@@ -87,7 +107,7 @@ void MoeLayer::route(const Tensor& s, const MoeParams& params, Stream& stream) {
                                                                             << max_tokens_ << ", " << config_.hidden
                                                                             << "]");
     check_tensor(s, {T, config_.hidden}, config_.dtype, "MoeLayer.route: shortcut");
-    check_moe_params(config_, params, config_.dtype, "MoeParams");
+    check_moe_params(config_, params, config_.dtype, "MoeParams", ep_size_);
     tokens_ = T;
     shortcut_ = s;
     x_ = s;
@@ -144,30 +164,41 @@ void MoeLayer::permute(Stream& stream) {
 
 void MoeLayer::experts(const MoeParams& params, Stream& stream) {
     Buffers& b = *buf_;
-    const std::int64_t R = rows();
-    GroupedGemmArgs g;
-    g.num_groups = config_.num_experts;
-    g.max_rows = R;
-    g.rows_per_group = capacity_;
-    g.group_offsets = b.group_offsets;
-    g.ab_dtype = g.c_dtype = config_.dtype;
-
+    const std::int64_t Re = expert_rows();
+    GroupedGemmArgs g = expert_gemm_args(b);
     g.kind = GroupedGemmKind::kForward;
+    g.ab_dtype = g.c_dtype = config_.dtype;
     g.k = config_.hidden;
     g.n = config_.expert_inner_width();
-    g.a = b.xp;
+    g.a = b.xe;
     g.b = params.expert_w1.data;
     g.c = b.h;
     grouped_gemm(g, stream, provider_);
 
-    activation_forward({config_.activation, R, config_.ffn, config_.dtype, b.h, b.act}, stream);
+    activation_forward({config_.activation, Re, config_.ffn, config_.dtype, b.h, b.act, expert_rows_in_use(b)},
+                       stream);
 
     g.k = config_.ffn;
     g.n = config_.hidden;
     g.a = b.act;
     g.b = params.expert_w2.data;
-    g.c = b.yp;
+    g.c = b.ye;
     grouped_gemm(g, stream, provider_);
+}
+
+GroupedGemmArgs MoeLayer::expert_gemm_args(const Buffers& b) const {
+    GroupedGemmArgs g;
+    g.num_groups = num_local_experts();
+    g.max_rows = expert_rows();
+    // Single rank, capacity mode: every expert holds exactly C rows. Expert-parallel: each source's
+    // capacity follows its own token count, so the groups are ragged.
+    g.rows_per_group = ep_size_ == 1 ? capacity_ : 0;
+    g.group_offsets = ep_size_ == 1 ? b.group_offsets : b.local_offsets;
+    return g;
+}
+
+const std::int32_t* MoeLayer::expert_rows_in_use(const Buffers& b) const {
+    return ep_size_ == 1 ? nullptr : b.local_offsets + num_local_experts();
 }
 
 void MoeLayer::combine(Tensor y, Stream& stream) {
@@ -205,21 +236,17 @@ void MoeLayer::shared_expert(const Tensor& x, const MoeParams& params, Tensor y,
 
 MoeStats MoeLayer::stats(Stream& stream) {
     const int E = config_.num_experts;
-    auto* host = static_cast<char*>(host_scratch_) + Buffers::kStatsOffset;
-    stream.copy(host, buf_->dropped, sizeof(std::int32_t));
-    stream.copy(host + 8, buf_->losses, 2 * sizeof(float));
-    stream.copy(host + 16, buf_->expert_counts, static_cast<std::size_t>(E) * sizeof(std::int32_t));
+    stream.copy(host_->dropped, buf_->dropped, sizeof(std::int32_t));
+    stream.copy(host_->losses, buf_->losses, 2 * sizeof(float));
+    stream.copy(host_->expert_counts, buf_->expert_counts, static_cast<std::size_t>(E) * sizeof(std::int32_t));
     stream.synchronize();
     MoeStats s;
     s.tokens = tokens_;
     s.capacity = capacity_;
-    std::int32_t dropped;
-    std::memcpy(&dropped, host, sizeof(dropped));
-    s.dropped_tokens = dropped;
-    std::memcpy(&s.aux_loss, host + 8, sizeof(float));
-    std::memcpy(&s.z_loss, host + 12, sizeof(float));
-    s.expert_counts.resize(static_cast<std::size_t>(E));
-    std::memcpy(s.expert_counts.data(), host + 16, static_cast<std::size_t>(E) * sizeof(std::int32_t));
+    s.dropped_tokens = *host_->dropped;
+    s.aux_loss = host_->losses[0];
+    s.z_loss = host_->losses[1];
+    s.expert_counts.assign(host_->expert_counts, host_->expert_counts + E);
     return s;
 }
 

@@ -1,12 +1,20 @@
-// MoeLayer: one mixture-of-experts layer on one rank, forward and backward, split into the stages
-// the layer scheduler interleaves with backbone compute.
+// MoeLayer: one mixture-of-experts layer, forward and backward, split into the stages the layer
+// scheduler interleaves with backbone compute. Single-rank, or expert-parallel over an `ep`
+// Communicator: the E experts are split evenly over the ep ranks (rank r owns experts
+// [r*E/ep, (r+1)*E/ep)), tokens travel to their experts by all-to-all and come back.
 //
 //   y = sum_j G(s)_j * E_j(s)                     routed experts on the shortcut s (s = x when absent)
 //     + [sigmoid(w_cg . x) *] SE(x)               shared expert on x (optional, CG-1 optional)
 //
-// Forward stages, in order:  route(s) -> permute() -> experts() -> combine(y) ; shared_expert(x, y)
-// Backward stages, in order: combine_backward(dy) -> experts_backward() -> permute_backward()
-//                            -> route_backward() ; shared_expert_backward(dy)
+// Forward stages, in order:  route(s) -> permute() -> dispatch() -> experts() -> collect()
+//                            -> combine(y) ; shared_expert(x, y)
+// Backward stages, in order: combine_backward(dy) -> collect_backward() -> experts_backward()
+//                            -> dispatch_backward() -> permute_backward() -> route_backward() ;
+//                            shared_expert_backward(dy)
+// dispatch/collect (and their backward) are the all-to-all exchanges; with no ep communicator (or
+// ep size 1) they do nothing. Routing, capacity, drops and the router losses are per rank: an
+// expert-parallel layer computes exactly what the single-rank layer computes on each rank's tokens,
+// with each expert's weight gradient summed over every rank's tokens.
 // Every stage is stream-ordered on the stream passed last; stages of one pass may run on
 // different streams if the caller orders them with events. The layer keeps the activations
 // backward needs in its workspace and keeps pointers to x and s: they must stay valid and
@@ -45,20 +53,31 @@ struct MoeRouting {
     std::vector<std::int32_t> group_offsets;   // [experts + 1]
 };
 
+class Communicator;
+
 class MoeLayer {
 public:
-    // Allocates the workspace on `device` once.
-    MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens);
-    // Uses caller-provided device memory of at least workspace_bytes(config, max_tokens) bytes.
-    MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens, void* workspace, std::size_t bytes);
+    // max_tokens: the most tokens one forward on this rank may carry.
+    // ep: the expert-parallel group (nullptr = single rank); it must outlive the layer. At
+    //   construction every rank of the group checks that all hold the same config (a collective:
+    //   construct the layer on every rank), and num_experts % ep size == 0.
+    // workspace: device memory of at least workspace_bytes(config, max_tokens, ep size) bytes;
+    //   nullptr = allocate it once here.
+    MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
+             void* workspace = nullptr, std::size_t workspace_size = 0);
     ~MoeLayer();
     MoeLayer(const MoeLayer&) = delete;
     MoeLayer& operator=(const MoeLayer&) = delete;
 
-    static std::size_t workspace_bytes(const MoeConfig& config, std::int64_t max_tokens);
+    // Dropless expert parallelism sizes the expert-side buffers for the worst case (every rank
+    // sends all its tokens to this rank's experts): ep_size * max_tokens * top_k rows.
+    static std::size_t workspace_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size = 1);
 
     const MoeConfig& config() const { return config_; }
     std::int64_t max_tokens() const { return max_tokens_; }
+    int ep_size() const { return ep_size_; }
+    int ep_rank() const { return ep_rank_; }
+    int num_local_experts() const { return config_.num_experts / ep_size_; }
     // Default: kAuto, or the provider named by the environment variable SCMOE_GROUPED_GEMM_PROVIDER.
     void set_grouped_gemm_provider(GroupedGemmProvider p) { provider_ = p; }
     GroupedGemmProvider grouped_gemm_provider() const { return provider_; }
@@ -71,7 +90,9 @@ public:
 
     void route(const Tensor& shortcut, const MoeParams& params, Stream& stream);  // gate GEMM, router, layout
     void permute(Stream& stream);                                                 // gather into expert order
+    void dispatch(Stream& stream);                       // all-to-all: rows to the ranks owning their experts
     void experts(const MoeParams& params, Stream& stream);                        // grouped expert FFN
+    void collect(Stream& stream);                        // all-to-all: expert outputs back to their ranks
     void combine(Tensor y, Stream& stream);                                       // y = weighted sum (overwrites)
     void shared_expert(const Tensor& x, const MoeParams& params, Tensor y, Stream& stream);  // y += [c*] SE(x)
 
@@ -83,7 +104,9 @@ public:
                   Tensor grad_shortcut, Stream& stream);
 
     void combine_backward(const Tensor& grad_y, Stream& stream);
+    void collect_backward(Stream& stream);   // all-to-all: output gradients to the experts' ranks
     void experts_backward(const MoeParams& params, const MoeGrads& grads, Stream& stream);
+    void dispatch_backward(Stream& stream);  // all-to-all: input gradients back to the tokens' ranks
     // grad_s (+)= routed-path gradient (accumulate = add into existing contents).
     void permute_backward(Tensor grad_s, bool accumulate, Stream& stream);
     // grad_s += router-path gradient; grads.gate_w written.
@@ -99,16 +122,25 @@ public:
 
 private:
     struct Buffers;
-    void carve(void* base);
+    struct HostScratch;
     void check_finite(const Tensor& t, int slot, const char* what, Stream& stream);
-    std::int64_t rows() const;
+    void check_config_across_ranks();
+    std::int64_t rows() const;           // token-side permuted rows of the pass in flight
+    std::int64_t expert_rows() const;    // bound on the expert-side rows of the pass in flight
+    GroupedGemmArgs expert_gemm_args(const Buffers& b) const;
+    const std::int32_t* expert_rows_in_use(const Buffers& b) const;
+    void exchange(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
+                  Stream& stream);
 
     MoeConfig config_;
     Device& device_;
     std::int64_t max_tokens_;
+    Communicator* ep_;
+    int ep_size_ = 1, ep_rank_ = 0;
     std::unique_ptr<Buffers> buf_;
+    std::unique_ptr<HostScratch> host_;
     DeviceBuffer owned_workspace_;
-    void* host_scratch_ = nullptr;  // pinned: non-finite counts and stats
+    void* host_scratch_ = nullptr;  // pinned: non-finite counts, stats, exchange counts
     GroupedGemmProvider provider_ = GroupedGemmProvider::kAuto;
     bool training_ = true;
 

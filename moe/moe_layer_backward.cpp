@@ -14,7 +14,7 @@ void MoeLayer::backward(const Tensor& grad_y, const MoeParams& params, const Moe
                         Tensor grad_shortcut, Stream& stream) {
     const bool separate_shortcut = shortcut_.data != x_.data || !config_.shared_expert;
     SCMOE_CHECK(grad_x.defined() || grad_shortcut.defined(), "MoeLayer.backward: neither grad_x nor grad_shortcut given");
-    check_moe_params(config_, grads, DType::kF32, "MoeGrads");
+    check_moe_params(config_, grads, DType::kF32, "MoeGrads", ep_size_);
     // Where the routed path's gradient goes: grad_shortcut, or grad_x when the shortcut is x itself.
     Tensor grad_s = grad_shortcut.defined() ? grad_shortcut : grad_x;
     if (!separate_shortcut) {
@@ -22,7 +22,9 @@ void MoeLayer::backward(const Tensor& grad_y, const MoeParams& params, const Moe
                     "MoeLayer.backward: forward ran without a separate shortcut, so grad_shortcut must be undefined");
     }
     combine_backward(grad_y, stream);
+    collect_backward(stream);
     experts_backward(params, grads, stream);
+    dispatch_backward(stream);
     bool accumulate = false;
     if (config_.shared_expert) {
         shared_expert_backward(grad_y, params, grads, grad_x, false, stream);
@@ -55,37 +57,34 @@ void MoeLayer::combine_backward(const Tensor& grad_y, Stream& stream) {
 
 void MoeLayer::experts_backward(const MoeParams& params, const MoeGrads& grads, Stream& stream) {
     Buffers& b = *buf_;
-    const std::int64_t R = rows(), H = config_.hidden, F = config_.ffn, I = config_.expert_inner_width();
-    GroupedGemmArgs g;
-    g.num_groups = config_.num_experts;
-    g.max_rows = R;
-    g.rows_per_group = capacity_;
-    g.group_offsets = b.group_offsets;
+    const std::int64_t Re = expert_rows(), H = config_.hidden, F = config_.ffn, I = config_.expert_inner_width();
+    GroupedGemmArgs g = expert_gemm_args(b);
     g.ab_dtype = config_.dtype;
 
-    // Second GEMM: yp = act . W2  ->  grad_act = grad_yp . W2^T,  dW2 = act^T . grad_yp
+    // Second GEMM: ye = act . W2  ->  grad_act = grad_ye . W2^T,  dW2 = act^T . grad_ye
     g.k = F;
     g.n = H;
     g.kind = GroupedGemmKind::kGradInput;
-    g.a = b.grad_yp;
+    g.a = b.grad_ye;
     g.b = params.expert_w2.data;
     g.c = b.grad_act;
     g.c_dtype = config_.dtype;
     grouped_gemm(g, stream, provider_);
     g.kind = GroupedGemmKind::kGradWeight;
     g.a = b.act;
-    g.b = b.grad_yp;
+    g.b = b.grad_ye;
     g.c = grads.expert_w2.data;
     g.c_dtype = DType::kF32;
     grouped_gemm(g, stream, provider_);
 
-    activation_backward({config_.activation, R, F, config_.dtype, b.h, b.grad_act, b.grad_h}, stream);
+    activation_backward({config_.activation, Re, F, config_.dtype, b.h, b.grad_act, b.grad_h, expert_rows_in_use(b)},
+                        stream);
 
-    // First GEMM: h = xp . W1  ->  dW1 = xp^T . grad_h,  grad_xp = grad_h . W1^T
+    // First GEMM: h = xe . W1  ->  dW1 = xe^T . grad_h,  grad_xe = grad_h . W1^T
     g.k = H;
     g.n = I;
     g.kind = GroupedGemmKind::kGradWeight;
-    g.a = b.xp;
+    g.a = b.xe;
     g.b = b.grad_h;
     g.c = grads.expert_w1.data;
     g.c_dtype = DType::kF32;
@@ -93,7 +92,7 @@ void MoeLayer::experts_backward(const MoeParams& params, const MoeGrads& grads, 
     g.kind = GroupedGemmKind::kGradInput;
     g.a = b.grad_h;
     g.b = params.expert_w1.data;
-    g.c = b.grad_xp;
+    g.c = b.grad_xe;
     g.c_dtype = config_.dtype;
     grouped_gemm(g, stream, provider_);
 }

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/error.h"
 #include "kernels/math.h"
@@ -9,7 +11,8 @@ void activation_forward(const ActivationArgs& a) {
     const std::int64_t width = activation_input_width(a.activation, a.ffn);
     const auto* h = static_cast<const float*>(a.h);
     auto* out = static_cast<float*>(a.out);
-    for (std::int64_t r = 0; r < a.rows; ++r) {
+    const std::int64_t rows = a.num_rows ? std::min<std::int64_t>(*a.num_rows, a.rows) : a.rows;
+    for (std::int64_t r = 0; r < rows; ++r) {
         const float* hr = h + r * width;
         float* o = out + r * a.ffn;
         if (a.activation == Activation::kSwiGLU) {
@@ -26,7 +29,8 @@ void activation_backward(const ActivationBackwardArgs& a) {
     const auto* h = static_cast<const float*>(a.h);
     const auto* go = static_cast<const float*>(a.grad_out);
     auto* gh = static_cast<float*>(a.grad_h);
-    for (std::int64_t r = 0; r < a.rows; ++r) {
+    const std::int64_t rows = a.num_rows ? std::min<std::int64_t>(*a.num_rows, a.rows) : a.rows;
+    for (std::int64_t r = 0; r < rows; ++r) {
         const float* hr = h + r * width;
         const float* g = go + r * a.ffn;
         float* d = gh + r * width;

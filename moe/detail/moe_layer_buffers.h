@@ -1,5 +1,5 @@
-// Private: the buffers an MoeLayer carves out of its workspace. One function lays them out for
-// both the sizing pass and the real pass, so the two can never disagree.
+// Private: the buffers an MoeLayer carves out of its workspace and its pinned host scratch. One
+// function lays each out for both the sizing pass and the real pass, so the two cannot disagree.
 #pragma once
 
 #include <algorithm>
@@ -12,55 +12,70 @@
 namespace scmoe {
 
 struct MoeLayer::Buffers {
-    // Router and layout.
-    float* logits = nullptr;            // [T, E] f32
-    float* probs = nullptr;             // [T, E] f32
-    float* logsumexp = nullptr;         // [T]
-    std::int32_t* expert_index = nullptr;   // [T, k]
-    float* gate_weight = nullptr;       // [T, k]
-    float* expert_fraction = nullptr;   // [E]
-    float* losses = nullptr;            // [2]
-    std::int32_t* expert_counts = nullptr;  // [E]
-    std::int32_t* group_offsets = nullptr;  // [E + 1]
-    std::int32_t* slot_of_choice = nullptr; // [T, k]
-    std::int32_t* choice_of_row = nullptr;  // [R]
-    std::int32_t* dropped = nullptr;        // [1]
-    std::int64_t* nonfinite = nullptr;      // [3 checks x {count, first index}]
-    // Routed experts, dtype.
-    void* xp = nullptr;    // [R, H]
-    void* h = nullptr;     // [R, I]
-    void* act = nullptr;   // [R, F]
-    void* yp = nullptr;    // [R, H]
-    void* grad_yp = nullptr;   // [R, H]
-    void* grad_act = nullptr;  // [R, F]
-    void* grad_h = nullptr;    // [R, I]
-    void* grad_xp = nullptr;   // [R, H]
+    // Router and layout (token side).
+    float* logits = nullptr;                 // [T, E] f32
+    float* probs = nullptr;                  // [T, E] f32
+    float* logsumexp = nullptr;              // [T]
+    std::int32_t* expert_index = nullptr;    // [T, k]
+    float* gate_weight = nullptr;            // [T, k]
+    float* expert_fraction = nullptr;        // [E]
+    float* losses = nullptr;                 // [2]
+    std::int32_t* expert_counts = nullptr;   // [E]
+    std::int32_t* group_offsets = nullptr;   // [E + 1] rows of each (global) expert in xp
+    std::int32_t* slot_of_choice = nullptr;  // [T, k]
+    std::int32_t* choice_of_row = nullptr;   // [R]
+    std::int32_t* dropped = nullptr;         // [1]
+    std::int64_t* nonfinite = nullptr;       // [3 checks x {count, first index}]
+    // Token side, dtype: rows in global-expert order, R = max_rows.
+    void* xp = nullptr;       // [R, H]
+    void* yp = nullptr;       // [R, H]
+    void* grad_yp = nullptr;  // [R, H]
+    void* grad_xp = nullptr;  // [R, H]
+    // Expert side, dtype: this rank's experts' rows, Re = max_expert_rows. Single rank: the same
+    // memory as the token side.
+    void* xe = nullptr;       // [Re, H]
+    void* h = nullptr;        // [Re, I]
+    void* act = nullptr;      // [Re, F]
+    void* ye = nullptr;       // [Re, H]
+    void* grad_ye = nullptr;  // [Re, H]
+    void* grad_act = nullptr; // [Re, F]
+    void* grad_h = nullptr;   // [Re, I]
+    void* grad_xe = nullptr;  // [Re, H]
+    // Expert parallelism only.
+    void* exchange = nullptr;                     // [Re, H] source-major rows as the all-to-all moves them
+    std::int32_t* send_expert_counts = nullptr;   // [E] rows this rank sends to each global expert
+    std::int32_t* recv_expert_counts = nullptr;   // [ep, El] rows each source sends to each local expert
+    std::int32_t* local_offsets = nullptr;        // [El + 1] expert-major offsets of the local experts
+    // Router backward.
     float* grad_gate_weight = nullptr;  // [T, k]
     void* grad_logits = nullptr;        // [T, E] dtype
     // Shared expert and CG-1, dtype.
-    void* shared_h = nullptr;        // [T, Is]
-    void* shared_act = nullptr;      // [T, Fs]
-    void* shared_out = nullptr;      // [T, H]
-    float* cg_logit = nullptr;       // [T] f32
-    void* grad_shared_out = nullptr; // [T, H]
-    void* grad_shared_act = nullptr; // [T, Fs]
-    void* grad_shared_h = nullptr;   // [T, Is]
-    void* grad_cg_logit = nullptr;   // [T] dtype
+    void* shared_h = nullptr;         // [T, Is]
+    void* shared_act = nullptr;       // [T, Fs]
+    void* shared_out = nullptr;       // [T, H]
+    float* cg_logit = nullptr;        // [T] f32
+    void* grad_shared_out = nullptr;  // [T, H]
+    void* grad_shared_act = nullptr;  // [T, Fs]
+    void* grad_shared_h = nullptr;    // [T, Is]
+    void* grad_cg_logit = nullptr;    // [T] dtype
 
-    static constexpr std::size_t kStatsOffset = 64;  // in host scratch, after the non-finite counts
-    static std::size_t host_scratch_bytes(const MoeConfig& c) { return kStatsOffset + 16 + 4 * c.num_experts; }
-
-    // The largest permuted-row count any token count up to max_tokens can need.
+    // The largest token-side row count any token count up to max_tokens can need.
     static std::int64_t max_rows(const MoeConfig& c, std::int64_t max_tokens) {
         const std::int64_t cap = c.dispatch == DispatchMode::kCapacity
                                      ? expert_capacity(max_tokens, c.num_experts, c.top_k, c.capacity_factor)
                                      : 0;
         return std::max<std::int64_t>(permuted_rows(max_tokens, c.num_experts, c.top_k, cap), 1);
     }
+    // Expert-side rows: capacity mode receives exactly E*C rows (the same as it sends); dropless
+    // can receive every rank's every assignment.
+    static std::int64_t max_expert_rows(const MoeConfig& c, std::int64_t max_tokens, int ep) {
+        if (ep == 1 || c.dispatch == DispatchMode::kCapacity) return max_rows(c, max_tokens);
+        return std::max<std::int64_t>(ep * max_tokens * c.top_k, 1);
+    }
 
-    void carve(WorkspaceCarver& w, const MoeConfig& c, std::int64_t T) {
+    void carve(WorkspaceCarver& w, const MoeConfig& c, std::int64_t T, int ep) {
         const std::int64_t E = c.num_experts, K = c.top_k, H = c.hidden, F = c.ffn, I = c.expert_inner_width();
-        const std::int64_t R = max_rows(c, T);
+        const std::int64_t R = max_rows(c, T), Re = max_expert_rows(c, T, ep);
         const std::size_t ds = dtype_size(c.dtype);
         auto take = [&](std::int64_t n) { return w.take_bytes(static_cast<std::size_t>(n) * ds); };
         logits = w.take<float>(T * E);
@@ -77,13 +92,28 @@ struct MoeLayer::Buffers {
         dropped = w.take<std::int32_t>(1);
         nonfinite = w.take<std::int64_t>(6);
         xp = take(R * H);
-        h = take(R * I);
-        act = take(R * F);
         yp = take(R * H);
         grad_yp = take(R * H);
-        grad_act = take(R * F);
-        grad_h = take(R * I);
         grad_xp = take(R * H);
+        if (ep == 1) {
+            xe = xp;
+            ye = yp;
+            grad_ye = grad_yp;
+            grad_xe = grad_xp;
+        } else {
+            xe = take(Re * H);
+            ye = take(Re * H);
+            grad_ye = take(Re * H);
+            grad_xe = take(Re * H);
+            exchange = take(Re * H);
+            send_expert_counts = w.take<std::int32_t>(E);
+            recv_expert_counts = w.take<std::int32_t>(E);
+            local_offsets = w.take<std::int32_t>(E / ep + 1);
+        }
+        h = take(Re * I);
+        act = take(Re * F);
+        grad_act = take(Re * F);
+        grad_h = take(Re * I);
         grad_gate_weight = w.take<float>(T * K);
         grad_logits = take(T * E);
         if (c.shared_expert) {
@@ -99,6 +129,41 @@ struct MoeLayer::Buffers {
                 grad_cg_logit = take(T);
             }
         }
+    }
+};
+
+// Pinned host memory: results copied back for the host (non-finite counts, statistics) and the
+// counts the all-to-all exchanges read on the host.
+struct MoeLayer::HostScratch {
+    std::int64_t* nonfinite = nullptr;       // [6]
+    std::int32_t* dropped = nullptr;         // [1]
+    float* losses = nullptr;                 // [2]
+    std::int32_t* expert_counts = nullptr;   // [E]
+    std::int32_t* global_offsets = nullptr;  // [E + 1]
+    std::int32_t* send_expert_counts = nullptr;  // [E]
+    std::int32_t* recv_expert_counts = nullptr;  // [E] = [ep, El]
+    std::int32_t* local_offsets = nullptr;   // [El + 1]
+    std::int64_t* counts_per_peer = nullptr; // [ep] El everywhere: the count exchange's element counts
+    std::int64_t* counts_received = nullptr; // [ep]
+    std::int64_t* send_elements = nullptr;   // [ep] dispatch: elements to each peer
+    std::int64_t* recv_elements = nullptr;   // [ep] dispatch: elements from each peer
+    std::int64_t* exchanged = nullptr;       // [ep] recv_counts out-parameter of the data exchanges
+
+    void carve(WorkspaceCarver& w, const MoeConfig& c, int ep) {
+        const std::int64_t E = c.num_experts;
+        nonfinite = w.take<std::int64_t>(6);
+        dropped = w.take<std::int32_t>(1);
+        losses = w.take<float>(2);
+        expert_counts = w.take<std::int32_t>(E);
+        global_offsets = w.take<std::int32_t>(E + 1);
+        send_expert_counts = w.take<std::int32_t>(E);
+        recv_expert_counts = w.take<std::int32_t>(E);
+        local_offsets = w.take<std::int32_t>(E / ep + 1);
+        counts_per_peer = w.take<std::int64_t>(ep);
+        counts_received = w.take<std::int64_t>(ep);
+        send_elements = w.take<std::int64_t>(ep);
+        recv_elements = w.take<std::int64_t>(ep);
+        exchanged = w.take<std::int64_t>(ep);
     }
 };
 

@@ -2,6 +2,7 @@
 // holds its stream for the modelled time while its results stay exactly the wrapped op's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -75,9 +76,9 @@ std::vector<std::string> run_linked_ranks(int n, const LinkModel& model, Fn fn) 
 float a2a_value(int src, int dst, std::int64_t i) { return static_cast<float>((src * 7919 + dst * 131 + i) % 16777216); }
 
 // 2 ranks, uneven counts (rank 0 sends more than it receives), a slow link: every a2a takes
-// latency + max(sent, received off-rank bytes) / bandwidth, within 5% + 1 ms (the 1 ms absolute
-// slack covers thread wake-up and scheduling on a loaded 2-core CI machine), and never less than
-// the model. Sizes give 5-50 ms of modelled time.
+// latency + max(sent, received off-rank bytes) / bandwidth: never less than the model, and the
+// best of 5 runs within 5% + 1 ms of it (the 1 ms absolute slack covers thread wake-up and
+// scheduling on a loaded 2-core CI machine). Sizes give 5-50 ms of modelled time.
 TEST(EmulatedLinkTwoRanks, AllToAllVHoldsForTheModelAndKeepsData) {
     const LinkModel slow{"slow", 0.05, 100.0};  // 50 bytes per us
     const int n = 2;
@@ -96,30 +97,36 @@ TEST(EmulatedLinkTwoRanks, AllToAllVHoldsForTheModelAndKeepsData) {
             std::vector<float> recv(static_cast<std::size_t>(total), -1.0f);
             std::vector<std::int64_t> recv_counts(n, -7);
 
-            auto t0 = device.create_event();
-            auto t1 = device.create_event();
-            link.reset_counters();
-            link.inner().barrier(stream);  // both ranks start together; not counted by the link
-            t0->record(stream);
-            link.all_to_all_v(send.data(), mine.data(), recv.data(), recv_counts.data(), DType::kF32, stream);
-            t1->record(stream);
-            stream.synchronize();
-            const double measured_us = 1000.0 * t1->elapsed_ms_since(*t0);
-
-            // Both ranks move max(big, small) elements across the link: rank 0 sends big, rank 1
-            // receives big.
+            // Best of kRepeats against the upper bound (a preempted run on a busy machine may
+            // overshoot); every run against the lower bound and the counters.
             const double bytes = static_cast<double>(big) * 4.0;
             const double model_us = slow.latency_us + bytes / (slow.gbps * 1e3);
             EXPECT_DOUBLE_EQ(link.modelled_us(LinkOp::kAllToAllV, bytes), model_us);
-            EXPECT_GE(measured_us, model_us) << "rank " << r << ", " << bytes << " bytes";
-            EXPECT_LE(measured_us, model_us * 1.05 + 1000.0) << "rank " << r << ", " << bytes << " bytes";
-            const LinkCounters c = link.counters(LinkOp::kAllToAllV);
-            EXPECT_EQ(c.ops, 1);
-            EXPECT_DOUBLE_EQ(c.bytes, bytes);
-            EXPECT_DOUBLE_EQ(c.modelled_us, model_us);
-            EXPECT_GE(c.measured_us, model_us);
-            EXPECT_LE(c.wrapped_us, c.measured_us);
-            EXPECT_EQ(link.counters().ops, 1);
+            constexpr int kRepeats = 5;
+            double best_us = 1e30;
+            for (int repeat = 0; repeat < kRepeats; ++repeat) {
+                auto t0 = device.create_event();
+                auto t1 = device.create_event();
+                link.reset_counters();
+                link.inner().barrier(stream);  // both ranks start together; not counted by the link
+                t0->record(stream);
+                link.all_to_all_v(send.data(), mine.data(), recv.data(), recv_counts.data(), DType::kF32, stream);
+                t1->record(stream);
+                stream.synchronize();
+                const double measured_us = 1000.0 * t1->elapsed_ms_since(*t0);
+                best_us = std::min(best_us, measured_us);
+                // Both ranks move max(big, small) elements across the link: rank 0 sends big,
+                // rank 1 receives big.
+                EXPECT_GE(measured_us, model_us) << "rank " << r << ", " << bytes << " bytes";
+                const LinkCounters c = link.counters(LinkOp::kAllToAllV);
+                EXPECT_EQ(c.ops, 1);
+                EXPECT_DOUBLE_EQ(c.bytes, bytes);
+                EXPECT_DOUBLE_EQ(c.modelled_us, model_us);
+                EXPECT_GE(c.measured_us, model_us);
+                EXPECT_LE(c.wrapped_us, c.measured_us);
+                EXPECT_EQ(link.counters().ops, 1);
+            }
+            EXPECT_LE(best_us, model_us * 1.05 + 1000.0) << "rank " << r << ", " << bytes << " bytes";
 
             std::size_t k = 0;
             for (int s = 0; s < n; ++s) {

@@ -133,7 +133,7 @@ TEST(MoeLayerInput, WorkspaceTooSmallIsRejected) {
     auto device = make_device("cpu");
     const std::size_t need = MoeLayer::workspace_bytes(valid_config(), 16);
     DeviceBuffer ws(*device, need - 256);
-    expect_error([&] { MoeLayer layer(valid_config(), *device, 16, ws.data(), ws.bytes()); }, "workspace");
+    expect_error([&] { MoeLayer layer(valid_config(), *device, 16, nullptr, ws.data(), ws.bytes()); }, "workspace");
 }
 
 TEST(MoeLayerInput, BackwardGradShortcutRulesAreChecked) {

@@ -1,0 +1,126 @@
+// MoeLayer expert-parallel exchanges: dispatch (rows to the ranks owning their experts), collect
+// (expert outputs back), their backward mirrors, and the config check across ranks.
+//
+// NOTES: rows leave a rank in global-expert order, which is already grouped by destination rank
+// (rank p owns experts [p*El, (p+1)*El)). They arrive source-major ([source][local expert]) and are
+// regrouped expert-major for the grouped GEMM; collect undoes both steps. Per-expert row counts
+// travel first (a small all-to-all), so dropless needs no global knowledge. Every position is
+// fixed by (source, expert, row), so results never depend on message arrival order.
+#include <string>
+
+#include "comm/communicator.h"
+#include "kernels/error.h"
+#include "kernels/regroup.h"
+#include "moe/detail/moe_layer_buffers.h"
+
+namespace scmoe {
+
+void MoeLayer::exchange(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
+                        Stream& stream) {
+    ep_->all_to_all_v(send, send_counts, recv, recv_counts, config_.dtype, stream);
+}
+
+void MoeLayer::dispatch(Stream& stream) {
+    if (ep_size_ == 1) return;
+    Buffers& b = *buf_;
+    HostScratch& h = *host_;
+    const int E = config_.num_experts, El = num_local_experts(), P = ep_size_;
+    const std::int64_t H = config_.hidden, Re = expert_rows();
+    const int rank = ep_rank_;
+    // 1. Rows for each global expert, from the layout's offsets.
+    stream.copy(h.global_offsets, b.group_offsets, static_cast<std::size_t>(E + 1) * sizeof(std::int32_t));
+    stream.host_task([&h, E, El, P, H] {
+        for (int e = 0; e < E; ++e) h.send_expert_counts[e] = h.global_offsets[e + 1] - h.global_offsets[e];
+        for (int p = 0; p < P; ++p) {
+            h.counts_per_peer[p] = El;
+            h.send_elements[p] = static_cast<std::int64_t>(h.global_offsets[(p + 1) * El] - h.global_offsets[p * El]) * H;
+        }
+    });
+    stream.copy(b.send_expert_counts, h.send_expert_counts, static_cast<std::size_t>(E) * sizeof(std::int32_t));
+    // 2. Exchange the counts: recv_expert_counts[s][e] = rows source s sends to local expert e.
+    ep_->all_to_all_v(b.send_expert_counts, h.counts_per_peer, b.recv_expert_counts, h.counts_received, DType::kI32,
+                      stream);
+    stream.copy(h.recv_expert_counts, b.recv_expert_counts, static_cast<std::size_t>(E) * sizeof(std::int32_t));
+    stream.host_task([&h, El, P, H, Re, rank] {
+        std::int64_t total = 0;
+        for (int p = 0; p < P; ++p) {
+            std::int64_t rows = 0;
+            for (int e = 0; e < El; ++e) rows += h.recv_expert_counts[p * El + e];
+            h.recv_elements[p] = rows * H;
+            total += rows;
+        }
+        SCMOE_CHECK(total <= Re, "MoeLayer.dispatch: rank " << rank << " receives " << total
+                                                            << " rows for its experts, more than the " << Re
+                                                            << " its workspace holds (max_tokens too small?)");
+        h.local_offsets[0] = 0;
+        for (int e = 0; e < El; ++e) {
+            std::int64_t rows = 0;
+            for (int p = 0; p < P; ++p) rows += h.recv_expert_counts[p * El + e];
+            h.local_offsets[e + 1] = h.local_offsets[e] + static_cast<std::int32_t>(rows);
+        }
+    });
+    stream.copy(b.local_offsets, h.local_offsets, static_cast<std::size_t>(El + 1) * sizeof(std::int32_t));
+    // 3. The rows themselves, then expert-major for the grouped GEMM.
+    exchange(b.xp, h.send_elements, b.exchange, h.exchanged, stream);
+    regroup({P, El, b.recv_expert_counts, H, config_.dtype, true, b.exchange, b.xe}, stream);
+}
+
+void MoeLayer::collect(Stream& stream) {
+    if (ep_size_ == 1) return;
+    Buffers& b = *buf_;
+    HostScratch& h = *host_;
+    regroup({ep_size_, num_local_experts(), b.recv_expert_counts, config_.hidden, config_.dtype, false, b.ye,
+             b.exchange},
+            stream);
+    exchange(b.exchange, h.recv_elements, b.yp, h.exchanged, stream);
+}
+
+void MoeLayer::collect_backward(Stream& stream) {
+    if (ep_size_ == 1) return;
+    Buffers& b = *buf_;
+    HostScratch& h = *host_;
+    exchange(b.grad_yp, h.send_elements, b.exchange, h.exchanged, stream);
+    regroup({ep_size_, num_local_experts(), b.recv_expert_counts, config_.hidden, config_.dtype, true, b.exchange,
+             b.grad_ye},
+            stream);
+}
+
+void MoeLayer::dispatch_backward(Stream& stream) {
+    if (ep_size_ == 1) return;
+    Buffers& b = *buf_;
+    HostScratch& h = *host_;
+    regroup({ep_size_, num_local_experts(), b.recv_expert_counts, config_.hidden, config_.dtype, false, b.grad_xe,
+             b.exchange},
+            stream);
+    exchange(b.exchange, h.recv_elements, b.grad_xp, h.exchanged, stream);
+}
+
+void MoeLayer::check_config_across_ranks() {
+    auto stream = device_.create_stream();
+    const std::uint64_t mine = config_.hash();
+    const int P = ep_size_;
+    // The hash travels as two i32 words per rank; the gather lands in the token-side buffer, which
+    // is free at construction.
+    auto* words = static_cast<std::int32_t*>(buf_->xp);
+    auto* host_words = reinterpret_cast<std::int32_t*>(host_->send_elements);  // [2 * ep] i32 = [ep] i64
+    const std::int32_t hash_words[2] = {static_cast<std::int32_t>(mine & 0xffffffffu),
+                                        static_cast<std::int32_t>(mine >> 32)};
+    stream->copy(words + 2 * ep_rank_, hash_words, sizeof(hash_words));
+    ep_->all_gather(words + 2 * ep_rank_, 2, words, DType::kI32, *stream);
+    stream->copy(host_words, words, static_cast<std::size_t>(2 * P) * sizeof(std::int32_t));
+    stream->synchronize();
+    std::string table;
+    bool same = true;
+    for (int p = 0; p < P; ++p) {
+        const std::uint64_t theirs = static_cast<std::uint32_t>(host_words[2 * p]) |
+                                     (static_cast<std::uint64_t>(static_cast<std::uint32_t>(host_words[2 * p + 1])) << 32);
+        same = same && theirs == mine;
+        table += " rank " + std::to_string(p) + ": " + std::to_string(theirs) + ";";
+    }
+    // Every rank sees the same table, so every rank raises the same error.
+    SCMOE_CHECK(same, "MoeConfig differs across the " << P << " expert-parallel ranks (config hashes:" << table
+                                                      << " this is rank " << ep_rank_ << " with "
+                                                      << config_.to_string() << ")");
+}
+
+}  // namespace scmoe
