@@ -1,0 +1,67 @@
+// Expert parallelism across real processes: under mpirun, every world rank runs the distributed
+// MoE layer over an MpiCommunicator (MPI_COMM_WORLD split into dp replicas of ep ranks) and checks
+// its output, dropped count and every gradient against the single-rank layer on its tokens
+// (fp32, relative 1e-5). The cases that fit the world size run. Rank 0 prints "N passed, M failed".
+#include <mpi.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "comm/mpi_communicator.h"
+#include "ep_reference.h"
+
+namespace {
+
+using scmoe::DispatchMode;
+using scmoe::testing::EpCase;
+
+std::vector<EpCase> cases_for(int world) {
+    const auto cap = DispatchMode::kCapacity, dropless = DispatchMode::kDropless;
+    if (world == 2)
+        return {EpCase{"ep2_top1_capacity", 1, 2, 1, cap, {12, 12}, false},
+                EpCase{"ep2_top2_dropless", 1, 2, 2, dropless, {12, 9}, false},
+                EpCase{"ep2_top2_capacity_shared_zero_token_rank", 1, 2, 2, cap, {10, 0}, true}};
+    if (world == 4)
+        return {EpCase{"ep4_top2_capacity", 1, 4, 2, cap, {8, 8, 8, 8}, false},
+                EpCase{"ep4_top1_dropless_skewed", 1, 4, 1, dropless, {9, 0, 5, 13}, true},
+                EpCase{"dp2_ep2_top2_dropless", 2, 2, 2, dropless, {6, 11, 8, 4}, false},
+                EpCase{"dp2_ep2_top1_capacity", 2, 2, 1, cap, {10, 10, 10, 10}, true}};
+    return {};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    int world = 0, rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int passed = 0, failed = 0;
+    const auto cases = cases_for(world);
+    if (cases.empty() && rank == 0) std::printf("no cases for %d ranks (run with -np 2 or -np 4)\n", world);
+    for (const EpCase& c : cases) {
+        std::string error;
+        try {
+            std::vector<scmoe::testing::RankReference> refs;
+            for (int w = 0; w < world; ++w) refs.push_back(scmoe::testing::single_rank_reference(c, w));
+            MPI_Comm ep_comm;
+            MPI_Comm_split(MPI_COMM_WORLD, rank / c.ep, rank % c.ep, &ep_comm);
+            {
+                scmoe::MpiCommunicator comm(ep_comm);
+                error = scmoe::testing::run_ep_rank(c, rank, comm, refs, 1e-5);
+            }
+            MPI_Comm_free(&ep_comm);
+        } catch (const std::exception& e) {
+            error = std::string("rank ") + std::to_string(rank) + " threw: " + e.what();
+        }
+        if (!error.empty()) std::fprintf(stderr, "FAILED %s\n", error.c_str());
+        int bad = error.empty() ? 0 : 1, any = 0;
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        (any ? failed : passed) += 1;
+        if (rank == 0) std::printf("%s %s\n", any ? "FAILED" : "ok    ", c.name.c_str());
+    }
+    if (rank == 0) std::printf("%d passed, %d failed (%d ranks, MpiCommunicator)\n", passed, failed, world);
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
