@@ -43,7 +43,7 @@ struct A2aArgs {
 
 // Default -e: one default run (2 ranks, 5 + 2 iterations per size, 2 CPU cores) stays well under a
 // minute, with the largest size past the caches.
-constexpr const char* kDefaultMaxBytes = "64M";
+constexpr const char* kDefaultMaxBytes = "128M";
 
 cxxopts::Options a2a_options() {
     cxxopts::Options options("scmoe-bench a2a",

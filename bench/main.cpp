@@ -1,6 +1,7 @@
 // scmoe-bench: single-node microbenchmarks with nccl-tests style output.
 //   scmoe-bench gemm  [options]   grouped GEMM vs dense GEMM of the same FLOPs
 //   scmoe-bench layer [options]   MoeLayer forward / forward+backward and per-stage times
+//   scmoe-bench a2a   [options]   all_to_all_v bandwidth over a size sweep (nccl-tests alltoall)
 #include <iostream>
 
 #include "benches.h"
@@ -11,12 +12,13 @@
 namespace {
 
 void print_usage(std::ostream& os) {
-    cxxopts::Options common("scmoe-bench <gemm|layer>",
+    cxxopts::Options common("scmoe-bench <gemm|layer|a2a>",
                             "scmoe-bench " + std::string(scmoe::bench::scmoe_version()) +
                                 ": scmoe microbenchmarks with nccl-tests style tables.\n\n"
                                 "Subcommands:\n"
                                 "  gemm    grouped GEMM over expert loads vs one dense GEMM of the same FLOPs\n"
-                                "  layer   MoeLayer forward and forward+backward, per-stage times\n\n"
+                                "  layer   MoeLayer forward and forward+backward, per-stage times\n"
+                                "  a2a     all_to_all_v bandwidth over a size sweep, in-process ranks or mpirun\n\n"
                                 "'scmoe-bench <subcommand> --help' lists a subcommand's options. Exit status: 0 ok, "
                                 "1 wrong results, 2 bad command line, 3 runtime error.");
     common.set_width(110);
@@ -46,7 +48,8 @@ int main(int argc, char** argv) {
     try {
         if (sub == "gemm") return run_gemm_bench(argc - 1, argv + 1, command);
         if (sub == "layer") return run_layer_bench(argc - 1, argv + 1, command);
-        std::cerr << "scmoe-bench: unknown subcommand '" << sub << "': expected gemm or layer (see --help)\n";
+        if (sub == "a2a") return run_a2a_bench(argc - 1, argv + 1, command);
+        std::cerr << "scmoe-bench: unknown subcommand '" << sub << "': expected gemm, layer or a2a (see --help)\n";
         return kExitUsage;
     } catch (const cxxopts::exceptions::exception& e) {
         std::cerr << "scmoe-bench " << sub << ": " << e.what() << " (see 'scmoe-bench " << sub << " --help')\n";

@@ -1,4 +1,4 @@
-# Runs scmoe-bench gemm and layer at tiny sizes with --check 1 and -J, and checks that each exits 0,
+# Runs scmoe-bench gemm, layer and a2a at tiny sizes with --check 1 and -J, and checks that each exits 0,
 # writes JSON with rows and reports no wrong elements.
 #   cmake -DBENCH=/path/to/scmoe-bench -DOUT_DIR=/tmp/out -P smoke.cmake
 cmake_minimum_required(VERSION 3.25)
@@ -28,3 +28,7 @@ run_bench(gemm gemm --tokens 64,100 --hidden 32 --ffn 48 --experts 4 --top-k 2 -
 run_bench(layer layer --tokens 40,64 --hidden 32 --ffn 48 --experts 4 --top-k 2 --dispatch capacity,dropless
           --shared-expert --cg -n 2 -w 1)
 run_bench(layer_gelu layer -b 16 -e 64 -f 4 --hidden 16 --ffn 24 --experts 3 --top-k 1 --activation gelu -n 1 -w 0)
+run_bench(a2a_ranks2 a2a -b 8 -e 256K -f 8 --ranks 2 -n 2 -w 1)
+run_bench(a2a_ranks4 a2a -b 8 -e 256K -f 8 --ranks 4 -n 2 -w 1)
+run_bench(a2a_ranks2_pcie4 a2a -b 8 -e 256K -f 8 --ranks 2 -n 2 -w 1 --link pcie4)
+run_bench(a2a_ranks4_custom_link a2a -b 1K -e 64K -f 8 --ranks 4 -n 2 -w 1 --link-gbps 2 --link-latency-us 50)

@@ -71,4 +71,30 @@ SCMOE_HOST_DEVICE bool ranks_before(float p_a, int e_a, float p_b, int e_b) {
     return p_a > p_b || (p_a == p_b && e_a < e_b);
 }
 
+// One token's routing, in place: p [E] holds the (noisy) gate logits on entry and their softmax on
+// exit. Writes the top-k experts (k = 1 or 2, ties to the lower index) to best[k] and their gate
+// weights to weight[k] (k = 1: the probability; k = 2: the two renormalised to sum to 1). Returns
+// the logsumexp of the logits (for the z-loss).
+SCMOE_HOST_DEVICE float route_token(float* p, int E, int K, int* best, float* weight) {
+    float mx = -INFINITY;
+    for (int e = 0; e < E; ++e) mx = fmaxf(mx, p[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) {
+        p[e] = expf(p[e] - mx);
+        sum += p[e];
+    }
+    for (int e = 0; e < E; ++e) p[e] /= sum;
+    best[0] = best[1] = -1;
+    for (int j = 0; j < K; ++j) {
+        for (int e = 0; e < E; ++e) {
+            if (e == best[0]) continue;
+            if (best[j] < 0 || ranks_before(p[e], e, p[best[j]], best[j])) best[j] = e;
+        }
+    }
+    float denom = 0.0f;
+    for (int j = 0; j < K; ++j) denom += p[best[j]];
+    for (int j = 0; j < K; ++j) weight[j] = K == 1 ? p[best[j]] : p[best[j]] / denom;
+    return mx + logf(sum);
+}
+
 }  // namespace scmoe::math

@@ -16,36 +16,20 @@ void router_forward(const RouterForwardArgs& a) {
     for (std::int64_t t = 0; t < a.tokens; ++t) {
         const float* logit = a.logits + t * E;
         float* p = a.probs + t * E;
-        float mx = -INFINITY;
         for (int e = 0; e < E; ++e) {
             float v = logit[e];
             if (a.noise_std > 0.0f)
                 v += a.noise_std * math::normal_sample(a.noise_seed, static_cast<std::uint64_t>(t * E + e));
             p[e] = v;
-            mx = std::fmax(mx, v);
         }
-        float sum = 0.0f;
-        for (int e = 0; e < E; ++e) {
-            p[e] = std::exp(p[e] - mx);
-            sum += p[e];
-        }
-        for (int e = 0; e < E; ++e) p[e] /= sum;
-        const float lse = mx + std::log(sum);
+        int best[2];
+        float weight[2];
+        const float lse = math::route_token(p, E, K, best, weight);
         a.logsumexp[t] = lse;
         z_sum += static_cast<double>(lse) * lse;
-
-        int best[2] = {-1, -1};
-        for (int j = 0; j < K; ++j) {
-            for (int e = 0; e < E; ++e) {
-                if (e == best[0]) continue;
-                if (best[j] < 0 || math::ranks_before(p[e], e, p[best[j]], best[j])) best[j] = e;
-            }
-        }
-        float denom = 0.0f;
-        for (int j = 0; j < K; ++j) denom += p[best[j]];
         for (int j = 0; j < K; ++j) {
             a.expert_index[t * K + j] = best[j];
-            a.gate_weight[t * K + j] = K == 1 ? p[best[j]] : p[best[j]] / denom;
+            a.gate_weight[t * K + j] = weight[j];
             routed[static_cast<std::size_t>(best[j])] += 1.0;
         }
         for (int e = 0; e < E; ++e) mean_prob[static_cast<std::size_t>(e)] += p[e];

@@ -20,35 +20,18 @@ __global__ void router_token_kernel(RouterForwardArgs a) {
     const int E = a.num_experts, K = a.top_k;
     const float* logit = a.logits + t * E;
     float* p = a.probs + t * E;
-    float mx = -INFINITY;
     for (int e = 0; e < E; ++e) {
         float v = logit[e];
         if (a.noise_std > 0.0f)
             v += a.noise_std * math::normal_sample(a.noise_seed, static_cast<std::uint64_t>(t * E + e));
         p[e] = v;
-        mx = fmaxf(mx, v);
     }
-    float sum = 0.0f;
-    for (int e = 0; e < E; ++e) {
-        const float x = expf(p[e] - mx);
-        p[e] = x;
-        sum += x;
-    }
-    for (int e = 0; e < E; ++e) p[e] /= sum;
-    a.logsumexp[t] = mx + logf(sum);
-
-    int best[2] = {-1, -1};
-    for (int j = 0; j < K; ++j) {
-        for (int e = 0; e < E; ++e) {
-            if (e == best[0]) continue;
-            if (best[j] < 0 || math::ranks_before(p[e], e, p[best[j]], best[j])) best[j] = e;
-        }
-    }
-    float denom = 0.0f;
-    for (int j = 0; j < K; ++j) denom += p[best[j]];
+    int best[2];
+    float weight[2];
+    a.logsumexp[t] = math::route_token(p, E, K, best, weight);
     for (int j = 0; j < K; ++j) {
         a.expert_index[t * K + j] = best[j];
-        a.gate_weight[t * K + j] = K == 1 ? p[best[j]] : p[best[j]] / denom;
+        a.gate_weight[t * K + j] = weight[j];
     }
 }
 
