@@ -170,7 +170,8 @@ class A2aRank {
         std::vector<std::int64_t> send_counts(static_cast<std::size_t>(n), per_peer);
         std::vector<std::int64_t> recv_counts(static_cast<std::size_t>(n), -1);
         for (int p = 0; p < n; ++p)
-            for (std::int64_t i = 0; i < per_peer; ++i) send_[static_cast<std::size_t>(p * per_peer + i)] = a2a_value(me, p, i);
+            for (std::int64_t i = 0; i < per_peer; ++i)
+                send_[static_cast<std::size_t>(p * per_peer + i)] = a2a_value(me, p, i);
         // A communicator that writes nothing must not pass on the previous size's data.
         std::fill(recv_.begin(), recv_.begin() + count, -1.0f);
         c.barrier(*stream_);
@@ -206,9 +207,12 @@ class A2aTable {
     A2aTable(Report& report, int num_ranks, const std::optional<LinkModel>& link, bool check)
         : report_(report), num_ranks_(num_ranks), link_(link), check_(check) {
         std::vector<Column> columns = {
-            {"size", "size", "(B)", 12, 0},         {"count", "count", "(elements)", 12, 0},
-            {"type", "type", "", 6, 0},             {"time_us", "time", "(us)", 10, 2},
-            {"algbw_gbps", "algbw", "(GB/s)", 7, 2}, {"busbw_gbps", "busbw", "(GB/s)", 7, 2},
+            {"size", "size", "(B)", 12, 0},
+            {"count", "count", "(elements)", 12, 0},
+            {"type", "type", "", 6, 0},
+            {"time_us", "time", "(us)", 10, 2},
+            {"algbw_gbps", "algbw", "(GB/s)", 7, 2},
+            {"busbw_gbps", "busbw", "(GB/s)", 7, 2},
         };
         if (link_) columns.push_back({"model_us", "model", "(us)", 10, 2});
         columns.push_back({"wrong", "#wrong", "", 6, 0});
@@ -270,7 +274,7 @@ void print_notes(Report& report, const A2aArgs& args, int num_ranks, double memc
     for (const std::string& line : rank_lines) report.note(line);
     std::ostringstream bw;
     bw << "memcpy bandwidth: " << std::fixed << std::setprecision(2) << memcpy_bw
-       << " GB/s (256 MiB std::memcpy, best of 3): the ceiling for in-process busbw";
+       << " GB/s (256 MiB std::memcpy, best of 3): the ceiling for busbw within one host";
     report.note(bw.str());
     report.note(std::string(args.mpi ? "MpiCommunicator" : "LocalCommunicator") + ", " + std::to_string(num_ranks) +
                 " ranks; time = slowest rank; busbw = algbw * (n-1)/n");
@@ -286,7 +290,8 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
     const std::int64_t max_count = elements_for(args.sizes.back(), n);
     auto group = LocalGroup::create(n);
     std::vector<std::unique_ptr<A2aRank>> ranks;
-    for (int r = 0; r < n; ++r) ranks.push_back(std::make_unique<A2aRank>(group->communicator(r), args.link, max_count));
+    for (int r = 0; r < n; ++r)
+        ranks.push_back(std::make_unique<A2aRank>(group->communicator(r), args.link, max_count));
 
     Report report(std::cout, "a2a", command, *device, common, args_json(common, args, n));
     report.print_preamble();
@@ -383,11 +388,10 @@ int run_mpi(CommonArgs common, const A2aArgs& args, const std::string& command) 
             MPI_Gather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
             std::vector<std::string> rank_lines;
             for (int r = 0; r < n; ++r)
-                rank_lines.push_back("Rank " + std::to_string(r) + " Pid " +
-                                     std::to_string(pids[static_cast<std::size_t>(r)]) + " on " +
-                                     std::string(hosts.data() + r * sizeof(host)) + ": mpi(rank " + std::to_string(r) +
-                                     " of " + std::to_string(n) + ")" +
-                                     (args.link ? " behind " + describe_link_model(*args.link) : ""));
+                rank_lines.push_back(
+                    "Rank " + std::to_string(r) + " Pid " + std::to_string(pids[static_cast<std::size_t>(r)]) + " on " +
+                    std::string(hosts.data() + r * sizeof(host)) + ": mpi(rank " + std::to_string(r) + " of " +
+                    std::to_string(n) + ")" + (args.link ? " behind " + describe_link_model(*args.link) : ""));
             // Measured on rank 0 alone while the others wait.
             double memcpy_bw = me == 0 ? memcpy_gbps() : 0.0;
             MPI_Bcast(&memcpy_bw, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -431,8 +435,9 @@ int run_a2a_bench(int argc, char** argv, const std::string& command) {
     const A2aArgs args = read_a2a_args(result);
     // The host-buffer communicators (LocalCommunicator, MpiCommunicator) run on CPU streams.
     if (common.backend == "cuda")
-        throw UsageError("--backend cuda: a2a runs the host communicators (LocalCommunicator, MpiCommunicator) "
-                         "on the cpu backend; NCCL is not wired into scmoe-bench yet");
+        throw UsageError(
+            "--backend cuda: a2a runs the host communicators (LocalCommunicator, MpiCommunicator) "
+            "on the cpu backend; NCCL is not wired into scmoe-bench yet");
     common.backend = "cpu";
     resolve_iters(common, Backend::kCpu);
     if (args.mpi) {

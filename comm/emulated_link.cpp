@@ -137,13 +137,9 @@ EmulatedLink::EmulatedLink(std::shared_ptr<Communicator> inner, LinkModel model)
     SCMOE_CHECK(inner_ != nullptr, "EmulatedLink needs a communicator to wrap");
 }
 
-std::string EmulatedLink::name() const {
-    return "link(" + describe_link_model(model_) + ") over " + inner_->name();
-}
+std::string EmulatedLink::name() const { return "link(" + describe_link_model(model_) + ") over " + inner_->name(); }
 
-double EmulatedLink::modelled_us(LinkOp op, double bytes) const {
-    return modelled_link_us(model_, op, bytes, size());
-}
+double EmulatedLink::modelled_us(LinkOp op, double bytes) const { return modelled_link_us(model_, op, bytes, size()); }
 
 std::shared_ptr<EmulatedLink::Pending> EmulatedLink::start(Stream& stream, std::function<double()> sent_bytes) {
     auto pending = std::make_shared<Pending>();
@@ -197,8 +193,7 @@ void EmulatedLink::all_reduce_sum(void* buf, std::int64_t count, DType dtype, St
     finish(stream, LinkOp::kAllReduceSum, std::move(pending), nullptr);
 }
 
-void EmulatedLink::all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype,
-                              Stream& stream) {
+void EmulatedLink::all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) {
     const double bytes = static_cast<double>(std::max<std::int64_t>(count_per_rank, 0)) *
                          static_cast<double>(dtype_size(dtype)) * static_cast<double>(size());
     auto pending = start(stream, [bytes] { return bytes; });

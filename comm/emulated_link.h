@@ -61,8 +61,8 @@ struct LinkModel {
 //   100gbe   12.5 GB/s, 15 us 100 Gb Ethernet (RoCE/TCP), 15 us (assumption).
 std::vector<LinkModel> link_presets();
 
-// "pcie4" | "nvlink4" | "ib-ndr" | "100gbe" | "gbps=X,latency_us=Y" (either key may be omitted
-// in the custom form: latency defaults to 0; gbps is required). Throws Error on anything else.
+// "pcie4" | "nvlink4" | "ib-ndr" | "100gbe" | "gbps=X,latency_us=Y" (custom, named "custom"; keys in
+// any order, latency_us may be left out for 0, gbps is required). Throws Error on anything else.
 LinkModel parse_link_model(std::string_view text);
 
 // "pcie4 (25 GB/s, 10 us)".
@@ -81,11 +81,11 @@ double modelled_link_us(const LinkModel& model, LinkOp op, double bytes, int num
 // What the link has done so far. Written by host tasks, so read after synchronizing the stream.
 struct LinkCounters {
     std::int64_t ops = 0;
-    double bytes = 0.0;         // payload bytes as modelled_link_us takes them
-    double modelled_us = 0.0;   // sum of modelled times
-    double wrapped_us = 0.0;    // sum of the wrapped ops' own times (start task to end task)
-    double measured_us = 0.0;   // sum of the times the ops held the stream: max(wrapped, modelled)
-                                // plus the sleep's overshoot
+    double bytes = 0.0;        // payload bytes as modelled_link_us takes them
+    double modelled_us = 0.0;  // sum of modelled times
+    double wrapped_us = 0.0;   // sum of the wrapped ops' own times (start task to end task)
+    double measured_us = 0.0;  // sum of the times the ops held the stream: max(wrapped, modelled)
+                               // plus the sleep's overshoot
 };
 
 // The work an EmulatedLink enqueues refers to it: keep it alive until its streams are synchronized.

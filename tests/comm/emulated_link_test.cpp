@@ -1,5 +1,7 @@
 // EmulatedLink over LocalCommunicator ranks: the link model, its parser, and that a wrapped op
 // holds its stream for the modelled time while its results stay exactly the wrapped op's.
+#include "comm/emulated_link.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <thread>
 #include <vector>
 
-#include "comm/emulated_link.h"
 #include "comm/local_communicator.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
@@ -73,7 +74,9 @@ std::vector<std::string> run_linked_ranks(int n, const LinkModel& model, Fn fn) 
     return errors;
 }
 
-float a2a_value(int src, int dst, std::int64_t i) { return static_cast<float>((src * 7919 + dst * 131 + i) % 16777216); }
+float a2a_value(int src, int dst, std::int64_t i) {
+    return static_cast<float>((src * 7919 + dst * 131 + i) % 16777216);
+}
 
 // 2 ranks, uneven counts (rank 0 sends more than it receives), a slow link: every a2a takes
 // latency + max(sent, received off-rank bytes) / bandwidth: never less than the model, and the
@@ -188,10 +191,11 @@ TEST(EmulatedLinkFourRanks, OtherCollectivesExactAndModelled) {
 
 // A mismatched call still fails on every rank through the link, and the link does not hang.
 TEST(EmulatedLinkTwoRanks, WrappedErrorsPropagate) {
-    auto errors = run_linked_ranks(2, parse_link_model("pcie4"), [](int r, EmulatedLink& link, Device&, Stream& stream) {
-        std::vector<float> buf(4, 1.0f);
-        link.all_reduce_sum(buf.data(), r == 0 ? 4 : 3, DType::kF32, stream);
-    });
+    auto errors =
+        run_linked_ranks(2, parse_link_model("pcie4"), [](int r, EmulatedLink& link, Device&, Stream& stream) {
+            std::vector<float> buf(4, 1.0f);
+            link.all_reduce_sum(buf.data(), r == 0 ? 4 : 3, DType::kF32, stream);
+        });
     for (const std::string& e : errors) EXPECT_NE(e.find("mismatched collectives"), std::string::npos) << e;
 }
 
