@@ -129,8 +129,10 @@ private:
     std::int64_t expert_rows() const;    // bound on the expert-side rows of the pass in flight
     GroupedGemmArgs expert_gemm_args(const Buffers& b) const;
     const std::int32_t* expert_rows_in_use(const Buffers& b) const;
-    void exchange(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
-                  Stream& stream);
+    // The all-to-all with its regroup: token side (rows in global-expert order) to expert side
+    // (local experts' rows, expert-major), and back. Counts come from the last dispatch.
+    void to_experts(const void* token_side, void* expert_side, Stream& stream);
+    void to_sources(const void* expert_side, void* token_side, Stream& stream);
 
     MoeConfig config_;
     Device& device_;

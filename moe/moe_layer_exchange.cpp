@@ -15,9 +15,18 @@
 
 namespace scmoe {
 
-void MoeLayer::exchange(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
-                        Stream& stream) {
-    ep_->all_to_all_v(send, send_counts, recv, recv_counts, config_.dtype, stream);
+void MoeLayer::to_experts(const void* token_side, void* expert_side, Stream& stream) {
+    ep_->all_to_all_v(token_side, host_->send_elements, buf_->exchange, host_->exchanged, config_.dtype, stream);
+    regroup({ep_size_, num_local_experts(), buf_->recv_expert_counts, config_.hidden, config_.dtype, true,
+             buf_->exchange, expert_side},
+            stream);
+}
+
+void MoeLayer::to_sources(const void* expert_side, void* token_side, Stream& stream) {
+    regroup({ep_size_, num_local_experts(), buf_->recv_expert_counts, config_.hidden, config_.dtype, false,
+             expert_side, buf_->exchange},
+            stream);
+    ep_->all_to_all_v(buf_->exchange, host_->recv_elements, token_side, host_->exchanged, config_.dtype, stream);
 }
 
 void MoeLayer::dispatch(Stream& stream) {
@@ -61,38 +70,19 @@ void MoeLayer::dispatch(Stream& stream) {
     });
     stream.copy(b.local_offsets, h.local_offsets, static_cast<std::size_t>(El + 1) * sizeof(std::int32_t));
     // 3. The rows themselves, then expert-major for the grouped GEMM.
-    exchange(b.xp, h.send_elements, b.exchange, h.exchanged, stream);
-    regroup({P, El, b.recv_expert_counts, H, config_.dtype, true, b.exchange, b.xe}, stream);
+    to_experts(b.xp, b.xe, stream);
 }
 
 void MoeLayer::collect(Stream& stream) {
-    if (ep_size_ == 1) return;
-    Buffers& b = *buf_;
-    HostScratch& h = *host_;
-    regroup({ep_size_, num_local_experts(), b.recv_expert_counts, config_.hidden, config_.dtype, false, b.ye,
-             b.exchange},
-            stream);
-    exchange(b.exchange, h.recv_elements, b.yp, h.exchanged, stream);
+    if (ep_size_ > 1) to_sources(buf_->ye, buf_->yp, stream);
 }
 
 void MoeLayer::collect_backward(Stream& stream) {
-    if (ep_size_ == 1) return;
-    Buffers& b = *buf_;
-    HostScratch& h = *host_;
-    exchange(b.grad_yp, h.send_elements, b.exchange, h.exchanged, stream);
-    regroup({ep_size_, num_local_experts(), b.recv_expert_counts, config_.hidden, config_.dtype, true, b.exchange,
-             b.grad_ye},
-            stream);
+    if (ep_size_ > 1) to_experts(buf_->grad_yp, buf_->grad_ye, stream);
 }
 
 void MoeLayer::dispatch_backward(Stream& stream) {
-    if (ep_size_ == 1) return;
-    Buffers& b = *buf_;
-    HostScratch& h = *host_;
-    regroup({ep_size_, num_local_experts(), b.recv_expert_counts, config_.hidden, config_.dtype, false, b.grad_xe,
-             b.exchange},
-            stream);
-    exchange(b.exchange, h.recv_elements, b.grad_xp, h.exchanged, stream);
+    if (ep_size_ > 1) to_sources(buf_->grad_xe, buf_->grad_xp, stream);
 }
 
 void MoeLayer::check_config_across_ranks() {
@@ -102,7 +92,7 @@ void MoeLayer::check_config_across_ranks() {
     // The hash travels as two i32 words per rank; the gather lands in the token-side buffer, which
     // is free at construction.
     auto* words = static_cast<std::int32_t*>(buf_->xp);
-    auto* host_words = reinterpret_cast<std::int32_t*>(host_->send_elements);  // [2 * ep] i32 = [ep] i64
+    std::int32_t* host_words = host_->config_hashes;
     const std::int32_t hash_words[2] = {static_cast<std::int32_t>(mine & 0xffffffffu),
                                         static_cast<std::int32_t>(mine >> 32)};
     stream->copy(words + 2 * ep_rank_, hash_words, sizeof(hash_words));

@@ -148,6 +148,7 @@ struct MoeLayer::HostScratch {
     std::int64_t* send_elements = nullptr;   // [ep] dispatch: elements to each peer
     std::int64_t* recv_elements = nullptr;   // [ep] dispatch: elements from each peer
     std::int64_t* exchanged = nullptr;       // [ep] recv_counts out-parameter of the data exchanges
+    std::int32_t* config_hashes = nullptr;   // [ep, 2] every rank's config hash (construction check)
 
     void carve(WorkspaceCarver& w, const MoeConfig& c, int ep) {
         const std::int64_t E = c.num_experts;
@@ -164,6 +165,7 @@ struct MoeLayer::HostScratch {
         send_elements = w.take<std::int64_t>(ep);
         recv_elements = w.take<std::int64_t>(ep);
         exchanged = w.take<std::int64_t>(ep);
+        config_hashes = w.take<std::int32_t>(2 * ep);
     }
 };
 
