@@ -1,6 +1,9 @@
 // MoeLayer: construction, workspace layout, forward stages and statistics.
 // The backward stages live in moe_layer_backward.cpp.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "comm/communicator.h"
 #include "kernels/activation.h"
@@ -8,6 +11,7 @@
 #include "kernels/error.h"
 #include "kernels/gemm.h"
 #include "kernels/layout.h"
+#include "kernels/math.h"
 #include "kernels/permute.h"
 #include "kernels/router.h"
 #include "kernels/workspace.h"
@@ -135,6 +139,13 @@ void MoeLayer::route(const Tensor& s, const MoeParams& params, Stream& stream) {
     r.expert_fraction = b.expert_fraction;
     r.losses = b.losses;
     router_forward(r, stream);
+    if (!forced_index_.empty()) {
+        SCMOE_CHECK(static_cast<std::int64_t>(forced_index_.size()) == T * K,
+                    "MoeLayer.route: forced routing holds " << forced_index_.size() << " choices; this forward has "
+                                                            << T << " tokens x top_k " << K << " = " << T * K);
+        stream.copy(b.expert_index, forced_index_.data(), forced_index_.size() * sizeof(std::int32_t));
+        stream.copy(b.gate_weight, forced_weight_.data(), forced_weight_.size() * sizeof(float));
+    }
 
     LayoutArgs l;
     l.tokens = T;
@@ -263,6 +274,75 @@ MoeRouting MoeLayer::routing(Stream& stream) {
     stream.copy(r.group_offsets.data(), buf_->group_offsets, r.group_offsets.size() * sizeof(std::int32_t));
     stream.synchronize();
     return r;
+}
+
+void MoeLayer::force_routing(std::vector<std::int32_t> expert_index, std::vector<float> gate_weight) {
+    SCMOE_CHECK(expert_index.size() == gate_weight.size(),
+                "MoeLayer.force_routing: " << expert_index.size() << " expert indices but " << gate_weight.size()
+                                           << " gate weights");
+    const std::size_t K = static_cast<std::size_t>(config_.top_k);
+    SCMOE_CHECK(expert_index.size() % K == 0, "MoeLayer.force_routing: " << expert_index.size()
+                                                                         << " choices is not a multiple of top_k "
+                                                                         << K);
+    for (std::size_t i = 0; i < expert_index.size(); ++i) {
+        SCMOE_CHECK(expert_index[i] >= 0 && expert_index[i] < config_.num_experts,
+                    "MoeLayer.force_routing: choice " << i << " names expert " << expert_index[i] << " of "
+                                                      << config_.num_experts);
+        SCMOE_CHECK(std::isfinite(gate_weight[i]),
+                    "MoeLayer.force_routing: gate weight " << i << " is " << gate_weight[i]);
+        if (i % K == 1)
+            SCMOE_CHECK(expert_index[i] != expert_index[i - 1],
+                        "MoeLayer.force_routing: token " << i / K << " chooses expert " << expert_index[i]
+                                                         << " twice");
+    }
+    forced_index_ = std::move(expert_index);
+    forced_weight_ = std::move(gate_weight);
+}
+
+MoeExpertInputs MoeLayer::expert_inputs(Stream& stream) {
+    const int El = num_local_experts();
+    const std::int64_t H = config_.hidden;
+    // Rows in use per local expert and where they start in the expert-side buffer.
+    std::vector<std::int64_t> begin(static_cast<std::size_t>(El)), count(begin.size());
+    if (ep_size_ == 1) {
+        const MoeRouting r = routing(stream);
+        const MoeStats st = stats(stream);
+        for (int e = 0; e < El; ++e) {
+            begin[static_cast<std::size_t>(e)] = r.group_offsets[static_cast<std::size_t>(e)];
+            const std::int64_t n = st.expert_counts[static_cast<std::size_t>(e)];
+            count[static_cast<std::size_t>(e)] = capacity_ > 0 ? std::min(n, capacity_) : n;
+        }
+    } else {
+        std::vector<std::int32_t> offsets(static_cast<std::size_t>(El + 1));
+        stream.copy(offsets.data(), buf_->local_offsets, offsets.size() * sizeof(std::int32_t));
+        stream.synchronize();
+        for (int e = 0; e < El; ++e) {
+            begin[static_cast<std::size_t>(e)] = offsets[static_cast<std::size_t>(e)];
+            count[static_cast<std::size_t>(e)] = offsets[static_cast<std::size_t>(e) + 1] - offsets[static_cast<std::size_t>(e)];
+        }
+    }
+    const std::size_t es = dtype_size(config_.dtype);
+    MoeExpertInputs out;
+    out.rows.resize(static_cast<std::size_t>(El));
+    std::vector<unsigned char> raw;
+    for (int e = 0; e < El; ++e) {
+        const std::size_t n = static_cast<std::size_t>(count[static_cast<std::size_t>(e)] * H);
+        raw.resize(n * es);
+        stream.copy(raw.data(), static_cast<const unsigned char*>(buf_->xe) + static_cast<std::size_t>(begin[static_cast<std::size_t>(e)] * H) * es, raw.size());
+        stream.synchronize();
+        std::vector<float>& rows = out.rows[static_cast<std::size_t>(e)];
+        rows.resize(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (config_.dtype == DType::kBF16) {
+                std::uint16_t bits;
+                std::memcpy(&bits, raw.data() + i * 2, 2);
+                rows[i] = math::bf16_bits_to_f32(bits);
+            } else {
+                std::memcpy(&rows[i], raw.data() + i * 4, 4);
+            }
+        }
+    }
+    return out;
 }
 
 }  // namespace scmoe

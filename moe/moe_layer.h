@@ -53,6 +53,13 @@ struct MoeRouting {
     std::vector<std::int32_t> group_offsets;   // [experts + 1]
 };
 
+// The rows this rank's experts received in the last forward (host copies, f32; bf16 widened), for
+// inspection and tests: rows[e] holds local expert e's rows in use, row-major [rows_e, hidden], in
+// the order the grouped GEMM sees them (source rank, then that source's row order).
+struct MoeExpertInputs {
+    std::vector<std::vector<float>> rows;  // [num_local_experts]
+};
+
 class Communicator;
 
 class MoeLayer {
@@ -119,6 +126,17 @@ public:
     MoeStats stats(Stream& stream);
     // Copies the routing of the last forward to the host; synchronizes `stream`.
     MoeRouting routing(Stream& stream);
+    // Copies the rows the local experts received in the last forward; synchronizes `stream`.
+    MoeExpertInputs expert_inputs(Stream& stream);
+
+    // For tests and benchmarks with a known routing: the following forwards send token t's j-th
+    // choice to expert_index[t * top_k + j] with weight gate_weight[t * top_k + j] instead of the
+    // router's choice (the gate GEMM and the router losses still run; capacity still applies).
+    // Both have tokens * top_k entries for the token count of the next forward; the choices of a
+    // token must be distinct experts. Empty vectors switch it off. Call it between passes, not while
+    // a forward is in flight. The router has no gradient for a forced choice: backward refuses to
+    // run route_backward while forced routing is on.
+    void force_routing(std::vector<std::int32_t> expert_index, std::vector<float> gate_weight);
 
 private:
     struct Buffers;
@@ -145,6 +163,8 @@ private:
     void* host_scratch_ = nullptr;  // pinned: non-finite counts, stats, exchange counts
     GroupedGemmProvider provider_ = GroupedGemmProvider::kAuto;
     bool training_ = true;
+    std::vector<std::int32_t> forced_index_;
+    std::vector<float> forced_weight_;
 
     // State of the pass in flight.
     std::int64_t tokens_ = 0;

@@ -112,6 +112,8 @@ void MoeLayer::permute_backward(Tensor grad_s, bool accumulate, Stream& stream) 
 }
 
 void MoeLayer::route_backward(const MoeParams& params, const MoeGrads& grads, Tensor grad_s, Stream& stream) {
+    SCMOE_CHECK(forced_index_.empty(), "MoeLayer.route_backward: forced routing is on (force_routing); the router "
+                                       "has no gradient for a forced choice");
     Buffers& b = *buf_;
     const std::int64_t T = tokens_, E = config_.num_experts, H = config_.hidden;
     RouterBackwardArgs r;

@@ -4,10 +4,12 @@
 // top-2, capacity and dropless, a rank with zero tokens, skewed token counts.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <exception>
 #include <thread>
 
 #include "comm/local_communicator.h"
+#include "kernels/layout.h"
 #include "ep_reference.h"
 
 namespace scmoe {
@@ -94,6 +96,192 @@ TEST(MoeEpLocalRanks, ExpertsNotDivisibleByEpIsRejected) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("not divisible by the expert-parallel size 3"), std::string::npos) << e.what();
     }
+}
+
+// Hand-checkable routing table: rank r's token i goes to expert (r*T + i) mod E (second choice: the
+// next expert) and holds the value r*1000 + i + h/16 in column h, so every received row names its
+// source and token. Each rank's expert-side rows must be exactly: per local expert, per source rank
+// in rank order, that source's first choices in token order then its second choices (GShard
+// priority); in capacity mode cut at, and padded with zero rows to, that source's capacity.
+struct TableCase {
+    const char* name;
+    int ep, top_k;
+    DispatchMode dispatch;
+    std::int64_t tokens;
+};
+
+class MoeEpRoutingTable : public ::testing::TestWithParam<TableCase> {};
+
+TEST_P(MoeEpRoutingTable, ReceivedRowsMatchTheTable) {
+    const TableCase tc = GetParam();
+    MoeConfig config = testing::ep_config(EpCase{"", 1, tc.ep, tc.top_k, tc.dispatch, {}, false});
+    const int E = config.num_experts, El = E / tc.ep, K = tc.top_k;
+    const std::int64_t T = tc.tokens, H = config.hidden;
+    auto value = [](int r, std::int64_t i, std::int64_t h) { return static_cast<float>(r * 1000 + i) + static_cast<float>(h) / 16.0f; };
+    auto expert_of = [&](int r, std::int64_t i, int j) { return static_cast<int>((r * T + i + j) % E); };
+    const std::int64_t C = tc.dispatch == DispatchMode::kCapacity
+                               ? expert_capacity(T, E, K, config.capacity_factor)
+                               : T * K;  // dropless: no limit
+
+    auto group = LocalGroup::create(tc.ep, 60.0);
+    std::vector<std::string> errors(static_cast<std::size_t>(tc.ep));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tc.ep; ++r) {
+        threads.emplace_back([&, r] {
+            try {
+                auto comm = group->communicator(r);
+                auto device = make_device("cpu");
+                auto stream = device->create_stream();
+                MoeLayer layer(config, *device, T, comm.get());
+                MoeParamStore params(*device, config, DType::kF32, tc.ep);
+                testing::fill_uniform(static_cast<float*>(params.data()), params.numel(), 0.5f, 5);
+                std::vector<float> x(static_cast<std::size_t>(T * H)), y(x.size());
+                for (std::int64_t i = 0; i < T; ++i)
+                    for (std::int64_t h = 0; h < H; ++h) x[static_cast<std::size_t>(i * H + h)] = value(r, i, h);
+                std::vector<std::int32_t> index;
+                std::vector<float> weight;
+                for (std::int64_t i = 0; i < T; ++i)
+                    for (int j = 0; j < K; ++j) {
+                        index.push_back(expert_of(r, i, j));
+                        weight.push_back(1.0f / static_cast<float>(K));
+                    }
+                layer.force_routing(index, weight);
+                layer.forward(testing::host_tensor(x, T, H), Tensor(), params.view(), testing::host_tensor(y, T, H),
+                              *stream);
+                const MoeExpertInputs got = layer.expert_inputs(*stream);
+                std::string& err = errors[static_cast<std::size_t>(r)];
+                for (int e = 0; e < El && err.empty(); ++e) {
+                    const int g = r * El + e;
+                    std::vector<float> want;
+                    for (int s = 0; s < tc.ep; ++s) {
+                        std::int64_t taken = 0;
+                        for (int j = 0; j < K; ++j)
+                            for (std::int64_t i = 0; i < T; ++i)
+                                if (expert_of(s, i, j) == g && taken++ < C)
+                                    for (std::int64_t h = 0; h < H; ++h) want.push_back(value(s, i, h));
+                        // Capacity mode moves fixed-size slots: a source's unused slots arrive as zero rows.
+                        if (tc.dispatch == DispatchMode::kCapacity)
+                            for (; taken < C; ++taken) want.insert(want.end(), static_cast<std::size_t>(H), 0.0f);
+                    }
+                    const std::vector<float>& rows = got.rows[static_cast<std::size_t>(e)];
+                    if (rows.size() != want.size()) {
+                        err = "rank " + std::to_string(r) + " expert " + std::to_string(g) + ": " +
+                              std::to_string(rows.size() / static_cast<std::size_t>(H)) + " rows, want " +
+                              std::to_string(want.size() / static_cast<std::size_t>(H));
+                        break;
+                    }
+                    for (std::size_t k = 0; k < want.size(); ++k)
+                        if (rows[k] != want[k]) {
+                            err = "rank " + std::to_string(r) + " expert " + std::to_string(g) + " element " +
+                                  std::to_string(k) + ": " + std::to_string(rows[k]) + ", want " +
+                                  std::to_string(want[k]);
+                            break;
+                        }
+                }
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = std::string("rank ") + std::to_string(r) + " threw: " + e.what();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, MoeEpRoutingTable,
+                         ::testing::Values(TableCase{"ep2_top1_dropless", 2, 1, kDropless, 12},
+                                           TableCase{"ep2_top2_capacity_drops", 2, 2, kCap, 12},
+                                           TableCase{"ep4_top2_dropless", 4, 2, kDropless, 10},
+                                           TableCase{"ep4_top1_capacity", 4, 1, kCap, 8}),
+                         [](const ::testing::TestParamInfo<TableCase>& p) { return std::string(p.param.name); });
+
+TEST(MoeEpLocalRanks, AllTokensToOneRankAreReceivedThere) {
+    // Every token of every rank chooses expert 0 (owned by rank 0): rank 0 receives all of them,
+    // rank 1 nothing, dropless.
+    const int ep = 2;
+    MoeConfig config = testing::ep_config(EpCase{"", 1, ep, 1, kDropless, {}, false});
+    const std::int64_t T = 7, H = config.hidden;
+    auto group = LocalGroup::create(ep, 60.0);
+    std::vector<std::size_t> received(ep);
+    std::vector<std::string> errors(ep);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ep; ++r) {
+        threads.emplace_back([&, r] {
+            try {
+                auto comm = group->communicator(r);
+                auto device = make_device("cpu");
+                auto stream = device->create_stream();
+                MoeLayer layer(config, *device, T, comm.get());
+                MoeParamStore params(*device, config, DType::kF32, ep);
+                testing::fill_uniform(static_cast<float*>(params.data()), params.numel(), 0.5f, 5);
+                std::vector<float> x(static_cast<std::size_t>(T * H), 1.0f), y(x.size());
+                layer.force_routing(std::vector<std::int32_t>(static_cast<std::size_t>(T), 0),
+                                    std::vector<float>(static_cast<std::size_t>(T), 1.0f));
+                layer.forward(testing::host_tensor(x, T, H), Tensor(), params.view(), testing::host_tensor(y, T, H),
+                              *stream);
+                received[static_cast<std::size_t>(r)] = layer.expert_inputs(*stream).rows[0].size();
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    EXPECT_EQ(received[0], static_cast<std::size_t>(ep * T * H));
+    EXPECT_EQ(received[1], 0u);
+}
+
+TEST(MoeEpLocalRanks, ForcedRoutingRejectsBadTables) {
+    auto device = make_device("cpu");
+    MoeConfig config = testing::ep_config(EpCase{});
+    MoeLayer layer(config, *device, 4);
+    auto expect_error = [&](std::vector<std::int32_t> index, std::vector<float> weight, const char* what) {
+        try {
+            layer.force_routing(std::move(index), std::move(weight));
+            ADD_FAILURE() << "accepted: " << what;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+        }
+    };
+    expect_error({0, 9}, {1, 1}, "names expert 9 of 8");
+    expect_error({3, 3}, {1, 1}, "chooses expert 3 twice");
+    expect_error({0, 1, 2}, {1, 1, 1}, "not a multiple of top_k");
+    expect_error({0, 1}, {1}, "2 expert indices but 1 gate weights");
+}
+
+// A rank that stops taking part in the middle of the layer (after the count exchange of dispatch,
+// before the rows): the others fail with the communicator's timeout naming the missing rank, never hang.
+TEST(MoeEpLocalRanks, RankLeavingMidLayerGivesATimeoutError) {
+    const int ep = 2;
+    MoeConfig config = testing::ep_config(EpCase{"", 1, ep, 2, kDropless, {}, false});
+    const std::int64_t T = 6, H = config.hidden;
+    auto group = LocalGroup::create(ep, 2.0);
+    std::string error;
+    double waited_s = 0;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ep; ++r) {
+        threads.emplace_back([&, r] {
+            auto comm = group->communicator(r);
+            auto device = make_device("cpu");
+            auto stream = device->create_stream();
+            MoeLayer layer(config, *device, T, comm.get());
+            if (r == 1) return;  // leaves after construction: never joins the layer's all-to-alls
+            MoeParamStore params(*device, config, DType::kF32, ep);
+            testing::fill_uniform(static_cast<float*>(params.data()), params.numel(), 0.5f, 5);
+            std::vector<float> x(static_cast<std::size_t>(T * H), 0.5f), y(x.size());
+            const auto start = std::chrono::steady_clock::now();
+            try {
+                layer.forward(testing::host_tensor(x, T, H), Tensor(), params.view(), testing::host_tensor(y, T, H),
+                              *stream);
+                stream->synchronize();
+            } catch (const Error& e) {
+                error = e.what();
+            }
+            waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_NE(error.find("timed out after 2 s waiting for rank 1"), std::string::npos) << error;
+    EXPECT_LT(waited_s, 30.0);
 }
 
 }  // namespace
