@@ -3,9 +3,11 @@
 
 #include "comm/communicator.h"
 #include "comm/local_communicator.h"
+#include "kernels/attention.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/tensor.h"
 #include "moe/config.h"
 #include "moe/moe_layer.h"

@@ -78,5 +78,22 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::
     run_on(s, [=] { cpu::convert(src, src_dtype, dst, dst_dtype, n); },
            SCMOE_CUDA_CALL(convert(src, src_dtype, dst, dst_dtype, n, native)));
 }
+// Backbone ops: arguments are checked here, on the calling thread, so a bad call throws at once.
+void rmsnorm_forward(const RmsNormArgs& a, Stream& s) {
+    check_rmsnorm_args(a, s.backend());
+    run_on(s, [a] { cpu::rmsnorm_forward(a); }, SCMOE_CUDA_CALL(rmsnorm_forward(a, native)));
+}
+void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) {
+    check_rmsnorm_backward_args(a, s.backend());
+    run_on(s, [a] { cpu::rmsnorm_backward(a); }, SCMOE_CUDA_CALL(rmsnorm_backward(a, native)));
+}
+void attention_forward(const AttentionArgs& a, Stream& s) {
+    check_attention_args(a, s.backend());
+    run_on(s, [a] { cpu::attention_forward(a); }, SCMOE_CUDA_CALL(attention_forward(a, native)));
+}
+void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
+    check_attention_backward_args(a, s.backend());
+    run_on(s, [a] { cpu::attention_backward(a); }, SCMOE_CUDA_CALL(attention_backward(a, native)));
+}
 
 }  // namespace scmoe

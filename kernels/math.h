@@ -34,6 +34,21 @@ SCMOE_HOST_DEVICE float gelu_grad(float x) {
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
 }
 
+// RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps) from a row's sum of squares; y = x * rstd * w.
+SCMOE_HOST_DEVICE float rmsnorm_rstd(float sum_sq, std::int64_t hidden, float eps) {
+    return 1.0f / sqrtf(sum_sq / static_cast<float>(hidden) + eps);
+}
+SCMOE_HOST_DEVICE float rmsnorm_apply(float x, float rstd, float w) { return x * rstd * w; }
+// dL/dx_h = rstd * (g_h - x_h * rstd^2 * mean_k(g_k x_k)) with g = grad_y * w; `mean_gx` is that mean.
+SCMOE_HOST_DEVICE float rmsnorm_grad_x(float grad_y, float w, float x, float rstd, float mean_gx) {
+    return rstd * (grad_y * w - x * rstd * rstd * mean_gx);
+}
+
+// Scaled dot-product attention: scores are (q . k) * attention_scale(head_dim); a probability is
+// recomputed in backward from the score and the row's log-sum-exp.
+SCMOE_HOST_DEVICE float attention_scale(std::int64_t head_dim) { return 1.0f / sqrtf(static_cast<float>(head_dim)); }
+SCMOE_HOST_DEVICE float attention_prob(float scaled_score, float lse) { return expf(scaled_score - lse); }
+
 // bf16 <-> f32 with round-to-nearest-even (NaN kept quiet), bit-identical to __float2bfloat16_rn.
 SCMOE_HOST_DEVICE std::uint16_t f32_to_bf16_bits(float f) {
     std::uint32_t u;

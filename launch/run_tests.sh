@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds scmoe (CUDA code compiled whenever nvcc is found) and runs the whole test suite.
 # GPU tests skip with a message when no device is present. With SCMOE_TEST_SANITIZE=1 (CI sets it)
-# the CPU tests are also built and run under AddressSanitizer + UndefinedBehaviorSanitizer.
+# the CPU tests are also built and run under AddressSanitizer + UndefinedBehaviorSanitizer, and the
+# scheduler and in-process communicator tests under ThreadSanitizer.
 #   usage: launch/run_tests.sh [build-dir]       (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +25,12 @@ if [ "${SCMOE_TEST_SANITIZE:-0}" = 1 ]; then
   # OpenBLAS's own threads are not instrumented; LeakSanitizer would report their pools.
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$build-asan" --output-on-failure -j "$jobs" -E packaging --timeout 900
+
+  echo "== thread sanitizer build (LayerScheduler / BlockStack tests: two streams per rank, rank threads)"
+  cmake -S . -B "$build-tsan" -DCMAKE_BUILD_TYPE=Debug -DSCMOE_WITH_CUDA=OFF -DSCMOE_BUILD_BENCH=OFF \
+        -DSCMOE_SANITIZE=thread
+  cmake --build "$build-tsan" -j "$jobs" --target scmoe_block_scheduler_test scmoe_local_comm_test
+  # The timing test (BlockOverlapRanks) is left out: TSan's slowdown is not what it measures.
+  TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_scheduler_test"
+  TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/comm/scmoe_local_comm_test"
 fi

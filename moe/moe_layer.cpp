@@ -227,9 +227,14 @@ void MoeLayer::combine(Tensor y, Stream& stream) {
 }
 
 void MoeLayer::shared_expert(const Tensor& x, const MoeParams& params, Tensor y, Stream& stream) {
+    check_tensor(y, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.shared_expert: y");
+    shared_expert_compute(x, params, stream);
+    shared_expert_add(y, stream);
+}
+
+void MoeLayer::shared_expert_compute(const Tensor& x, const MoeParams& params, Stream& stream) {
     SCMOE_CHECK(config_.shared_expert, "MoeLayer.shared_expert: the config has shared_expert off");
     check_tensor(x, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.shared_expert: x");
-    check_tensor(y, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.shared_expert: y");
     if (x.data != shortcut_.data) check_finite(x, 1, "input x of forward", stream);
     x_ = x;
     Buffers& b = *buf_;
@@ -242,7 +247,15 @@ void MoeLayer::shared_expert(const Tensor& x, const MoeParams& params, Tensor y,
     if (config_.coefficient_gate) {
         gemm({false, false, T, 1, H, 1.0f, 0.0f, x.data, params.cg_w.data, b.cg_logit, dt, DType::kF32}, stream);
     }
-    gated_add({T, H, dt, config_.coefficient_gate ? b.cg_logit : nullptr, b.shared_out, y.data}, stream);
+}
+
+void MoeLayer::shared_expert_add(Tensor y, Stream& stream) {
+    SCMOE_CHECK(config_.shared_expert, "MoeLayer.shared_expert_add: the config has shared_expert off");
+    check_tensor(y, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.shared_expert_add: y");
+    const Buffers& b = *buf_;
+    gated_add({tokens_, config_.hidden, config_.dtype, config_.coefficient_gate ? b.cg_logit : nullptr, b.shared_out,
+               y.data},
+              stream);
 }
 
 MoeStats MoeLayer::stats(Stream& stream) {

@@ -102,6 +102,10 @@ public:
     void collect(Stream& stream);                        // all-to-all: expert outputs back to their ranks
     void combine(Tensor y, Stream& stream);                                       // y = weighted sum (overwrites)
     void shared_expert(const Tensor& x, const MoeParams& params, Tensor y, Stream& stream);  // y += [c*] SE(x)
+    // shared_expert in two steps, so SE(x) can be computed while the routed branch is in flight and
+    // added once combine has written y: compute keeps SE(x) (and the CG-1 logit) in the workspace.
+    void shared_expert_compute(const Tensor& x, const MoeParams& params, Stream& stream);
+    void shared_expert_add(Tensor y, Stream& stream);  // y += [c*] SE(x) of the last compute
 
     // ---- backward ----
     // grad_y: [tokens, hidden]. Gradients are written (not accumulated) into grads (f32) and grad_x.

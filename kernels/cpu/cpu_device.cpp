@@ -21,7 +21,10 @@ using Clock = std::chrono::steady_clock;
 
 // NOTES: an Event is a generation counter. record() bumps `recorded_` on the host and enqueues a
 // task that raises `completed_` to that generation; a wait captures the generation at enqueue time,
-// so re-recording an event never releases an earlier waiter early or late.
+// so re-recording an event never releases an earlier waiter early or late. The record task runs
+// even on a stream that has failed (a skipped record would hang every waiter) and carries the
+// failure along: a stream that waits on it fails with the same error instead of computing on
+// inputs that were never written.
 class CpuEvent final : public Event {
 public:
     void record(Stream& stream) override;
@@ -37,9 +40,22 @@ public:
         std::scoped_lock lock(mu_, s.mu_);
         return std::chrono::duration<float, std::milli>(time_ - s.time_).count();
     }
+    // Blocks until `generation` is reached; rethrows the recording stream's failure, if any.
     void wait_for(std::uint64_t generation) const {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return completed_ >= generation; });
+        if (error_) std::rethrow_exception(error_);
+    }
+    void complete(std::uint64_t generation, std::exception_ptr stream_error) {
+        {
+            std::scoped_lock lock(mu_);
+            time_ = Clock::now();
+            if (completed_ < generation) {
+                completed_ = generation;
+                error_ = stream_error;
+            }
+        }
+        cv_.notify_all();
     }
     std::uint64_t recorded_generation() const {
         std::scoped_lock lock(mu_);
@@ -52,14 +68,53 @@ private:
     std::uint64_t recorded_ = 0;
     std::uint64_t completed_ = 0;
     Clock::time_point time_{};
+    std::exception_ptr error_;
+};
+
+// NOTES: OpenBLAS's own thread pool is built for one caller at a time: GEMMs issued concurrently
+// from several stream threads (two streams of a rank, several in-process ranks) oversubscribe the
+// cores and spin against each other, several times slower than single-threaded BLAS. So while more
+// than one CPU stream exists in the process each GEMM runs on its stream's thread alone (the
+// streams are the parallelism); with one stream BLAS uses every core. SCMOE_CPU_BLAS_THREADS=N
+// (default: unset = that policy) pins N threads instead.
+class BlasThreads {
+public:
+    static void stream_created() { update(+1); }
+    static void stream_destroyed() { update(-1); }
+
+private:
+    static void update(int delta) {
+        static std::mutex mu;
+        static int live = 0;
+        static const int pinned = [] {
+            const char* v = std::getenv("SCMOE_CPU_BLAS_THREADS");
+            if (!v || !*v) return 0;
+            char* end = nullptr;
+            const long n = std::strtol(v, &end, 10);
+            SCMOE_CHECK(end && *end == 0 && n > 0 && n <= 4096,
+                        "SCMOE_CPU_BLAS_THREADS = '" << v << "': expected a positive number of threads");
+            return static_cast<int>(n);
+        }();
+        static const int all = openblas_get_num_threads();
+        std::scoped_lock lock(mu);
+        const int before = live;
+        live += delta;
+        if (pinned) {
+            if (before == 0 && live > 0) openblas_set_num_threads(pinned);
+            return;
+        }
+        if (before <= 1 && live > 1) openblas_set_num_threads(1);
+        if (before > 1 && live <= 1) openblas_set_num_threads(all);
+    }
 };
 
 // NOTES: tasks run in enqueue order on one worker thread. The first exception a task throws is
 // kept; later tasks are skipped (their inputs may be garbage) until synchronize() rethrows it.
 class CpuStream final : public Stream {
 public:
-    CpuStream() : worker_([this] { run(); }) {}
+    CpuStream() : worker_([this] { run(); }) { BlasThreads::stream_created(); }
     ~CpuStream() override {
+        BlasThreads::stream_destroyed();
         {
             std::scoped_lock lock(mu_);
             stopping_ = true;
@@ -70,14 +125,9 @@ public:
     Backend backend() const override { return Backend::kCpu; }
     void* native_handle() const override { return nullptr; }
 
-    void host_task(std::function<void()> fn) override {
-        {
-            std::scoped_lock lock(mu_);
-            queue_.push_back(std::move(fn));
-            ++enqueued_;
-        }
-        cv_.notify_all();
-    }
+    void host_task(std::function<void()> fn) override { enqueue({std::move(fn), nullptr}); }
+    // Completes the event in stream order, also after a failure (which it passes on).
+    void record_event(CpuEvent& event, std::uint64_t generation) { enqueue({nullptr, {&event, generation}}); }
     void synchronize() override {
         std::unique_lock lock(mu_);
         std::uint64_t target = enqueued_;
@@ -101,9 +151,25 @@ public:
     }
 
 private:
+    struct EventRecord {
+        CpuEvent* event = nullptr;
+        std::uint64_t generation = 0;
+    };
+    struct Task {
+        std::function<void()> fn;
+        EventRecord record;
+    };
+    void enqueue(Task task) {
+        {
+            std::scoped_lock lock(mu_);
+            queue_.push_back(std::move(task));
+            ++enqueued_;
+        }
+        cv_.notify_all();
+    }
     void run() {
         for (;;) {
-            std::function<void()> task;
+            Task task;
             {
                 std::unique_lock lock(mu_);
                 cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -111,14 +177,16 @@ private:
                 task = std::move(queue_.front());
                 queue_.pop_front();
             }
-            bool skip;
+            std::exception_ptr failed;
             {
                 std::scoped_lock lock(mu_);
-                skip = error_ != nullptr;
+                failed = error_;
             }
-            if (!skip) {
+            if (task.record.event) {
+                task.record.event->complete(task.record.generation, failed);
+            } else if (!failed) {
                 try {
-                    task();
+                    task.fn();
                 } catch (...) {
                     std::scoped_lock lock(mu_);
                     error_ = std::current_exception();
@@ -134,7 +202,7 @@ private:
 
     std::mutex mu_;
     std::condition_variable cv_, done_cv_;
-    std::deque<std::function<void()>> queue_;
+    std::deque<Task> queue_;
     std::uint64_t enqueued_ = 0, finished_ = 0;
     std::exception_ptr error_;
     bool stopping_ = false;
@@ -147,14 +215,7 @@ void CpuEvent::record(Stream& stream) {
         std::scoped_lock lock(mu_);
         generation = ++recorded_;
     }
-    stream.host_task([this, generation] {
-        {
-            std::scoped_lock lock(mu_);
-            time_ = Clock::now();
-            if (completed_ < generation) completed_ = generation;
-        }
-        cv_.notify_all();
-    });
+    dynamic_cast<CpuStream&>(stream).record_event(*this, generation);
 }
 
 class CpuDevice final : public Device {

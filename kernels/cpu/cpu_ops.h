@@ -5,12 +5,14 @@
 #include <cstdint>
 
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/layout.h"
 #include "kernels/permute.h"
 #include "kernels/regroup.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/router.h"
 
 namespace scmoe::cpu {
@@ -31,5 +33,9 @@ void gated_add_backward(const GatedAddBackwardArgs& args);
 void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index);
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
 void regroup(const RegroupArgs& args);
+void rmsnorm_forward(const RmsNormArgs& args);
+void rmsnorm_backward(const RmsNormBackwardArgs& args);
+void attention_forward(const AttentionArgs& args);
+void attention_backward(const AttentionBackwardArgs& args);
 
 }  // namespace scmoe::cpu

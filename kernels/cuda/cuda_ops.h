@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -13,6 +14,7 @@
 #include "kernels/layout.h"
 #include "kernels/permute.h"
 #include "kernels/regroup.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/router.h"
 
 namespace scmoe::cuda {
@@ -37,5 +39,9 @@ void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* c
                      void* stream);
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, void* stream);
 void regroup(const RegroupArgs& args, void* stream);
+void rmsnorm_forward(const RmsNormArgs& args, void* stream);
+void rmsnorm_backward(const RmsNormBackwardArgs& args, void* stream);
+void attention_forward(const AttentionArgs& args, void* stream);
+void attention_backward(const AttentionBackwardArgs& args, void* stream);
 
 }  // namespace scmoe::cuda

@@ -1,0 +1,35 @@
+#include "kernels/attention.h"
+
+#include "kernels/error.h"
+
+namespace scmoe {
+namespace {
+
+void check_common(const char* op, std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
+                  DType dtype, Backend backend) {
+    SCMOE_CHECK(batch > 0 && seq > 0 && heads > 0 && head_dim > 0,
+                op << ": batch, seq, heads and head_dim must be positive, got batch=" << batch << " seq=" << seq
+                   << " heads=" << heads << " head_dim=" << head_dim);
+    SCMOE_CHECK(dtype == DType::kF32 || (dtype == DType::kBF16 && backend == Backend::kCuda),
+                op << ": dtype " << dtype_name(dtype) << " not supported on " << backend_name(backend)
+                   << " (CPU: f32; CUDA: f32 or bf16)");
+    SCMOE_CHECK(backend != Backend::kCuda || head_dim <= kAttentionCudaMaxHeadDim,
+                op << ": head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
+}
+
+}  // namespace
+
+void check_attention_args(const AttentionArgs& a, Backend backend) {
+    check_common("attention_forward", a.batch, a.seq, a.heads, a.head_dim, a.dtype, backend);
+    SCMOE_CHECK(a.qkv && a.out, "attention_forward: qkv and out must not be null");
+}
+
+void check_attention_backward_args(const AttentionBackwardArgs& a, Backend backend) {
+    check_common("attention_backward", a.batch, a.seq, a.heads, a.head_dim, a.dtype, backend);
+    SCMOE_CHECK(a.qkv && a.out && a.lse && a.grad_out && a.grad_qkv,
+                "attention_backward: qkv, out, lse, grad_out and grad_qkv must not be null");
+    SCMOE_CHECK(a.grad_qkv != a.qkv && a.grad_qkv != a.grad_out,
+                "attention_backward: grad_qkv must not alias qkv or grad_out");
+}
+
+}  // namespace scmoe

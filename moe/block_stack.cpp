@@ -1,0 +1,269 @@
+// BlockStack: construction, parameters, variants, and the forward/backward entry points. The
+// schedule plans (which op runs where) are built in block_stack_plan.cpp.
+#include "moe/block_stack.h"
+
+#include <sstream>
+
+#include "comm/communicator.h"
+#include "kernels/error.h"
+#include "moe/detail/block.h"
+
+namespace scmoe {
+
+const char* shortcut_source_name(ShortcutSource s) {
+    switch (s) {
+        case ShortcutSource::kCurrent: return "current";
+        case ShortcutSource::kPos1: return "pos1";
+        case ShortcutSource::kPos2: return "pos2";
+        case ShortcutSource::kPos3: return "pos3";
+    }
+    return "?";
+}
+
+void BlockStackConfig::validate() const {
+    SCMOE_CHECK(!blocks.empty(), "BlockStackConfig.blocks is empty");
+    SCMOE_CHECK(backbone.hidden > 0 && backbone.heads > 0 && backbone.hidden % backbone.heads == 0,
+                "BlockStackConfig.backbone: hidden " << backbone.hidden << " must be a positive multiple of heads "
+                                                     << backbone.heads);
+    SCMOE_CHECK(backbone.seq_len > 0 && backbone.ffn > 0,
+                "BlockStackConfig.backbone: seq_len " << backbone.seq_len << " and ffn " << backbone.ffn
+                                                      << " must be > 0");
+    bool any_moe = false;
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+        if (blocks[b].ffn != FfnKind::kMoe) continue;
+        any_moe = true;
+        const ShortcutSource s = blocks[b].shortcut;
+        SCMOE_CHECK(b >= 1 || (s != ShortcutSource::kPos2 && s != ShortcutSource::kPos3),
+                    "BlockStackConfig.blocks[" << b << "]: shortcut " << shortcut_source_name(s)
+                                               << " reads the previous block; block 0 has none");
+    }
+    if (any_moe) {
+        moe.validate();
+        SCMOE_CHECK(moe.hidden == backbone.hidden, "BlockStackConfig.moe.hidden = " << moe.hidden
+                                                                                    << " differs from backbone.hidden "
+                                                                                    << backbone.hidden);
+        SCMOE_CHECK(moe.dtype == backbone.dtype, "BlockStackConfig.moe.dtype differs from backbone.dtype");
+    }
+}
+
+std::string BlockStackConfig::to_string() const {
+    std::ostringstream o;
+    o << "blocks=[";
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+        o << (b ? "," : "")
+          << (blocks[b].ffn == FfnKind::kDense ? "dense" : std::string("moe:") + shortcut_source_name(blocks[b].shortcut));
+    }
+    o << "] hidden=" << backbone.hidden << " heads=" << backbone.heads << " seq=" << backbone.seq_len
+      << " dense_ffn=" << backbone.ffn << " moe={" << moe.to_string() << "}";
+    return o.str();
+}
+
+std::vector<std::string> block_variant_names() {
+    return {"top2", "top1", "shared", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "scmoe2", "every-block-pos1"};
+}
+
+BlockStackConfig block_variant(const std::string& name, const BackboneShape& backbone, const MoeConfig& base,
+                               bool coefficient_gate, int num_blocks) {
+    BlockStackConfig c;
+    c.backbone = backbone;
+    c.moe = base;
+    c.moe.hidden = backbone.hidden;
+    c.moe.dtype = backbone.dtype;
+    c.moe.shared_expert = false;
+    c.moe.coefficient_gate = false;
+    auto pair = [&](int top_k, bool shared, ShortcutSource s) {
+        c.moe.top_k = top_k;
+        c.moe.shared_expert = shared;
+        c.moe.coefficient_gate = shared && coefficient_gate;
+        c.blocks = {BlockSpec{FfnKind::kDense, ShortcutSource::kCurrent}, BlockSpec{FfnKind::kMoe, s}};
+    };
+    if (name == "top2") pair(2, false, ShortcutSource::kCurrent);
+    else if (name == "top1") pair(1, false, ShortcutSource::kCurrent);
+    else if (name == "shared") pair(1, true, ShortcutSource::kCurrent);
+    else if (name == "scmoe-pos1") pair(1, true, ShortcutSource::kPos1);
+    else if (name == "scmoe-pos2") pair(1, true, ShortcutSource::kPos2);
+    else if (name == "scmoe-pos3") pair(1, true, ShortcutSource::kPos3);
+    else if (name == "scmoe2") pair(2, true, ShortcutSource::kPos2);
+    else if (name == "every-block-pos1") {
+        SCMOE_CHECK(num_blocks >= 1, "block_variant: num_blocks = " << num_blocks);
+        pair(1, true, ShortcutSource::kPos1);
+        c.blocks.assign(static_cast<std::size_t>(num_blocks), BlockSpec{FfnKind::kMoe, ShortcutSource::kPos1});
+    } else {
+        std::string names;
+        for (const std::string& n : block_variant_names()) names += (names.empty() ? "" : ", ") + n;
+        SCMOE_FAIL("unknown block variant '" << name << "' (one of: " << names << ")");
+    }
+    c.validate();
+    return c;
+}
+
+BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep)
+    : config_(config),
+      device_(device),
+      max_tokens_(max_tokens),
+      ep_(ep),
+      backbone_stream_(device.create_stream()),
+      moe_stream_(device.create_stream()) {
+    config_.validate();
+    SCMOE_CHECK(max_tokens >= 0 && max_tokens % config_.backbone.seq_len == 0,
+                "BlockStack: max_tokens = " << max_tokens << " must be a non-negative multiple of seq_len "
+                                            << config_.backbone.seq_len);
+    SCMOE_CHECK(config_.backbone.dtype == device.compute_dtype(),
+                "BlockStack: dtype " << dtype_name(config_.backbone.dtype) << " but the "
+                                     << backend_name(device.backend()) << " backend computes in "
+                                     << dtype_name(device.compute_dtype()));
+    scheduler_ = std::make_unique<LayerScheduler>(device, *backbone_stream_, *moe_stream_, ep);
+    const int ep_size = ep ? ep->size() : 1;
+    std::vector<ParamSpec> specs;
+    const std::size_t n = config_.blocks.size();
+    for (std::size_t b = 0; b < n; ++b) {
+        auto block = std::make_unique<Block>();
+        block->spec = config_.blocks[b];
+        block->param_offset = specs.size();
+        const std::string prefix = "blocks." + std::to_string(b) + ".";
+        for (ParamSpec s : AttentionSublayer::param_specs(config_.backbone)) {
+            s.name = prefix + "attn." + s.name;
+            specs.push_back(s);
+        }
+        block->attn = std::make_unique<AttentionSublayer>(config_.backbone, device, max_tokens);
+        if (block->spec.ffn == FfnKind::kDense) {
+            for (ParamSpec s : MlpSublayer::param_specs(config_.backbone)) {
+                s.name = prefix + "mlp." + s.name;
+                specs.push_back(s);
+            }
+            block->mlp = std::make_unique<MlpSublayer>(config_.backbone, device, max_tokens);
+        } else {
+            specs.push_back({prefix + "moe.norm_x", {config_.backbone.hidden}});
+            block->norm_x = std::make_unique<NormSublayer>(config_.backbone, device, max_tokens);
+            if (block->spec.shortcut != ShortcutSource::kCurrent) {
+                specs.push_back({prefix + "moe.norm_s", {config_.backbone.hidden}});
+                block->norm_s = std::make_unique<NormSublayer>(config_.backbone, device, max_tokens);
+            }
+            block->moe_index = static_cast<int>(moe_params_.size());
+            block->moe = std::make_unique<MoeLayer>(config_.moe, device, max_tokens, ep);
+            moe_params_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, config_.moe.dtype, ep_size));
+            moe_grads_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, DType::kF32, ep_size));
+        }
+        blocks_.push_back(std::move(block));
+    }
+    backbone_params_ = ParamSet(device, specs, config_.backbone.dtype);
+    backbone_grads_ = ParamSet(device, specs, DType::kF32);
+
+    // Residual stream and MoE activations, each [max_tokens, hidden].
+    const std::size_t slab = static_cast<std::size_t>(std::max<std::int64_t>(max_tokens, 1) * config_.backbone.hidden) *
+                             dtype_size(config_.backbone.dtype);
+    std::size_t count = 2 * (n + 1) + 2 * n;
+    for (const auto& block : blocks_)
+        if (block->moe) count += 5;
+    activations_ = DeviceBuffer(device, count * slab);
+    auto* next = static_cast<char*>(activations_.data());
+    auto take = [&] {
+        void* p = next;
+        next += slab;
+        return p;
+    };
+    for (std::size_t b = 0; b <= n; ++b) {
+        h_.push_back(take());
+        grad_h_.push_back(take());
+    }
+    for (std::size_t b = 0; b < n; ++b) {
+        hmh_.push_back(take());
+        grad_hmh_.push_back(take());
+    }
+    for (auto& block : blocks_) {
+        if (!block->moe) continue;
+        block->x = take();
+        block->s = take();
+        block->y = take();
+        block->grad_x = take();
+        block->grad_s = take();
+    }
+}
+
+BlockStack::~BlockStack() {
+    try {
+        synchronize();
+    } catch (const std::exception&) {
+    }
+}
+
+std::vector<MoeLayer*> BlockStack::moe_layers() {
+    std::vector<MoeLayer*> out;
+    for (auto& b : blocks_)
+        if (b->moe) out.push_back(b->moe.get());
+    return out;
+}
+
+Tensor BlockStack::act(void* base, std::int64_t tokens) const {
+    return Tensor(base, config_.backbone.dtype, {tokens, config_.backbone.hidden});
+}
+
+void BlockStack::synchronize() {
+    // Drain both streams before reporting, so no queued work outlives an error.
+    std::exception_ptr first;
+    for (Stream* s : {moe_stream_.get(), backbone_stream_.get()}) {
+        try {
+            s->synchronize();
+        } catch (...) {
+            if (!first) first = std::current_exception();
+        }
+    }
+    if (first) std::rethrow_exception(first);
+}
+
+void BlockStack::calibrate(const Tensor& input, const Tensor& grad_output, int repeats) {
+    const std::int64_t T = input.ndim == 2 ? input.dim(0) : -1;
+    check_tensor(input, {T, config_.backbone.hidden}, config_.backbone.dtype, "BlockStack.calibrate: input");
+    check_tensor(grad_output, {T, config_.backbone.hidden}, config_.backbone.dtype,
+                 "BlockStack.calibrate: grad_output");
+    build_plans(T);
+    synchronize();
+    backbone_stream_->copy(h_[0], input.data, input.bytes());
+    fwd_schedule_ = scheduler_->calibrate(fwd_plan_, repeats);
+    backbone_stream_->copy(grad_h_.back(), grad_output.data, grad_output.bytes());
+    bwd_schedule_ = scheduler_->calibrate(bwd_plan_, repeats);
+    synchronize();
+    calibrated_ = true;
+}
+
+std::string BlockStack::describe_schedule() const {
+    return fwd_schedule_.describe(fwd_plan_) + bwd_schedule_.describe(bwd_plan_);
+}
+
+void BlockStack::forward(const Tensor& input, Tensor output, bool overlap, Tracer* trace) {
+    const std::int64_t T = input.ndim == 2 ? input.dim(0) : -1;
+    SCMOE_CHECK(T >= 0 && T <= max_tokens_ && T % config_.backbone.seq_len == 0,
+                "BlockStack.forward: input " << describe(input) << ": expected [tokens, " << config_.backbone.hidden
+                                             << "] with tokens <= " << max_tokens_ << " and a multiple of seq_len "
+                                             << config_.backbone.seq_len);
+    check_tensor(input, {T, config_.backbone.hidden}, config_.backbone.dtype, "BlockStack.forward: input");
+    check_tensor(output, {T, config_.backbone.hidden}, config_.backbone.dtype, "BlockStack.forward: output");
+    build_plans(T);
+    backbone_stream_->copy(h_[0], input.data, input.bytes());
+    scheduler_->run(fwd_plan_, fwd_schedule_, overlap, trace);
+    backbone_stream_->copy(output.data, h_.back(), output.bytes());
+}
+
+void BlockStack::backward(const Tensor& grad_output, Tensor grad_input, bool overlap, Tracer* trace) {
+    SCMOE_CHECK(plan_tokens_ >= 0, "BlockStack.backward: no forward to differentiate");
+    check_tensor(grad_output, {plan_tokens_, config_.backbone.hidden}, config_.backbone.dtype,
+                 "BlockStack.backward: grad_output");
+    check_tensor(grad_input, {plan_tokens_, config_.backbone.hidden}, config_.backbone.dtype,
+                 "BlockStack.backward: grad_input");
+    backbone_stream_->copy(grad_h_.back(), grad_output.data, grad_output.bytes());
+    scheduler_->run(bwd_plan_, bwd_schedule_, overlap, trace);
+    backbone_stream_->copy(grad_input.data, grad_h_[0], grad_input.bytes());
+}
+
+double BlockStack::router_loss() {
+    double loss = 0;
+    for (auto& b : blocks_) {
+        if (!b->moe) continue;
+        const MoeStats s = b->moe->stats(*backbone_stream_);
+        loss += static_cast<double>(config_.moe.aux_loss_coef) * s.aux_loss +
+                static_cast<double>(config_.moe.z_loss_coef) * s.z_loss;
+    }
+    return loss;
+}
+
+}  // namespace scmoe

@@ -1,0 +1,113 @@
+// LayerScheduler: runs one pass (a forward or a backward) of backbone work and MoE branches so
+// that each branch's all-to-all hides under backbone compute — the ScMoE overlap.
+//
+// A pass is a SchedulePlan: the backbone's segments in program order, and MoE branches. Each
+// branch is split-phase, as in DeepEP / NCCL EP:
+//   pre      compute that starts the branch (norm of the shortcut, gate, layout, permute; on the
+//            backward: combine-backward)                                    -> MoE stream
+//   send     the first all-to-all (dispatch; backward: collect-backward)    -> MoE stream
+//   expert   the expert FFN (or its backward)                               -> backbone stream, at slot K
+//   receive  the second all-to-all (collect; backward: dispatch-backward)   -> MoE stream
+//   post     compute that finishes the branch (combine; backward: permute/router backward)
+//                                                                           -> MoE stream
+//   consume  where the backbone takes the branch's result (adds it)          -> backbone stream
+// A branch's input exists before backbone segment `ready`; its result is consumed before segment
+// `join` (ready <= join <= number of segments; join == size means after the last segment). The
+// expert FFN runs on the backbone stream before segment K, ready <= K <= join: the slot.
+//
+// Slot choice (paper Eq. 11): from op times measured in calibrate(), K minimises
+//   | sum of segment times in [ready, K) - (pre + send) | + | sum in [K, join) - (receive + post) |.
+// With a Communicator, every rank uses the times averaged over the group, so all ranks choose the
+// same slots and issue their collectives in the same order.
+//
+// Overlap off runs the same ops in the same order on the backbone stream alone. Every op writes
+// its own buffers and every accumulation happens on the backbone stream in program order, so
+// results are bitwise identical with overlap on and off.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+
+namespace scmoe {
+
+class Communicator;
+class Tracer;
+
+// Stream-ordered work: enqueues on the stream it is given and returns.
+struct ScheduleOp {
+    std::string name;
+    std::function<void(Stream&)> run;  // empty = nothing to do
+    bool comm = false;                 // an all-to-all (for timing summaries)
+};
+
+struct BranchPlan {
+    std::string name;
+    int ready = 0, join = 0;
+    ScheduleOp pre, send, expert, receive, post, consume;
+};
+
+struct SchedulePlan {
+    std::string name;  // "forward", "backward"
+    std::vector<ScheduleOp> segments;
+    std::vector<BranchPlan> branches;  // in program order; at equal indices earlier branches go first
+    // Throws naming the branch when an index is out of range.
+    void validate() const;
+};
+
+// Measured times (ms) of one plan's ops and the slots chosen from them.
+struct Schedule {
+    std::vector<double> segment_ms;
+    struct Branch {
+        double pre_ms = 0, send_ms = 0, expert_ms = 0, receive_ms = 0, post_ms = 0, consume_ms = 0;
+        int slot = 0;
+        double before_ms = 0, after_ms = 0;  // backbone time between ready and the slot, slot and join
+    };
+    std::vector<Branch> branches;
+    // Serial time of the pass: every op one after the other.
+    double serial_ms() const;
+    // All-to-all time of the pass (send + receive of every branch).
+    double comm_ms() const;
+    // "forward: moe1 ready 1 join 4 slot 3 (backbone 1.20 ms before vs pre+send 1.10 ms; 0.80 after vs
+    //  receive+post 0.95)", one line per branch.
+    std::string describe(const SchedulePlan& plan) const;
+};
+
+// Chooses each branch's slot from the times in `schedule` (Eq. 11); ties go to the earlier slot.
+void choose_slots(const SchedulePlan& plan, Schedule& schedule);
+
+class LayerScheduler {
+public:
+    // backbone, moe: the two streams (distinct). agree: when set, calibrate() averages the measured
+    // times over its group (a collective: call calibrate on every rank of it).
+    LayerScheduler(Device& device, Stream& backbone, Stream& moe, Communicator* agree = nullptr);
+    ~LayerScheduler();
+
+    Stream& backbone() { return backbone_; }
+    Stream& moe() { return moe_; }
+
+    // Runs the plan `repeats` times serially with a synchronize after every op, keeps each op's
+    // fastest time, averages over `agree`, and chooses the slots. Synchronizes both streams.
+    Schedule calibrate(const SchedulePlan& plan, int repeats = 2);
+
+    // Enqueues one pass. overlap: branches on the MoE stream with events (true) or everything on
+    // the backbone stream in the same order (false). trace: optional timeline of every op.
+    // Returns after enqueueing; the backbone stream's later work sees every result.
+    void run(const SchedulePlan& plan, const Schedule& schedule, bool overlap, Tracer* trace = nullptr);
+
+private:
+    Event& event(std::size_t i);
+
+    Device& device_;
+    Stream& backbone_;
+    Stream& moe_;
+    Communicator* agree_;
+    std::vector<std::unique_ptr<Event>> events_;
+    void* agree_buffer_ = nullptr;  // device memory for averaging the times
+    std::size_t agree_capacity_ = 0;
+};
+
+}  // namespace scmoe

@@ -1,0 +1,247 @@
+// LayerScheduler and BlockStack: the slot rule (Eq. 11) on hand-made times; overlap on and off
+// bitwise identical for every variant (default and calibrated slots, one rank and in-process
+// expert-parallel ranks); the distributed stack equal to the single-rank stack; errors inside an
+// overlapped branch surface without a hang; the trace shows both streams.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <thread>
+
+#include "block_test_util.h"
+#include "comm/local_communicator.h"
+#include "moe/trace.h"
+
+namespace scmoe {
+namespace {
+
+using testing::StackResult;
+
+TEST(LayerScheduler, SlotMinimisesEquation11) {
+    SchedulePlan plan;
+    plan.name = "forward";
+    plan.segments.resize(5);
+    BranchPlan b;
+    b.name = "moe";
+    b.ready = 1;
+    b.join = 5;
+    plan.branches.push_back(b);
+    Schedule s;
+    s.segment_ms = {9, 2, 3, 4, 1};  // segments 1..4 lie in the window: 2, 3, 4, 1
+    Schedule::Branch t;
+    t.pre_ms = 1;
+    t.send_ms = 4;  // dispatch side 5 ms: before K = 3 gives 2 + 3 = 5
+    t.receive_ms = 4;
+    t.post_ms = 1;  // combine side 5 ms: after K = 3 gives 4 + 1 = 5
+    s.branches.push_back(t);
+    choose_slots(plan, s);
+    EXPECT_EQ(s.branches[0].slot, 3);
+    EXPECT_DOUBLE_EQ(s.branches[0].before_ms, 5);
+    EXPECT_DOUBLE_EQ(s.branches[0].after_ms, 5);
+    // A long dispatch and nothing to do after the experts push the slot to the end of the window.
+    s.branches[0].send_ms = 40;
+    s.branches[0].receive_ms = s.branches[0].post_ms = 0;
+    choose_slots(plan, s);
+    EXPECT_EQ(s.branches[0].slot, 5);
+    // No window at all: ready == join.
+    plan.branches[0].ready = plan.branches[0].join = 2;
+    choose_slots(plan, s);
+    EXPECT_EQ(s.branches[0].slot, 2);
+    // Bad indices are rejected.
+    plan.branches[0].join = 6;
+    EXPECT_THROW(choose_slots(plan, s), Error);
+}
+
+class BlockOverlap : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BlockOverlap, OnAndOffAreBitwiseIdentical) {
+    auto device = make_device("cpu");
+    const BlockStackConfig config = testing::small_variant(GetParam());
+    const std::int64_t T = 12, H = config.backbone.hidden;
+    const auto x = testing::make_input(T, H, 21), gy = testing::make_input(T, H, 22);
+    BlockStack stack(config, *device, T);
+    testing::init_params(stack, 5);
+    const StackResult off = testing::run_stack(stack, x, gy, false);
+    const StackResult on = testing::run_stack(stack, x, gy, true);
+    EXPECT_EQ(testing::bitwise_diff(on, off), "");
+    // With calibrated slots (the expert FFN elsewhere in the window), still the same bits.
+    const StackResult calibrated = testing::run_stack(stack, x, gy, true, true);
+    EXPECT_EQ(testing::bitwise_diff(calibrated, off), "");
+    for (int repeat = 0; repeat < 3; ++repeat)
+        EXPECT_EQ(testing::bitwise_diff(testing::run_stack(stack, x, gy, true), off), "") << "repeat " << repeat;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BlockOverlap, ::testing::ValuesIn(block_variant_names()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                             std::string n = p.param;
+                             for (char& ch : n)
+                                 if (ch == '-') ch = '_';
+                             return n;
+                         });
+
+// Runs `body(rank, comm)` on `ranks` threads of one LocalGroup and returns their errors.
+template <class Body>
+std::vector<std::string> on_local_ranks(int ranks, Body body) {
+    auto group = LocalGroup::create(ranks, 60.0);
+    std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                auto comm = group->communicator(r);
+                body(r, *comm);
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    return errors;
+}
+
+std::string compare_rel(const std::vector<float>& a, const std::vector<float>& b, double tol, const std::string& what) {
+    return testing::compare(a.data(), b.data(), static_cast<std::int64_t>(std::min(a.size(), b.size())), tol, what) +
+           (a.size() == b.size() ? "" : what + ": sizes differ");
+}
+
+class BlockRanks : public ::testing::TestWithParam<std::string> {};
+
+// Two expert-parallel ranks: overlap on/off bitwise, calibrated slots agree across ranks, and each
+// rank's results equal the single-rank stack on its tokens (experts' gradients summed over ranks).
+TEST_P(BlockRanks, DistributedEqualsSingleRankAndOverlapIsBitwise) {
+    const int ep = 2;
+    const BlockStackConfig config = testing::small_variant(GetParam(), DispatchMode::kDropless);
+    const std::int64_t T = 8, H = config.backbone.hidden;
+    std::vector<StackResult> refs;
+    for (int r = 0; r < ep; ++r) {
+        auto device = make_device("cpu");
+        BlockStack single(config, *device, T);
+        testing::init_params(single, 9);
+        refs.push_back(testing::run_stack(single, testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r)),
+                                          testing::make_input(T, H, 40 + static_cast<std::uint64_t>(r)), false));
+    }
+    std::vector<std::string> schedules(ep);
+    const auto errors = on_local_ranks(ep, [&](int r, Communicator& comm) {
+        auto device = make_device("cpu");
+        BlockStack stack(config, *device, T, &comm);
+        testing::init_params(stack, 9, ep, r);
+        const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));
+        const auto gy = testing::make_input(T, H, 40 + static_cast<std::uint64_t>(r));
+        const StackResult off = testing::run_stack(stack, x, gy, false);
+        const StackResult on = testing::run_stack(stack, x, gy, true, true);
+        std::string diff = testing::bitwise_diff(on, off);
+        SCMOE_CHECK(diff.empty(), "overlap on vs off: " << diff);
+        std::ostringstream slots;
+        for (const auto& b : stack.forward_schedule().branches) slots << b.slot << " ";
+        for (const auto& b : stack.backward_schedule().branches) slots << b.slot << " ";
+        schedules[static_cast<std::size_t>(r)] = slots.str();
+        const StackResult& ref = refs[static_cast<std::size_t>(r)];
+        std::string e = compare_rel(on.out, ref.out, 1e-5, "output");
+        if (e.empty()) e = compare_rel(on.grad_in, ref.grad_in, 1e-5, "grad_input");
+        if (e.empty()) e = compare_rel(on.backbone_grads, ref.backbone_grads, 1e-5, "backbone grads");
+        for (std::size_t m = 0; e.empty() && m < on.moe_grads.size(); ++m) {
+            // Experts: the sum over the ranks that feed them; router and shared expert: this rank's own.
+            std::vector<float> want(on.moe_grads[m].size()), own(want.size());
+            testing::slice_params(config.moe, ep, r, {refs[0].moe_grads[m].data(), refs[1].moe_grads[m].data()},
+                                  want.data());
+            testing::slice_params(config.moe, ep, r, {ref.moe_grads[m].data()}, own.data());
+            std::int64_t off_m = 0;
+            for (const ParamSpec& s : moe_param_specs(config.moe, ep)) {
+                const bool expert = s.name == "expert_w1" || s.name == "expert_w2";
+                if (e.empty() && s.numel())
+                    e = testing::compare(on.moe_grads[m].data() + off_m, (expert ? want : own).data() + off_m,
+                                         s.numel(), 1e-5, "moe grad " + s.name);
+                off_m += s.numel();
+            }
+        }
+        SCMOE_CHECK(e.empty(), e);
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    EXPECT_EQ(schedules[0], schedules[1]) << "ranks chose different slots";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BlockRanks,
+                         ::testing::Values("top2", "shared", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "scmoe2",
+                                           "every-block-pos1"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                             std::string n = p.param;
+                             for (char& ch : n)
+                                 if (ch == '-') ch = '_';
+                             return n;
+                         });
+
+TEST(BlockStackErrors, NanInputFailsCleanlyWithOverlap) {
+    auto device = make_device("cpu");
+    const BlockStackConfig config = testing::small_variant("scmoe-pos3");
+    const std::int64_t T = 8, H = config.backbone.hidden;
+    BlockStack stack(config, *device, T);
+    testing::init_params(stack, 5);
+    auto x = testing::make_input(T, H, 1);
+    x[5] = std::numeric_limits<float>::quiet_NaN();  // Pos-3: the shortcut is the input itself
+    std::vector<float> out(x.size());
+    stack.forward(testing::host_tensor(x, T, H), testing::host_tensor(out, T, H), true);
+    try {
+        stack.synchronize();
+        FAIL() << "a NaN input went through";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("NaN/Inf"), std::string::npos) << e.what();
+    }
+    // The stack stays usable.
+    x[5] = 0.5f;
+    stack.forward(testing::host_tensor(x, T, H), testing::host_tensor(out, T, H), true);
+    EXPECT_NO_THROW(stack.synchronize());
+}
+
+TEST(BlockStackErrors, BadShapesAndConfigs) {
+    auto device = make_device("cpu");
+    BlockStackConfig config = testing::small_variant("scmoe-pos2");
+    BlockStack stack(config, *device, 8);
+    std::vector<float> x(6 * 16), out(x.size());
+    EXPECT_THROW(stack.forward(testing::host_tensor(x, 6, 16), testing::host_tensor(out, 6, 16)), Error);  // not a multiple of seq
+    std::vector<float> big(12 * 16);
+    EXPECT_THROW(stack.forward(testing::host_tensor(big, 12, 16), testing::host_tensor(big, 12, 16)), Error);
+    config.blocks[0] = BlockSpec{FfnKind::kMoe, ShortcutSource::kPos2};
+    EXPECT_THROW(config.validate(), Error);
+    EXPECT_THROW(block_variant("top3", testing::small_backbone(), testing::small_moe()), Error);
+}
+
+TEST(BlockTrace, ShowsBothStreamsAndEveryBranchOp) {
+    auto device = make_device("cpu");
+    const BlockStackConfig config = testing::small_variant("scmoe-pos2");
+    const std::int64_t T = 8, H = config.backbone.hidden;
+    BlockStack stack(config, *device, T);
+    testing::init_params(stack, 5);
+    auto x = testing::make_input(T, H, 1), gy = testing::make_input(T, H, 2);
+    std::vector<float> out(x.size()), gx(x.size());
+    Tracer trace(*device, 0);
+    trace.set_pass("forward");
+    stack.forward(testing::host_tensor(x, T, H), testing::host_tensor(out, T, H), true, &trace);
+    trace.set_pass("backward");
+    stack.backward(testing::host_tensor(gy, T, H), testing::host_tensor(gx, T, H), true, &trace);
+    stack.synchronize();
+    trace.collect();
+    std::map<std::string, std::string> lane_of;
+    for (const TraceEntry& e : trace.entries()) {
+        lane_of[e.name] = e.lane;
+        EXPECT_GE(e.duration_us, 0.0) << e.name;
+    }
+    EXPECT_EQ(lane_of["dispatch[moe1]"], "moe");
+    EXPECT_EQ(lane_of["collect[moe1]"], "moe");
+    EXPECT_EQ(lane_of["experts[moe1]"], "backbone");
+    EXPECT_EQ(lane_of["mlp0"], "backbone");
+    EXPECT_EQ(lane_of["dispatch_bwd[moe1]"], "moe");
+    EXPECT_EQ(lane_of["attn_bwd0"], "backbone");
+    const std::string path = ::testing::TempDir() + "scmoe_trace_test.json";
+    trace.write(path);
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find("\"traceEvents\""), std::string::npos);
+    EXPECT_NE(text.str().find("\"name\": \"dispatch[moe1]\""), std::string::npos);
+    std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace scmoe

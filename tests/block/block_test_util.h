@@ -1,0 +1,116 @@
+// Helpers for the BlockStack tests: a small CPU configuration per variant, parameters generated
+// from seeds (the full expert set, sliced for an expert-parallel rank), and one forward/backward
+// whose results land in host vectors.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "ep_reference.h"
+#include "moe/block_stack.h"
+
+namespace scmoe::testing {
+
+inline BackboneShape small_backbone() {
+    BackboneShape s;
+    s.hidden = 16;
+    s.heads = 2;
+    s.seq_len = 4;
+    s.ffn = 12;
+    return s;
+}
+
+inline MoeConfig small_moe(DispatchMode dispatch = DispatchMode::kCapacity) {
+    MoeConfig m;
+    m.hidden = 16;
+    m.ffn = 12;
+    m.num_experts = 4;
+    m.dispatch = dispatch;
+    m.capacity_factor = 1.5f;
+    m.aux_loss_coef = 0.1f;
+    m.z_loss_coef = 0.05f;
+    return m;
+}
+
+inline BlockStackConfig small_variant(const std::string& variant, DispatchMode dispatch = DispatchMode::kCapacity,
+                                      bool cg = true) {
+    return block_variant(variant, small_backbone(), small_moe(dispatch), cg, 3);
+}
+
+// Deterministic parameters: norm weights near 1, matrices uniform in +-1/sqrt(fan in), experts from
+// the full set (seeded) sliced for this rank.
+inline void init_params(BlockStack& stack, std::uint64_t seed, int ep = 1, int ep_rank = 0) {
+    const ParamSet& p = stack.backbone_params();
+    for (std::size_t i = 0; i < p.specs().size(); ++i) {
+        const ParamSpec& s = p.specs()[i];
+        auto* data = static_cast<float*>(p[i].data);
+        const bool norm = s.shape.size() == 1;
+        fill_uniform(data, s.numel(), norm ? 0.2f : 1.0f / std::sqrt(static_cast<float>(s.shape[0])), seed + 17 * i);
+        if (norm)
+            for (std::int64_t j = 0; j < s.numel(); ++j) data[j] += 1.0f;
+    }
+    const MoeConfig& mc = stack.config().moe;
+    for (std::size_t m = 0; m < stack.moe_params().size(); ++m) {
+        auto device = make_device("cpu");
+        MoeParamStore full(*device, mc, DType::kF32);
+        fill_uniform(static_cast<float*>(full.data()), full.numel(), 0.5f, seed + 1000 + m);
+        slice_params(mc, ep, ep_rank, {static_cast<const float*>(full.data())},
+                     static_cast<float*>(stack.moe_params()[m]->data()));
+    }
+}
+
+struct StackResult {
+    std::vector<float> out, grad_in, backbone_grads;
+    std::vector<std::vector<float>> moe_grads;
+    double router_loss = 0;
+};
+
+inline std::vector<float> make_input(std::int64_t tokens, std::int64_t hidden, std::uint64_t seed) {
+    std::vector<float> v(static_cast<std::size_t>(tokens * hidden));
+    fill_uniform(v.data(), static_cast<std::int64_t>(v.size()), 1.0f, seed);
+    return v;
+}
+
+// One forward + backward; returns every result as host copies.
+inline StackResult run_stack(BlockStack& stack, std::vector<float> x, std::vector<float> gy, bool overlap,
+                             bool calibrate = false) {
+    const std::int64_t H = stack.config().backbone.hidden, T = static_cast<std::int64_t>(x.size()) / H;
+    StackResult r;
+    r.out.resize(x.size());
+    r.grad_in.resize(x.size());
+    if (calibrate) stack.calibrate(host_tensor(x, T, H), host_tensor(gy, T, H), 1);
+    stack.forward(host_tensor(x, T, H), host_tensor(r.out, T, H), overlap);
+    stack.backward(host_tensor(gy, T, H), host_tensor(r.grad_in, T, H), overlap);
+    stack.synchronize();
+    r.router_loss = stack.router_loss();
+    const auto* g = static_cast<const float*>(stack.backbone_grads().data());
+    r.backbone_grads.assign(g, g + stack.backbone_grads().numel());
+    for (const auto& m : stack.moe_grads()) {
+        const auto* mg = static_cast<const float*>(m->data());
+        r.moe_grads.emplace_back(mg, mg + m->numel());
+    }
+    return r;
+}
+
+// Bitwise equality of two results; "" or the first difference.
+inline std::string bitwise_diff(const StackResult& a, const StackResult& b) {
+    auto cmp = [](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) -> std::string {
+        if (x.size() != y.size()) return what + ": sizes differ";
+        for (std::size_t i = 0; i < x.size(); ++i)
+            if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0)
+                return what + "[" + std::to_string(i) + "]: " + std::to_string(x[i]) + " vs " + std::to_string(y[i]);
+        return "";
+    };
+    std::string e = cmp(a.out, b.out, "output");
+    if (e.empty()) e = cmp(a.grad_in, b.grad_in, "grad_input");
+    if (e.empty()) e = cmp(a.backbone_grads, b.backbone_grads, "backbone grads");
+    for (std::size_t m = 0; e.empty() && m < a.moe_grads.size(); ++m)
+        e = cmp(a.moe_grads[m], b.moe_grads[m], "moe grads " + std::to_string(m));
+    return e;
+}
+
+}  // namespace scmoe::testing
