@@ -4,14 +4,18 @@
 // - The stream is the last argument. The call only enqueues the collective on `stream` (for the
 //   host-buffer communicators: as a Stream::host_task); buffers must stay valid, and inputs
 //   unchanged, until that work has run (Stream::synchronize or an Event). Outputs, including the
-//   counts all_to_all_v fills in, are readable only after that point.
-// - Buffers are host memory for the CPU communicators (LocalCommunicator, MpiCommunicator).
+//   counts all_to_all_v fills in, are readable only after that point. (The device-buffer paths,
+//   NcclCommunicator and LocalCommunicator on CUDA streams, synchronize the stream inside
+//   all_to_all_v to read the counts; their headers say so.)
+// - Buffers are host memory for MpiCommunicator and for LocalCommunicator on CPU streams; device
+//   memory for NcclCommunicator and for LocalCommunicator on CUDA streams.
 // - Counts are in elements of `dtype`, never bytes.
 // - Every rank of the group issues the same collectives in the same order; the k-th call on one
 //   rank matches the k-th call on every other rank. Do not issue calls on one communicator from
 //   two streams at once.
 // - Errors (a timeout, a mismatched call, bad arguments) are raised as scmoe::Error from the
-//   stream's work, so Stream::synchronize() rethrows them. The message names the rank, the
+//   stream's work, so Stream::synchronize() rethrows them; the device-buffer paths, which match
+//   the ranks' calls on the host when they are issued, throw them from the call itself. The message names the rank, the
 //   operation and, for a timeout, the peer waited for. After an error the communicator may be
 //   unusable; treat it like a failed NCCL communicator and tear the job down.
 // - Reductions are deterministic: contributions are summed in rank order 0..size-1 whatever order

@@ -2,38 +2,20 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <functional>
-#include <map>
 #include <sstream>
 
 #include "comm/detail/collective_util.h"
+#include "comm/detail/local_rendezvous.h"
 #include "kernels/error.h"
 
 namespace scmoe {
-namespace local_detail {
-
-using comm_detail::CommOp;
-
-// What one rank asked for in one collective. Pointers are that rank's own buffers.
-struct Call {
-    CommOp op = CommOp::kBarrier;
-    DType dtype = DType::kF32;
-    const void* send = nullptr;
-    void* recv = nullptr;                     // all_reduce_sum and broadcast: the in-place buffer
-    std::vector<std::int64_t> send_counts{};  // all_to_all_v: snapshot taken when the work runs
-    std::int64_t count = 0;
-    int root = 0;
-    std::string invalid{};  // a bad argument this rank found; fails the operation on every rank
-};
-
-}  // namespace local_detail
 namespace {
 
 using comm_detail::comm_op_name;
 using comm_detail::CommOp;
 using local_detail::Call;
+using local_detail::check_count;
 using Clock = std::chrono::steady_clock;
 
 std::string describe(const Call& c) {
@@ -53,12 +35,13 @@ std::string describe(const Call& c) {
         case CommOp::kBarrier:
             break;
     }
+    if (c.on_device) os << (c.op == CommOp::kBarrier ? "" : ", ") << "cuda:" << c.device;
     os << ")";
     return os.str();
 }
 
 bool compatible(const Call& a, const Call& b) {
-    if (a.op != b.op) return false;
+    if (a.op != b.op || a.on_device != b.on_device || a.device != b.device) return false;
     switch (a.op) {
         case CommOp::kAllToAllV:
             return a.dtype == b.dtype;
@@ -80,49 +63,24 @@ Clock::duration to_duration(double seconds) {
 
 }  // namespace
 
-// NOTES: one Op per sequence number. A rank joins (records its Call), waits until all ranks have
-// joined, runs its body (reads peers' inputs, writes its own outputs), then waits until all ranks
-// have finished their bodies, so no rank frees or overwrites an input a peer still reads. The
-// first failure (mismatch, bad argument, timeout, a body that threw) is stored in the Op and
-// every rank still in it, or arriving later, raises it: no rank waits on a dead operation.
-struct LocalGroup::Rendezvous {
-    struct Op {
-        std::vector<Call> calls;
-        std::vector<bool> joined, finished;
-        int num_joined = 0, num_finished = 0;
-        std::string failure;
-    };
+void LocalGroup::Rendezvous::raise(int rank, CommOp op, std::uint64_t seq, const std::string& failure) {
+    SCMOE_FAIL("rank " << rank << ": " << comm_op_name(op) << " (collective #" << seq << ") failed: " << failure);
+}
 
-    int size;
-    double timeout_s;
-    std::mutex mu;
-    std::condition_variable cv;
-    std::map<std::uint64_t, std::shared_ptr<Op>> ops;
-
-    void run(int rank, std::uint64_t seq, Call call, const std::function<void(const std::vector<Call>&)>& body);
-
-  private:
-    [[noreturn]] void raise(int rank, CommOp op, std::uint64_t seq, const std::string& failure) {
-        SCMOE_FAIL("rank " << rank << ": " << comm_op_name(op) << " (collective #" << seq << ") failed: " << failure);
+void LocalGroup::Rendezvous::wait(std::unique_lock<std::mutex>& lock, Op& o, int rank, CommOp op, std::uint64_t seq,
+                                  const std::function<bool()>& done, const std::function<bool(int)>& pending) {
+    const auto deadline = Clock::now() + to_duration(timeout_s);
+    while (o.failure.empty() && !done()) {
+        if (cv.wait_until(lock, deadline) != std::cv_status::timeout) continue;
+        if (!o.failure.empty() || done()) break;
+        int peer = 0;
+        while (peer < size && !pending(peer)) ++peer;
+        o.failure = comm_detail::timeout_message(rank, op, timeout_s, peer);
+        cv.notify_all();
+        SCMOE_FAIL(o.failure);
     }
-    // Waits until `done` holds or the op failed; on timeout records and raises the timeout, naming
-    // the first rank for which `pending(q)` still holds.
-    template <class Done, class Pending>
-    void wait(std::unique_lock<std::mutex>& lock, Op& o, int rank, CommOp op, std::uint64_t seq, Done done,
-              Pending pending) {
-        const auto deadline = Clock::now() + to_duration(timeout_s);
-        while (o.failure.empty() && !done()) {
-            if (cv.wait_until(lock, deadline) != std::cv_status::timeout) continue;
-            if (!o.failure.empty() || done()) break;
-            int peer = 0;
-            while (peer < size && !pending(peer)) ++peer;
-            o.failure = comm_detail::timeout_message(rank, op, timeout_s, peer);
-            cv.notify_all();
-            SCMOE_FAIL(o.failure);
-        }
-        if (!o.failure.empty()) raise(rank, op, seq, o.failure);
-    }
-};
+    if (!o.failure.empty()) raise(rank, op, seq, o.failure);
+}
 
 void LocalGroup::Rendezvous::run(int rank, std::uint64_t seq, Call call,
                                  const std::function<void(const std::vector<Call>&)>& body) {
@@ -143,6 +101,8 @@ void LocalGroup::Rendezvous::run(int rank, std::uint64_t seq, Call call,
         if (o.failure.empty()) {
             if (!call.invalid.empty()) {
                 o.failure = "rank " + std::to_string(rank) + " passed " + call.invalid;
+            } else if (!call.error.empty()) {
+                o.failure = "rank " + std::to_string(rank) + ": " + call.error;
             } else {
                 for (std::size_t q = 0; q < o.calls.size(); ++q) {
                     if (q == r || !o.joined[q]) continue;
@@ -213,22 +173,28 @@ std::unique_ptr<Communicator> LocalGroup::communicator(int rank) {
 LocalCommunicator::LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank)
     : group_(std::move(group)), rank_(rank) {}
 
+LocalCommunicator::~LocalCommunicator() = default;
+
+local_detail::DeviceCollectives& LocalCommunicator::device_path() {
+    if (!device_) device_ = local_detail::make_device_collectives(*group_, rank_);
+    return *device_;
+}
+
+#if !SCMOE_WITH_CUDA
+std::unique_ptr<local_detail::DeviceCollectives> local_detail::make_device_collectives(LocalGroup&, int rank) {
+    SCMOE_FAIL("rank " << rank << ": LocalCommunicator got a CUDA stream in a build without CUDA");
+}
+#endif
+
 std::string LocalCommunicator::name() const {
     return "local(rank " + std::to_string(rank_) + " of " + std::to_string(size()) + ")";
 }
 
-namespace {
-
-// "<what> = <count> (negative)" or "" when fine; null pointers only matter when bytes move.
-std::string check_count(std::int64_t count, const char* what) {
-    return count < 0 ? std::string(what) + " = " + std::to_string(count) + " (negative)" : std::string();
-}
-
-}  // namespace
-
 void LocalCommunicator::all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv,
                                      std::int64_t* recv_counts, DType dtype, Stream& stream) {
     const std::uint64_t seq = next_seq_++;
+    if (stream.backend() == Backend::kCuda)
+        return device_path().all_to_all_v(seq, send, send_counts, recv, recv_counts, dtype, stream);
     const int rank = rank_;
     const int n = size();
     LocalGroup::Rendezvous& rv = group_->rendezvous();
@@ -240,8 +206,7 @@ void LocalCommunicator::all_to_all_v(const void* send, const std::int64_t* send_
             call.send_counts.assign(send_counts, send_counts + n);
             std::int64_t total = 0;
             for (int p = 0; p < n && call.invalid.empty(); ++p) {
-                call.invalid =
-                    check_count(send_counts[p], ("all_to_all_v send_counts[" + std::to_string(p) + "]").c_str());
+                call.invalid = check_count(send_counts[p], "all_to_all_v send_counts[" + std::to_string(p) + "]");
                 total += send_counts[p];
             }
             if (call.invalid.empty() && total > 0 && send == nullptr)
@@ -270,6 +235,7 @@ void LocalCommunicator::all_to_all_v(const void* send, const std::int64_t* send_
 
 void LocalCommunicator::all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) {
     const std::uint64_t seq = next_seq_++;
+    if (stream.backend() == Backend::kCuda) return device_path().all_reduce_sum(seq, buf, count, dtype, stream);
     const int rank = rank_;
     LocalGroup::Rendezvous& rv = group_->rendezvous();
     stream.host_task([=, &rv] {
@@ -292,6 +258,8 @@ void LocalCommunicator::all_reduce_sum(void* buf, std::int64_t count, DType dtyp
 void LocalCommunicator::all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype,
                                    Stream& stream) {
     const std::uint64_t seq = next_seq_++;
+    if (stream.backend() == Backend::kCuda)
+        return device_path().all_gather(seq, send, count_per_rank, recv, dtype, stream);
     const int rank = rank_;
     LocalGroup::Rendezvous& rv = group_->rendezvous();
     stream.host_task([=, &rv] {
@@ -311,6 +279,7 @@ void LocalCommunicator::all_gather(const void* send, std::int64_t count_per_rank
 
 void LocalCommunicator::broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) {
     const std::uint64_t seq = next_seq_++;
+    if (stream.backend() == Backend::kCuda) return device_path().broadcast(seq, buf, count, dtype, root, stream);
     const int rank = rank_;
     const int n = size();
     LocalGroup::Rendezvous& rv = group_->rendezvous();
@@ -330,6 +299,7 @@ void LocalCommunicator::broadcast(void* buf, std::int64_t count, DType dtype, in
 
 void LocalCommunicator::barrier(Stream& stream) {
     const std::uint64_t seq = next_seq_++;
+    if (stream.backend() == Backend::kCuda) return device_path().barrier(seq, stream);
     const int rank = rank_;
     LocalGroup::Rendezvous& rv = group_->rendezvous();
     stream.host_task([=, &rv] { rv.run(rank, seq, Call{.op = CommOp::kBarrier}, [](const std::vector<Call>&) {}); });

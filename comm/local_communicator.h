@@ -1,16 +1,39 @@
 // LocalCommunicator: N ranks as threads of one process, for tests without mpirun and for many
-// expert-parallel ranks in one process.
+// expert-parallel ranks in one process: with host buffers on CPU streams, or with device buffers
+// on CUDA streams (every rank on the same GPU).
 //
 //   auto group = LocalGroup::create(4);               // once, shared by the rank threads
 //   std::unique_ptr<Communicator> comm = group->communicator(rank);   // once per rank
 //
 // Each rank normally drives its communicator from its own thread and its own Stream. The
 // collectives rendezvous per operation sequence number (a rank's k-th call meets every other
-// rank's k-th call) and copy directly between the ranks' host buffers: each rank reads its
-// peers' inputs and writes only its own outputs. All ranks must issue the same operation with
+// rank's k-th call) and copy directly between the ranks' buffers: each rank reads its peers'
+// inputs and writes only its own outputs. All ranks must issue the same operation with
 // compatible sizes at each step; a mismatch raises an Error on every rank (naming the ranks and
 // what each issued) instead of hanging. A rank that does not arrive within the timeout makes
 // the ranks waiting for it fail, naming it.
+//
+// The stream passed to a call picks the path; every rank of one collective must use the same kind
+// (a mix is a mismatch).
+// - CPU streams: host buffers. The rendezvous and the copies run as a Stream::host_task, so one
+//   thread may enqueue for several ranks; errors are raised from the stream's work.
+// - CUDA streams: device buffers (memory the GPU can address: device, managed or pinned host)
+//   of one GPU, the device of every rank's stream. Host callbacks cannot call CUDA, so the ranks
+//   rendezvous on the host when they *enqueue* the call: a call returns only once every rank has
+//   enqueued its matching call, so each rank needs its own host thread (any current device).
+//   Then each rank's stream waits on its peers' "ready" events and pulls their data with
+//   cudaMemcpyAsync; all_reduce_sum is one kernel summing in rank order in fp32 into a scratch
+//   buffer, copied back once the peers are done reading (at most 128 ranks; bit-identical to the
+//   host path). Before its later work may overwrite a buffer a peer reads, a stream waits on that
+//   peer's "done" event. Nothing waits on the host, except:
+//     all_to_all_v synchronizes the calling rank's stream first, once per call (like
+//     NcclCommunicator): the host needs the counts, which earlier work on the stream may still
+//     compute. It returns after the work enqueued before it has finished; recv_counts are filled
+//     in when it returns (host or device memory; send_counts may be either too).
+//   Errors are thrown by the call itself, on every rank of the collective (a rank's own error,
+//   e.g. from a host task of its stream surfacing at that synchronization, fails the others too).
+//   Consecutive collectives of one communicator are ordered among themselves even when they are
+//   issued on different streams; the communicator's pinned staging and scratch rely on it.
 #pragma once
 
 #include <atomic>
@@ -25,6 +48,9 @@
 namespace scmoe {
 
 class LocalCommunicator;
+namespace local_detail {
+class DeviceCollectives;
+}
 
 class LocalGroup : public std::enable_shared_from_this<LocalGroup> {
   public:
@@ -59,6 +85,9 @@ class LocalGroup : public std::enable_shared_from_this<LocalGroup> {
 class LocalCommunicator final : public Communicator {
   public:
     LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank);
+    ~LocalCommunicator() override;
+    LocalCommunicator(const LocalCommunicator&) = delete;
+    LocalCommunicator& operator=(const LocalCommunicator&) = delete;
 
     int rank() const override { return rank_; }
     int size() const override { return group_->size(); }
@@ -72,9 +101,13 @@ class LocalCommunicator final : public Communicator {
     void barrier(Stream& stream) override;
 
   private:
+    // The CUDA path, created at the first call on a CUDA stream.
+    local_detail::DeviceCollectives& device_path();
+
     std::shared_ptr<LocalGroup> group_;
     int rank_;
     std::atomic<std::uint64_t> next_seq_{0};
+    std::unique_ptr<local_detail::DeviceCollectives> device_;
 };
 
 }  // namespace scmoe

@@ -12,10 +12,14 @@
 #include <vector>
 
 #include "comm/detail/collective_util.h"
+#include "comm/detail/cuda_util.h"
 #include "kernels/error.h"
 
 namespace scmoe {
 namespace {
+
+using comm_detail::DeviceScope;
+using comm_detail::is_device_pointer;
 
 using Clock = std::chrono::steady_clock;
 
@@ -23,24 +27,6 @@ Clock::time_point deadline_after(double seconds) {
     return Clock::now() +
            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(seconds, 1e9)));
 }
-
-// Sets the current device for a scope and restores the previous one.
-class DeviceScope {
-  public:
-    explicit DeviceScope(int device) {
-        if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-        const cudaError_t e = cudaSetDevice(device);
-        SCMOE_CHECK(e == cudaSuccess, "cudaSetDevice(" << device << "): " << cudaGetErrorString(e));
-    }
-    ~DeviceScope() {
-        if (previous_ >= 0) cudaSetDevice(previous_);
-    }
-    DeviceScope(const DeviceScope&) = delete;
-    DeviceScope& operator=(const DeviceScope&) = delete;
-
-  private:
-    int previous_ = -1;
-};
 
 void check_cuda(cudaError_t e, int rank, const char* op, const char* call) {
     SCMOE_CHECK(e == cudaSuccess, "rank " << rank << ": " << op << ": " << call << ": " << cudaGetErrorString(e));
@@ -56,17 +42,6 @@ ncclDataType_t nccl_type(DType dtype) {
             return ncclInt32;
     }
     SCMOE_FAIL("no NCCL type for dtype " << dtype_name(dtype));
-}
-
-// True when `ptr` is memory the GPU owns (device or managed); host pointers, registered or not,
-// are read and written by the host directly.
-bool is_device_pointer(const void* ptr) {
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-        cudaGetLastError();  // unregistered host memory on old drivers: clear the sticky-free error
-        return false;
-    }
-    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
 }  // namespace
