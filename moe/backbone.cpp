@@ -43,6 +43,17 @@ void residual_gemm(const void* in, const void* a, const void* b, void* out, std:
     gemm({false, false, m, n, k, 1.0f, 1.0f, a, b, out, dt, dt}, stream);
 }
 
+// Lays the buffers out with `carve` twice, sizing then real, and returns the one allocation.
+template <class Carve>
+DeviceBuffer allocate_carved(Device& device, Carve&& carve) {
+    WorkspaceCarver sizing(nullptr);
+    carve(sizing);
+    DeviceBuffer buffer(device, sizing.bytes_used());
+    WorkspaceCarver real(buffer.data());
+    carve(real);
+    return buffer;
+}
+
 }  // namespace
 
 std::vector<ParamSpec> AttentionSublayer::param_specs(const BackboneShape& s) {
@@ -65,11 +76,7 @@ AttentionSublayer::AttentionSublayer(const BackboneShape& shape, Device& device,
         rstd_ = w.take<float>(T);
         lse_ = w.take<float>(T * shape.heads);
     };
-    WorkspaceCarver sizing(nullptr);
-    carve(sizing);
-    workspace_ = DeviceBuffer(device, sizing.bytes_used());
-    WorkspaceCarver real(workspace_.data());
-    carve(real);
+    workspace_ = allocate_carved(device, carve);
 }
 
 void AttentionSublayer::forward(const Tensor& h, const std::vector<Tensor>& p, Tensor out, Stream& stream) {
@@ -135,11 +142,7 @@ MlpSublayer::MlpSublayer(const BackboneShape& shape, Device& device, std::int64_
         grad_normed_ = take(T * H);
         rstd_ = w.take<float>(T);
     };
-    WorkspaceCarver sizing(nullptr);
-    carve(sizing);
-    workspace_ = DeviceBuffer(device, sizing.bytes_used());
-    WorkspaceCarver real(workspace_.data());
-    carve(real);
+    workspace_ = allocate_carved(device, carve);
 }
 
 void MlpSublayer::forward(const Tensor& h, const std::vector<Tensor>& p, Tensor out, Stream& stream) {
