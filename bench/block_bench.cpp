@@ -1,0 +1,467 @@
+// scmoe-bench block: the ScMoE configurations side by side on a [dense, MoE] block pair (or the
+// every-block layout), each run by the LayerScheduler with its overlap, on N expert-parallel ranks
+// (in-process threads, or processes under mpirun) behind an optional emulated link.
+//
+// Per variant: forward time, train-step (forward + backward) time, the backbone compute and a2a
+// times measured op by op during calibration (serially, a synchronize after every op), the exposed
+// comm share = max(0, step - (serial - a2a)) / step, the chosen expert slots K, and the speedup vs
+// top-2. Times are the slowest rank's mean. --comm-share X first measures the top-2 MoE layer on
+// this machine and sets the link bandwidth so its a2a takes the fraction X of the MoE layer time.
+// Check (#wrong): outputs (and input gradients with --mode train) of overlap on vs off, bitwise.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "benches.h"
+#include "comm/emulated_link.h"
+#include "comm/local_communicator.h"
+#include "common.h"
+#include "kernels/error.h"
+#include "moe/block_stack.h"
+#include "moe/trace.h"
+#include "multi_rank.h"
+#include "report.h"
+#if SCMOE_WITH_MPI
+#include "comm/mpi_communicator.h"
+#endif
+
+namespace scmoe::bench {
+namespace {
+
+struct BlockArgs {
+    std::vector<std::string> variants;
+    int ranks = 1;
+    bool mpi = false;
+    std::optional<LinkModel> link;
+    double comm_share = 0;  // 0 = off
+    std::int64_t tokens = 0, hidden = 0, ffn = 0, heads = 0, seq = 0;
+    int experts = 0, blocks = 4;
+    bool train = true;
+    bool coefficient_gate = true;
+    DispatchMode dispatch = DispatchMode::kCapacity;
+    float capacity_factor = 1.25f;
+    std::string trace;
+};
+
+struct VariantResult {
+    double fwd_ms = 0, train_ms = 0, backbone_ms = 0, a2a_ms = 0, serial_ms = 0, slot = -1, wrong = 0;
+    static constexpr int kPacked = 7;
+    void pack(double* d) const { d[0] = fwd_ms, d[1] = train_ms, d[2] = backbone_ms, d[3] = a2a_ms, d[4] = serial_ms, d[5] = slot, d[6] = wrong; }
+    static VariantResult unpack(const double* d) { return {d[0], d[1], d[2], d[3], d[4], d[5], d[6]}; }
+};
+
+struct RankOutput {
+    std::vector<VariantResult> results;
+    std::vector<std::string> notes;  // rank 0: link calibration, chosen schedules
+};
+
+// Element-wise mean over the ranks of `comm` (device memory for the collective).
+std::vector<double> mean_over_ranks(Communicator* comm, Device& device, Stream& stream, const std::vector<double>& v) {
+    if (!comm || comm->size() == 1) return v;
+    std::vector<float> f(v.begin(), v.end());
+    DeviceBuffer buf(device, f.size() * sizeof(float));
+    stream.copy(buf.data(), f.data(), f.size() * sizeof(float));
+    comm->all_reduce_sum(buf.data(), static_cast<std::int64_t>(f.size()), DType::kF32, stream);
+    stream.copy(f.data(), buf.data(), f.size() * sizeof(float));
+    stream.synchronize();
+    std::vector<double> out(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(f[i]) / comm->size();
+    return out;
+}
+
+BlockStackConfig variant_config(const BlockArgs& a, const std::string& name, DType dtype) {
+    BackboneShape s;
+    s.hidden = a.hidden;
+    s.heads = a.heads;
+    s.seq_len = a.seq;
+    s.ffn = a.ffn;
+    s.dtype = dtype;
+    MoeConfig m;
+    m.hidden = a.hidden;
+    m.ffn = a.ffn;
+    m.num_experts = a.experts;
+    m.dispatch = a.dispatch;
+    m.capacity_factor = a.capacity_factor;
+    m.dtype = dtype;
+    return block_variant(name, s, m, a.coefficient_gate, a.blocks);
+}
+
+// One rank's stack with deterministic parameters and inputs.
+struct RankStack {
+    std::unique_ptr<BlockStack> stack;
+    DeviceBuffer x, gy, out, gx;
+    RankStack(const BlockStackConfig& c, Device& device, Stream& stream, std::int64_t T, Communicator* comm, int rank) {
+        stack = std::make_unique<BlockStack>(c, device, T, comm);
+        const ParamSet& p = stack->backbone_params();
+        for (std::size_t i = 0; i < p.specs().size(); ++i)
+            upload_uniform(device, stream, p[i].data, p[i].dtype, p[i].numel(), 0.05f, 100 + i);
+        for (const auto& m : stack->moe_params())
+            upload_uniform(device, stream, m->data(), c.moe.dtype, m->numel(), 0.05f, 7 + static_cast<std::uint64_t>(rank));
+        const std::int64_t n = T * c.backbone.hidden;
+        const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(c.backbone.dtype);
+        x = DeviceBuffer(device, bytes);
+        gy = DeviceBuffer(device, bytes);
+        out = DeviceBuffer(device, bytes);
+        gx = DeviceBuffer(device, bytes);
+        upload_uniform(device, stream, x.data(), c.backbone.dtype, n, 1.0f, 1000 + static_cast<std::uint64_t>(rank));
+        upload_uniform(device, stream, gy.data(), c.backbone.dtype, n, 1.0f, 2000 + static_cast<std::uint64_t>(rank));
+    }
+    Tensor t(const DeviceBuffer& b) const {
+        const auto& c = stack->config().backbone;
+        return Tensor(b.data(), c.dtype, {static_cast<std::int64_t>(b.bytes() / dtype_size(c.dtype)) / c.hidden, c.hidden});
+    }
+    void step(bool train, bool overlap, Tracer* trace = nullptr) {
+        stack->forward(t(x), t(out), overlap, trace);
+        if (train) stack->backward(t(gy), t(gx), overlap, trace);
+        stack->synchronize();
+    }
+};
+
+double mean_ms(int iters, const std::function<void()>& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+double ms_of(const Schedule& s, double Schedule::Branch::*field) {
+    double t = 0;
+    for (const auto& b : s.branches) t += b.*field;
+    return t;
+}
+
+// The link for --comm-share: the top-2 MoE layer's compute per step measured without a link, the
+// all-to-all payload per step from an EmulatedLink's model at a huge bandwidth, then the bandwidth
+// at which the a2a takes `share` of compute + a2a.
+LinkModel calibrate_link(const BlockArgs& a, Device& device, Stream& stream, Communicator* comm, int rank,
+                         std::vector<std::string>& notes) {
+    const BlockStackConfig c = variant_config(a, "top2", device.compute_dtype());
+    double moe_compute_ms = 0, huge_us = 0;
+    {
+        RankStack rs(c, device, stream, a.tokens, comm, rank);
+        rs.stack->calibrate(rs.t(rs.x), rs.t(rs.gy), 2);
+        for (const Schedule* s : {&rs.stack->forward_schedule(), &rs.stack->backward_schedule()}) {
+            if (s == &rs.stack->backward_schedule() && !a.train) break;
+            moe_compute_ms += ms_of(*s, &Schedule::Branch::pre_ms) + ms_of(*s, &Schedule::Branch::expert_ms) +
+                              ms_of(*s, &Schedule::Branch::post_ms) + ms_of(*s, &Schedule::Branch::consume_ms);
+        }
+    }
+    if (comm) {
+        const LinkModel huge{"huge", 1e6, 0.0};
+        EmulatedLink probe(*comm, huge);
+        RankStack rs(c, device, stream, a.tokens, &probe, rank);
+        probe.reset_counters();
+        rs.step(a.train, false);
+        huge_us = probe.counters(LinkOp::kAllToAllV).modelled_us;
+    }
+    const auto agreed = mean_over_ranks(comm, device, stream, {moe_compute_ms, huge_us});
+    const double target_ms = a.comm_share / (1.0 - a.comm_share) * agreed[0];
+    SCMOE_CHECK(agreed[1] > 0, "--comm-share needs expert parallelism (--ranks > 1 or mpirun): one rank sends nothing");
+    LinkModel link{"comm-share", 1e6 * agreed[1] / (1000.0 * target_ms), 0.0};
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "comm-share %.2f: top-2 MoE compute %.3f ms per %s step (mean over ranks) -> a2a target %.3f ms -> "
+                  "emulated link %.3f GB/s, latency %.1f us",
+                  a.comm_share, agreed[0], a.train ? "train" : "forward", target_ms, link.gbps, link.latency_us);
+    notes.push_back(line);
+    return link;
+}
+
+RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* comm, int rank) {
+    std::unique_ptr<Device> device = make_device(common.backend);
+    auto stream = device->create_stream();
+    RankOutput out;
+    std::optional<LinkModel> link = a.link;
+    if (a.comm_share > 0) link = calibrate_link(a, *device, *stream, comm, rank, out.notes);
+    std::unique_ptr<EmulatedLink> wrapped;
+    if (comm && link) wrapped = std::make_unique<EmulatedLink>(*comm, *link);
+    Communicator* ep = wrapped ? wrapped.get() : comm;
+    for (const std::string& name : a.variants) {
+        const BlockStackConfig c = variant_config(a, name, device->compute_dtype());
+        RankStack rs(c, *device, *stream, a.tokens, ep, rank);
+        rs.stack->calibrate(rs.t(rs.x), rs.t(rs.gy), 2);
+        if (rank == 0) {
+            std::string text = rs.stack->describe_schedule();
+            for (std::size_t p = 0, q; p < text.size(); p = q + 1) {
+                q = text.find('\n', p);
+                if (q == std::string::npos) q = text.size();
+                out.notes.push_back(name + ": " + text.substr(p, q - p));
+            }
+        }
+        VariantResult r;
+        const Schedule& f = rs.stack->forward_schedule();
+        const Schedule& b = rs.stack->backward_schedule();
+        r.slot = f.branches.empty() ? -1 : f.branches.front().slot;
+        double seg = 0;
+        for (double s : f.segment_ms) seg += s;
+        r.backbone_ms = seg;
+        r.a2a_ms = f.comm_ms();
+        r.serial_ms = f.serial_ms();
+        if (a.train) {
+            for (double s : b.segment_ms) r.backbone_ms += s;
+            r.a2a_ms += b.comm_ms();
+            r.serial_ms += b.serial_ms();
+        }
+        for (int i = 0; i < common.warmup; ++i) rs.step(a.train, true);
+        if (ep) ep->barrier(*stream), stream->synchronize();
+        r.fwd_ms = mean_ms(common.iters, [&] { rs.step(false, true); });
+        if (ep) ep->barrier(*stream), stream->synchronize();
+        if (a.train) r.train_ms = mean_ms(common.iters, [&] { rs.step(true, true); });
+        if (common.check) {
+            const std::size_t bytes = rs.out.bytes();
+            rs.step(a.train, false);
+            const auto out_off = download_bytes(rs.stack->stream(), rs.out.data(), bytes);
+            const auto gx_off = download_bytes(rs.stack->stream(), rs.gx.data(), bytes);
+            rs.step(a.train, true);
+            const auto out_on = download_bytes(rs.stack->stream(), rs.out.data(), bytes);
+            const auto gx_on = download_bytes(rs.stack->stream(), rs.gx.data(), bytes);
+            const std::size_t es = dtype_size(c.backbone.dtype);
+            for (std::size_t i = 0; i < bytes; i += es) {
+                r.wrong += std::memcmp(&out_off[i], &out_on[i], es) != 0;
+                if (a.train) r.wrong += std::memcmp(&gx_off[i], &gx_on[i], es) != 0;
+            }
+        }
+        if (!a.trace.empty()) {
+            Tracer trace(*device, rank);
+            trace.set_pass(a.train ? "train step" : "forward");
+            rs.step(a.train, true, &trace);
+            trace.collect();
+            trace.write(a.trace + "." + name + ".rank" + std::to_string(rank) + ".json");
+        }
+        out.results.push_back(r);
+    }
+    return out;
+}
+
+cxxopts::Options block_options() {
+    cxxopts::Options o("scmoe-bench block",
+                       "ScMoE block configurations side by side: forward and train-step time, exposed comm, slot K, "
+                       "speedup vs top-2");
+    add_common_options(o);
+    std::string names;
+    for (const std::string& n : block_variant_names()) names += (names.empty() ? "" : ",") + n;
+    o.add_options("block")
+        ("variants", "comma list of: " + names,
+         cxxopts::value<std::string>()->default_value("top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3,scmoe2"))
+        ("ranks", "in-process expert-parallel ranks (threads); under mpirun the world size is used",
+         cxxopts::value<int>()->default_value("1"))
+        ("comm-share", "calibrate the emulated link so the a2a takes this fraction of the top-2 MoE layer time "
+         "(0.60 ~ 8xA30 PCIe, 0.15 ~ 8xA800 NVLink); 0 = off", cxxopts::value<double>()->default_value("0"))
+        ("tokens", "tokens per rank per step (a multiple of --seq)", cxxopts::value<std::int64_t>()->default_value("512"))
+        ("hidden", "model width", cxxopts::value<std::int64_t>()->default_value("256"))
+        ("ffn", "dense MLP and expert FFN width", cxxopts::value<std::int64_t>()->default_value("512"))
+        ("experts", "routed experts (a multiple of the ranks)", cxxopts::value<int>()->default_value("8"))
+        ("heads", "attention heads", cxxopts::value<int>()->default_value("8"))
+        ("seq", "tokens per sequence", cxxopts::value<std::int64_t>()->default_value("128"))
+        ("blocks", "blocks of the every-block-pos1 variant", cxxopts::value<int>()->default_value("4"))
+        ("mode", "fwd | train", cxxopts::value<std::string>()->default_value("train"))
+        ("dispatch", "capacity | dropless", cxxopts::value<std::string>()->default_value("capacity"))
+        ("capacity-factor", "capacity mode slots per expert", cxxopts::value<float>()->default_value("1.25"))
+        ("gate", "how the shared expert joins: cg1 (coefficient gate) | add", cxxopts::value<std::string>()->default_value("cg1"))
+        ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json",
+         cxxopts::value<std::string>()->default_value(""));
+    add_link_options(o, "block");
+    return o;
+}
+
+BlockArgs read_block_args(const cxxopts::ParseResult& r) {
+    BlockArgs a;
+    a.variants = split_list(r["variants"].as<std::string>());
+    if (a.variants.empty()) throw UsageError("--variants is empty");
+    for (const std::string& v : a.variants) {
+        const auto names = block_variant_names();
+        if (std::find(names.begin(), names.end(), v) == names.end()) throw UsageError("--variants: unknown variant '" + v + "'");
+    }
+    a.mpi = launched_by_mpirun();
+    a.ranks = a.mpi ? mpirun_world_size() : r["ranks"].as<int>();
+    if (a.ranks < 1) throw UsageError("--ranks must be >= 1");
+    a.link = read_link_options(r);
+    a.comm_share = r["comm-share"].as<double>();
+    if (a.comm_share < 0 || a.comm_share >= 1) throw UsageError("--comm-share must be in [0, 1)");
+    if (a.comm_share > 0 && a.link) throw UsageError("--comm-share sets the emulated link itself: drop --link*");
+    a.tokens = r["tokens"].as<std::int64_t>();
+    a.hidden = r["hidden"].as<std::int64_t>();
+    a.ffn = r["ffn"].as<std::int64_t>();
+    a.experts = r["experts"].as<int>();
+    a.heads = r["heads"].as<int>();
+    a.seq = r["seq"].as<std::int64_t>();
+    a.blocks = r["blocks"].as<int>();
+    const std::string mode = r["mode"].as<std::string>();
+    if (mode != "fwd" && mode != "train") throw UsageError("--mode must be fwd or train");
+    a.train = mode == "train";
+    a.dispatch = parse_dispatch_mode(r["dispatch"].as<std::string>());
+    a.capacity_factor = r["capacity-factor"].as<float>();
+    const std::string gate = r["gate"].as<std::string>();
+    if (gate != "cg1" && gate != "add") throw UsageError("--gate must be cg1 or add");
+    a.coefficient_gate = gate == "cg1";
+    a.trace = r["trace"].as<std::string>();
+    if (a.tokens <= 0 || a.seq <= 0 || a.tokens % a.seq) throw UsageError("--tokens must be a positive multiple of --seq");
+    if (a.experts % a.ranks) throw UsageError("--experts must be a multiple of the number of ranks");
+    return a;
+}
+
+nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs& a) {
+    nlohmann::ordered_json j = common_args_json(common);
+    j["variants"] = a.variants;
+    j["ranks"] = a.ranks;
+    j["mpi"] = a.mpi;
+    j["link"] = link_json(a.link);
+    j["comm_share"] = a.comm_share;
+    j["tokens_per_rank"] = a.tokens;
+    j["hidden"] = a.hidden;
+    j["ffn"] = a.ffn;
+    j["experts"] = a.experts;
+    j["heads"] = a.heads;
+    j["seq"] = a.seq;
+    j["mode"] = a.train ? "train" : "fwd";
+    j["dispatch"] = dispatch_mode_name(a.dispatch);
+    j["capacity_factor"] = a.capacity_factor;
+    j["gate"] = a.coefficient_gate ? "cg1" : "add";
+    return j;
+}
+
+// The table from every rank's results: times are the slowest rank's, #wrong the sum.
+int report_results(Report& report, const BlockArgs& a, const std::vector<RankOutput>& ranks) {
+    for (const std::string& n : ranks.front().notes) report.note(n);
+    report.note("times: the slowest rank's mean; backbone and a2a: measured op by op (serially) during calibration; "
+                "exposed = max(0, step - (serial - a2a)) / step; K = the first MoE branch's forward slot");
+    report.note("check: outputs" + std::string(a.train ? " and input gradients" : "") +
+                " with overlap on vs off, bitwise (wrong = differing elements, all ranks)");
+    report.begin_table({{"variant", "variant", "", 16, 0},
+                        {"fwd_us", "fwd_time", "(us)", 10, 1},
+                        {"train_us", "train_time", "(us)", 10, 1},
+                        {"backbone_us", "backbone", "(us)", 10, 1},
+                        {"a2a_us", "a2a", "(us)", 10, 1},
+                        {"exposed_comm_pct", "exposed", "(%)", 7, 1},
+                        {"slot", "K", "", 3, 0},
+                        {"speedup_vs_top2_fwd", "fwd_speedup", "(x)", 11, 3},
+                        {"speedup_vs_top2_train", "train_speedup", "(x)", 13, 3},
+                        {"wrong", "#wrong", "", 6, 0}});
+    const std::size_t nv = a.variants.size();
+    std::vector<VariantResult> worst(nv);
+    for (std::size_t v = 0; v < nv; ++v) {
+        VariantResult& w = worst[v];
+        double wrong = 0;
+        for (const RankOutput& r : ranks) {
+            const VariantResult& x = r.results[v];
+            w.fwd_ms = std::max(w.fwd_ms, x.fwd_ms);
+            w.train_ms = std::max(w.train_ms, x.train_ms);
+            w.backbone_ms = std::max(w.backbone_ms, x.backbone_ms);
+            w.a2a_ms = std::max(w.a2a_ms, x.a2a_ms);
+            w.serial_ms = std::max(w.serial_ms, x.serial_ms);
+            wrong += x.wrong;
+        }
+        w.slot = ranks.front().results[v].slot;
+        w.wrong = wrong;
+    }
+    const auto top2 = std::find(a.variants.begin(), a.variants.end(), "top2");
+    const VariantResult* base = top2 == a.variants.end() ? nullptr : &worst[static_cast<std::size_t>(top2 - a.variants.begin())];
+    for (std::size_t v = 0; v < nv; ++v) {
+        const VariantResult& w = worst[v];
+        const double step = a.train ? w.train_ms : w.fwd_ms;
+        const double exposed = std::max(0.0, step - (w.serial_ms - w.a2a_ms)) / step * 100.0;
+        report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
+                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed,
+                        w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
+                        base ? Cell(base->fwd_ms / w.fwd_ms) : Cell(),
+                        base && a.train ? Cell(base->train_ms / w.train_ms) : Cell(),
+                        static_cast<std::int64_t>(w.wrong)});
+    }
+    return report.finish({});
+}
+
+int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& command) {
+    std::unique_ptr<Device> device = make_device(common.backend);
+    Report report(std::cout, "block", command, *device, common, block_args_json(common, a));
+    report.print_preamble();
+    report.note(std::to_string(a.ranks) + " in-process rank(s) (LocalCommunicator), pid " + std::to_string(getpid()) +
+                (a.link ? ", EmulatedLink " + describe_link_model(*a.link) : std::string()) + "; tokens " +
+                std::to_string(a.tokens) + " per rank");
+    std::vector<RankOutput> outputs(static_cast<std::size_t>(a.ranks));
+    std::vector<std::string> errors(outputs.size());
+    std::shared_ptr<LocalGroup> group = a.ranks > 1 ? LocalGroup::create(a.ranks) : nullptr;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < a.ranks; ++r) {
+        threads.emplace_back([&, r] {
+            try {
+                std::unique_ptr<Communicator> comm = group ? group->communicator(r) : nullptr;
+                outputs[static_cast<std::size_t>(r)] = run_rank(a, common, comm.get(), r);
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < a.ranks; ++r)
+        if (!errors[static_cast<std::size_t>(r)].empty())
+            throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
+    return report_results(report, a, outputs);
+}
+
+#if SCMOE_WITH_MPI
+int run_mpi(CommonArgs common, const BlockArgs& a, const std::string& command) {
+    init_mpi_serialized();
+    int status = kExitOk, me = 0, n = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    try {
+        std::unique_ptr<Device> device = make_device(common.backend);
+        MpiCommunicator comm(MPI_COMM_WORLD);
+        std::ostream null_stream(nullptr);
+        if (me != 0) common.json_path.clear();
+        Report report(me == 0 ? std::cout : null_stream, "block", command, *device, common, block_args_json(common, a));
+        report.print_preamble();
+        for (const std::string& line : mpi_rank_lines(a.link)) report.note(line);
+        RankOutput mine = run_rank(a, common, &comm, me);
+        const int k = VariantResult::kPacked * static_cast<int>(a.variants.size());
+        std::vector<double> packed(static_cast<std::size_t>(k)), all(static_cast<std::size_t>(k * n));
+        for (std::size_t v = 0; v < mine.results.size(); ++v) mine.results[v].pack(packed.data() + v * VariantResult::kPacked);
+        MPI_Allgather(packed.data(), k, MPI_DOUBLE, all.data(), k, MPI_DOUBLE, MPI_COMM_WORLD);
+        std::vector<RankOutput> outputs(static_cast<std::size_t>(n));
+        for (int r = 0; r < n; ++r)
+            for (std::size_t v = 0; v < a.variants.size(); ++v)
+                outputs[static_cast<std::size_t>(r)].results.push_back(
+                    VariantResult::unpack(all.data() + r * k + static_cast<int>(v) * VariantResult::kPacked));
+        outputs[0].notes = mine.notes;  // rank 0's notes are the ones printed
+        status = report_results(report, a, outputs);
+    } catch (const std::exception& e) {
+        std::cerr << "scmoe-bench block: rank " << me << ": error: " << e.what() << "\n" << std::flush;
+        MPI_Abort(MPI_COMM_WORLD, kExitError);
+    }
+    MPI_Finalize();
+    return status;
+}
+#endif
+
+}  // namespace
+
+int run_block_bench(int argc, char** argv, const std::string& command) {
+    cxxopts::Options options = block_options();
+    const cxxopts::ParseResult result = options.parse(argc, argv);
+    if (result.count("help")) {
+        std::cout << options.help({"common", "block"});
+        return kExitOk;
+    }
+    reject_unmatched(result);
+    CommonArgs common = read_common_options(result);
+    const BlockArgs args = read_block_args(result);
+    std::unique_ptr<Device> probe = make_device(common.backend);
+    common.backend = probe->backend() == Backend::kCuda ? "cuda" : "cpu";
+    resolve_iters(common, probe->backend());
+    probe.reset();
+    if (args.mpi) {
+#if SCMOE_WITH_MPI
+        return run_mpi(common, args, command);
+#else
+        throw UsageError("mpirun but this scmoe was built without MPI (SCMOE_WITH_MPI)");
+#endif
+    }
+    return run_local(common, args, command);
+}
+
+}  // namespace scmoe::bench
