@@ -13,7 +13,6 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -29,6 +28,7 @@
 #include "comm/mpi_communicator.h"
 #include "common.h"
 #include "kernels/error.h"
+#include "multi_rank.h"
 #include "report.h"
 
 namespace scmoe::bench {
@@ -60,22 +60,10 @@ cxxopts::Options a2a_options() {
         ("ranks", "In-process ranks (LocalCommunicator, one thread and stream each); not under MPI",
          cxxopts::value<int>()->default_value("2"))
         ("mpi", "One MpiCommunicator rank per process (automatic under mpirun: OMPI_COMM_WORLD_SIZE or "
-                "PMI_SIZE > 1)")
-        ("link", "Wrap the communicator in an EmulatedLink: pcie4, nvlink4, ib-ndr, 100gbe, or "
-                 "gbps=X,latency_us=Y", cxxopts::value<std::string>())
-        ("link-gbps", "EmulatedLink bandwidth in GB/s per direction (instead of --link)", cxxopts::value<double>())
-        ("link-latency-us", "EmulatedLink latency in us per op (with --link-gbps)",
-         cxxopts::value<double>()->default_value("0"));
+                "PMI_SIZE > 1)");
     // clang-format on
+    add_link_options(options, "a2a");
     return options;
-}
-
-bool launched_by_mpirun() {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-        const char* value = std::getenv(name);
-        if (value != nullptr && std::atoi(value) > 1) return true;
-    }
-    return false;
 }
 
 A2aArgs read_a2a_args(const cxxopts::ParseResult& r) {
@@ -89,19 +77,7 @@ A2aArgs read_a2a_args(const cxxopts::ParseResult& r) {
     a.ranks = r["ranks"].as<int>();
     if (a.ranks < 1) throw UsageError("--ranks must be >= 1");
     a.mpi = r.count("mpi") > 0 || launched_by_mpirun();
-    if (r.count("link") && r.count("link-gbps")) throw UsageError("give either --link or --link-gbps, not both");
-    try {
-        if (r.count("link")) a.link = parse_link_model(r["link"].as<std::string>());
-        if (r.count("link-gbps")) {
-            std::ostringstream text;
-            text << std::setprecision(17) << "gbps=" << r["link-gbps"].as<double>()
-                 << ",latency_us=" << r["link-latency-us"].as<double>();
-            a.link = parse_link_model(text.str());
-        }
-    } catch (const Error& e) {
-        throw UsageError(std::string("--link: ") + e.what());
-    }
-    if (r.count("link-latency-us") && !r.count("link-gbps")) throw UsageError("--link-latency-us needs --link-gbps");
+    a.link = read_link_options(r);
     return a;
 }
 
@@ -261,11 +237,7 @@ nlohmann::ordered_json args_json(const CommonArgs& common, const A2aArgs& args, 
     j["sizes"] = args.sizes;
     j["ranks"] = num_ranks;
     j["mode"] = args.mpi ? "mpi" : "local";
-    if (args.link) {
-        j["link"] = {{"name", args.link->name}, {"gbps", args.link->gbps}, {"latency_us", args.link->latency_us}};
-    } else {
-        j["link"] = nullptr;
-    }
+    j["link"] = link_json(args.link);
     return j;
 }
 
@@ -357,12 +329,7 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
 // Under mpirun: MPI is initialised here (MPI_THREAD_SERIALIZED, what MpiCommunicator needs) and
 // finalised on the way out. Rank 0 prints; every rank returns the same exit status.
 int run_mpi(CommonArgs common, const A2aArgs& args, const std::string& command) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-        int provided = 0;
-        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-    }
+    init_mpi_serialized();
     int status = kExitOk;
     int me = 0, n = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -379,19 +346,7 @@ int run_mpi(CommonArgs common, const A2aArgs& args, const std::string& command) 
                           args_json(common, args, n));
             report.print_preamble();
             // One line per rank: pid, host and communicator, gathered to rank 0.
-            char host[64] = {};
-            gethostname(host, sizeof(host) - 1);
-            std::vector<char> hosts(static_cast<std::size_t>(n) * sizeof(host));
-            int pid = static_cast<int>(getpid());
-            std::vector<int> pids(static_cast<std::size_t>(n));
-            MPI_Gather(host, sizeof(host), MPI_CHAR, hosts.data(), sizeof(host), MPI_CHAR, 0, MPI_COMM_WORLD);
-            MPI_Gather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-            std::vector<std::string> rank_lines;
-            for (int r = 0; r < n; ++r)
-                rank_lines.push_back(
-                    "Rank " + std::to_string(r) + " Pid " + std::to_string(pids[static_cast<std::size_t>(r)]) + " on " +
-                    std::string(hosts.data() + r * sizeof(host)) + ": mpi(rank " + std::to_string(r) + " of " +
-                    std::to_string(n) + ")" + (args.link ? " behind " + describe_link_model(*args.link) : ""));
+            const std::vector<std::string> rank_lines = mpi_rank_lines(args.link);
             // Measured on rank 0 alone while the others wait.
             double memcpy_bw = me == 0 ? memcpy_gbps() : 0.0;
             MPI_Bcast(&memcpy_bw, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);

@@ -9,5 +9,6 @@ namespace scmoe::bench {
 int run_gemm_bench(int argc, char** argv, const std::string& command);
 int run_layer_bench(int argc, char** argv, const std::string& command);
 int run_a2a_bench(int argc, char** argv, const std::string& command);
+int run_block_bench(int argc, char** argv, const std::string& command);
 
 }  // namespace scmoe::bench

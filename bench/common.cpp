@@ -110,10 +110,11 @@ std::vector<std::int64_t> size_sweep(std::int64_t begin, std::int64_t end, std::
     return sizes;
 }
 
-void add_token_options(cxxopts::Options& options, const std::string& group, const std::string& default_tokens) {
+void add_token_options(cxxopts::Options& options, const std::string& group, const std::string& default_tokens,
+                       const std::string& what) {
     // clang-format off
     options.add_options(group)
-        ("t,tokens", "Tokens per case: a comma list, K/M suffixes allowed (e.g. 1K,4K)",
+        ("t,tokens", what + ": a comma list, K/M suffixes allowed (e.g. 1K,4K)",
          cxxopts::value<std::string>()->default_value(default_tokens))
         ("b,min-tokens", "Sweep instead of --tokens: first token count", cxxopts::value<std::string>())
         ("e,max-tokens", "Sweep: last token count (default: --min-tokens)", cxxopts::value<std::string>())

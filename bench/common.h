@@ -55,7 +55,9 @@ std::vector<std::int64_t> size_sweep(std::int64_t begin, std::int64_t end, std::
 
 // Adds the token-count flags: -t/--tokens (comma list, K/M suffixes) and the nccl-tests sweep
 // -b/--min-tokens, -e/--max-tokens, -f/--step-factor (used instead of --tokens when -b is given).
-void add_token_options(cxxopts::Options& options, const std::string& group, const std::string& default_tokens);
+// `what` starts the --tokens help text.
+void add_token_options(cxxopts::Options& options, const std::string& group, const std::string& default_tokens,
+                       const std::string& what = "Tokens per case");
 std::vector<std::int64_t> read_token_options(const cxxopts::ParseResult& result);
 // Throws UsageError on positional arguments nobody asked for.
 void reject_unmatched(const cxxopts::ParseResult& result);

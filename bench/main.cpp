@@ -1,7 +1,8 @@
 // scmoe-bench: single-node microbenchmarks with nccl-tests style output.
 //   scmoe-bench gemm  [options]   grouped GEMM vs dense GEMM of the same FLOPs
-//   scmoe-bench layer [options]   MoeLayer forward / forward+backward and per-stage times
+//   scmoe-bench layer [options]   MoeLayer forward / forward+backward and per-stage times (--ep N: expert-parallel)
 //   scmoe-bench a2a   [options]   all_to_all_v bandwidth over a size sweep (nccl-tests alltoall)
+//   scmoe-bench block [options]   ScMoE block configurations side by side (overlap, speedup vs top-2)
 #include <iostream>
 
 #include "benches.h"
@@ -12,13 +13,14 @@
 namespace {
 
 void print_usage(std::ostream& os) {
-    cxxopts::Options common("scmoe-bench <gemm|layer|a2a>",
+    cxxopts::Options common("scmoe-bench <gemm|layer|a2a|block>",
                             "scmoe-bench " + std::string(scmoe::bench::scmoe_version()) +
                                 ": scmoe microbenchmarks with nccl-tests style tables.\n\n"
                                 "Subcommands:\n"
                                 "  gemm    grouped GEMM over expert loads vs one dense GEMM of the same FLOPs\n"
-                                "  layer   MoeLayer forward and forward+backward, per-stage times\n"
-                                "  a2a     all_to_all_v bandwidth over a size sweep, in-process ranks or mpirun\n\n"
+                                "  layer   MoeLayer fwd and fwd+bwd, per-stage times; --ep N: expert-parallel\n"
+                                "  a2a     all_to_all_v bandwidth over a size sweep, in-process ranks or mpirun\n"
+                                "  block   ScMoE block variants side by side: overlap, exposed comm, speedup vs top-2\n\n"
                                 "'scmoe-bench <subcommand> --help' lists a subcommand's options. Exit status: 0 ok, "
                                 "1 wrong results, 2 bad command line, 3 runtime error.");
     common.set_width(110);
@@ -49,7 +51,8 @@ int main(int argc, char** argv) {
         if (sub == "gemm") return run_gemm_bench(argc - 1, argv + 1, command);
         if (sub == "layer") return run_layer_bench(argc - 1, argv + 1, command);
         if (sub == "a2a") return run_a2a_bench(argc - 1, argv + 1, command);
-        std::cerr << "scmoe-bench: unknown subcommand '" << sub << "': expected gemm, layer or a2a (see --help)\n";
+        if (sub == "block") return run_block_bench(argc - 1, argv + 1, command);
+        std::cerr << "scmoe-bench: unknown subcommand '" << sub << "': expected gemm, layer, a2a or block (see --help)\n";
         return kExitUsage;
     } catch (const cxxopts::exceptions::exception& e) {
         std::cerr << "scmoe-bench " << sub << ": " << e.what() << " (see 'scmoe-bench " << sub << " --help')\n";

@@ -1,0 +1,94 @@
+#include "multi_rank.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iomanip>
+#include <sstream>
+
+#include "common.h"
+#include "kernels/error.h"
+
+#if SCMOE_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace scmoe::bench {
+
+void add_link_options(cxxopts::Options& options, const std::string& group) {
+    // clang-format off
+    options.add_options(group)
+        ("link", "Wrap the communicator in an EmulatedLink: pcie4, nvlink4, ib-ndr, 100gbe, or "
+                 "gbps=X,latency_us=Y", cxxopts::value<std::string>())
+        ("link-gbps", "EmulatedLink bandwidth in GB/s per direction (instead of --link)", cxxopts::value<double>())
+        ("link-latency-us", "EmulatedLink latency in us per op (with --link-gbps)",
+         cxxopts::value<double>()->default_value("0"));
+    // clang-format on
+}
+
+std::optional<LinkModel> read_link_options(const cxxopts::ParseResult& r) {
+    if (r.count("link") && r.count("link-gbps")) throw UsageError("give either --link or --link-gbps, not both");
+    if (r.count("link-latency-us") && !r.count("link-gbps")) throw UsageError("--link-latency-us needs --link-gbps");
+    try {
+        if (r.count("link")) return parse_link_model(r["link"].as<std::string>());
+        if (r.count("link-gbps")) {
+            std::ostringstream text;
+            text << std::setprecision(17) << "gbps=" << r["link-gbps"].as<double>()
+                 << ",latency_us=" << r["link-latency-us"].as<double>();
+            return parse_link_model(text.str());
+        }
+    } catch (const Error& e) {
+        throw UsageError(std::string("--link: ") + e.what());
+    }
+    return std::nullopt;
+}
+
+nlohmann::ordered_json link_json(const std::optional<LinkModel>& link) {
+    if (!link) return nullptr;
+    return {{"name", link->name}, {"gbps", link->gbps}, {"latency_us", link->latency_us}};
+}
+
+int mpirun_world_size() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+        const char* value = std::getenv(name);
+        if (value != nullptr && std::atoi(value) > 0) return std::atoi(value);
+    }
+    return 0;
+}
+
+bool launched_by_mpirun() { return mpirun_world_size() > 1; }
+
+#if SCMOE_WITH_MPI
+
+void init_mpi_serialized() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+        int provided = 0;
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    }
+}
+
+std::vector<std::string> mpi_rank_lines(const std::optional<LinkModel>& link) {
+    int me = 0, n = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    char host[64] = {};
+    gethostname(host, sizeof(host) - 1);
+    std::vector<char> hosts(static_cast<std::size_t>(n) * sizeof(host));
+    int pid = static_cast<int>(getpid());
+    std::vector<int> pids(static_cast<std::size_t>(n));
+    MPI_Gather(host, sizeof(host), MPI_CHAR, hosts.data(), sizeof(host), MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Gather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+    std::vector<std::string> lines;
+    if (me != 0) return lines;
+    for (int r = 0; r < n; ++r)
+        lines.push_back("Rank " + std::to_string(r) + " Pid " + std::to_string(pids[static_cast<std::size_t>(r)]) +
+                        " on " + std::string(hosts.data() + r * sizeof(host)) + ": mpi(rank " + std::to_string(r) +
+                        " of " + std::to_string(n) + ")" + (link ? " behind " + describe_link_model(*link) : ""));
+    return lines;
+}
+
+#endif  // SCMOE_WITH_MPI
+
+}  // namespace scmoe::bench
