@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: builds scmoe-bench and runs the MoE layer benchmark on the best backend present
-# (CUDA when a GPU answers, else the CPU with the embedded default shape), then the grouped-GEMM
-# comparison. Extra arguments go to `scmoe-bench layer`.
+# (CUDA when a GPU answers, else the CPU with the embedded default shape), the grouped-GEMM
+# comparison, then the ScMoE block variants side by side on 4 in-process expert-parallel ranks with
+# the emulated link set so top-2's all-to-all is 60% of its MoE time (the paper's PCIe case).
+# Extra arguments go to `scmoe-bench layer`.
 #   usage: launch/quickstart.sh [scmoe-bench layer flags...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,3 +15,4 @@ if [ ! -x "$build/bench/scmoe-bench" ]; then
 fi
 "$build/bench/scmoe-bench" layer --backend auto "$@"
 "$build/bench/scmoe-bench" gemm --backend auto
+"$build/bench/scmoe-bench" block --backend auto --ranks 4 --comm-share 0.6
