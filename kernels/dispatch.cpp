@@ -95,5 +95,16 @@ void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
     check_attention_backward_args(a, s.backend());
     run_on(s, [a] { cpu::attention_backward(a); }, SCMOE_CUDA_CALL(attention_backward(a, native)));
 }
+void adamw_step(const AdamWArgs& a, Stream& s) {
+    check_adamw_args(a);
+    if (a.n == 0) return;
+    run_on(s, [a] { cpu::adamw_step(a); }, SCMOE_CUDA_CALL(adamw_step(a, native)));
+}
+void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, Stream& s) {
+    SCMOE_CHECK(n >= 0, "sum_of_squares: n must be >= 0, got " << n);
+    SCMOE_CHECK(out && scratch, "sum_of_squares: out and scratch must not be null");
+    SCMOE_CHECK(n == 0 || x, "sum_of_squares: x must not be null when n > 0");
+    run_on(s, [=] { cpu::sum_of_squares(x, n, out); }, SCMOE_CUDA_CALL(sum_of_squares(x, n, out, scratch, native)));
+}
 
 }  // namespace scmoe

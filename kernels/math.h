@@ -65,6 +65,54 @@ SCMOE_HOST_DEVICE float bf16_bits_to_f32(std::uint16_t b) {
 }
 SCMOE_HOST_DEVICE float round_to_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
 
+// IEEE single-precision operations that the compiler may not fuse or approximate (nvcc contracts
+// a * b + c into an FMA by default; the host build does not): arithmetic written with these gives
+// the same bits on the CPU and the GPU.
+SCMOE_HOST_DEVICE float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+SCMOE_HOST_DEVICE float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+SCMOE_HOST_DEVICE float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+SCMOE_HOST_DEVICE float sqrt_rn(float a) {
+#if defined(__CUDA_ARCH__)
+    return __fsqrt_rn(a);
+#else
+    return sqrtf(a);
+#endif
+}
+
+// One AdamW element (decoupled weight decay), in place on master, m and v:
+//   g = grad * grad_scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//   master -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * master)
+// bc1 = 1 - b1^step and bc2 = 1 - b2^step come precomputed (adamw_bias_correction). Every operation
+// is rounded separately (no FMA), so both backends produce the same bits.
+SCMOE_HOST_DEVICE void adamw_update(float grad, float grad_scale, float lr, float beta1, float beta2, float eps,
+                                    float weight_decay, float bc1, float bc2, float& master, float& m, float& v) {
+    const float g = mul_rn(grad, grad_scale);
+    m = add_rn(mul_rn(beta1, m), mul_rn(1.0f - beta1, g));
+    v = add_rn(mul_rn(beta2, v), mul_rn(1.0f - beta2, mul_rn(g, g)));
+    const float m_hat = div_rn(m, bc1);
+    const float v_hat = div_rn(v, bc2);
+    const float update = add_rn(div_rn(m_hat, add_rn(sqrt_rn(v_hat), eps)), mul_rn(weight_decay, master));
+    master = add_rn(master, -mul_rn(lr, update));
+}
+
 // Counter-based standard normal sample for the noisy gate: the same (seed, index) gives the same
 // value on every backend, so noisy routing is reproducible.
 SCMOE_HOST_DEVICE std::uint64_t splitmix64(std::uint64_t x) {

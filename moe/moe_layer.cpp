@@ -341,6 +341,7 @@ MoeExpertInputs MoeLayer::expert_inputs(Stream& stream) {
     for (int e = 0; e < El; ++e) {
         const std::size_t n = static_cast<std::size_t>(count[static_cast<std::size_t>(e)] * H);
         raw.resize(n * es);
+        if (n == 0) continue;
         stream.copy(raw.data(), static_cast<const unsigned char*>(buf_->xe) + static_cast<std::size_t>(begin[static_cast<std::size_t>(e)] * H) * es, raw.size());
         stream.synchronize();
         std::vector<float>& rows = out.rows[static_cast<std::size_t>(e)];

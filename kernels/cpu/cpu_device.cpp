@@ -143,11 +143,12 @@ public:
         std::uint64_t generation = e.recorded_generation();
         host_task([&e, generation] { e.wait_for(generation); });
     }
+    // Zero bytes is a no-op (memcpy/memset with a null pointer would be undefined even then).
     void copy(void* dst, const void* src, std::size_t bytes) override {
-        host_task([=] { std::memcpy(dst, src, bytes); });
+        if (bytes) host_task([=] { std::memcpy(dst, src, bytes); });
     }
     void fill_zero(void* dst, std::size_t bytes) override {
-        host_task([=] { std::memset(dst, 0, bytes); });
+        if (bytes) host_task([=] { std::memset(dst, 0, bytes); });
     }
 
 private:

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/activation.h"
+#include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -37,5 +38,7 @@ void rmsnorm_forward(const RmsNormArgs& args);
 void rmsnorm_backward(const RmsNormBackwardArgs& args);
 void attention_forward(const AttentionArgs& args);
 void attention_backward(const AttentionBackwardArgs& args);
+void adamw_step(const AdamWArgs& args);
+void sum_of_squares(const float* x, std::int64_t n, float* out);
 
 }  // namespace scmoe::cpu

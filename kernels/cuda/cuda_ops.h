@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "kernels/activation.h"
+#include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
@@ -43,5 +44,7 @@ void rmsnorm_forward(const RmsNormArgs& args, void* stream);
 void rmsnorm_backward(const RmsNormBackwardArgs& args, void* stream);
 void attention_forward(const AttentionArgs& args, void* stream);
 void attention_backward(const AttentionBackwardArgs& args, void* stream);
+void adamw_step(const AdamWArgs& args, void* stream);
+void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, void* stream);
 
 }  // namespace scmoe::cuda

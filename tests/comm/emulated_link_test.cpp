@@ -173,8 +173,9 @@ TEST(EmulatedLinkFourRanks, OtherCollectivesExactAndModelled) {
         EXPECT_DOUBLE_EQ(model_us, 4 * 2000.0 + (2 * 0.75 * bytes + 0.75 * n * bytes + bytes) / 500.0);
         const double measured_us = 1000.0 * t1->elapsed_ms_since(*t0);
         EXPECT_GE(measured_us, model_us);
-        // One run of 4 ranks on possibly 2 busy cores: a loose bound (the tight one is above).
-        EXPECT_LE(measured_us, model_us * 1.5 + 5000.0);
+        // One run of 4 ranks on possibly 2 busy cores, maybe under a sanitizer: a loose bound that
+        // still catches a doubled hold (the tight one, best of several runs, is above).
+        EXPECT_LE(measured_us, model_us * 1.9 + 5000.0);
         EXPECT_EQ(link.counters().ops, 4);
         EXPECT_EQ(link.counters(LinkOp::kBarrier).ops, 1);
         std::int64_t bad = 0;
