@@ -163,7 +163,7 @@ TEST_P(BlockRanks, DistributedEqualsSingleRankAndOverlapIsBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BlockRanks,
-                         ::testing::Values("top2", "shared", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "scmoe2",
+                         ::testing::Values("top2", "top1", "shared", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "scmoe2",
                                            "every-block-pos1"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                              std::string n = p.param;

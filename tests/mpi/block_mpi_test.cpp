@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int passed = 0, failed = 0;
-    for (const std::string variant : {"top2", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "scmoe2", "every-block-pos1"}) {
+    for (const std::string& variant : scmoe::block_variant_names()) {
         std::string error;
         try {
             scmoe::MpiCommunicator comm(MPI_COMM_WORLD);
