@@ -10,8 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <chrono>
 #include <cstring>
 #include <iomanip>
@@ -19,7 +17,6 @@
 #include <memory>
 #include <optional>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include "benches.h"
@@ -274,53 +271,20 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
     print_notes(report, args, n, memcpy_gbps(), rank_lines);
     A2aTable table(report, n, args.link, common.check);
 
-    // NOTES: main and the rank threads meet at `sync` twice per size: once to start it, once when
-    // every rank has finished it. A failed rank records its error and keeps meeting, so nobody hangs.
-    std::barrier sync(n + 1);
-    std::atomic<std::int64_t> count{0};
-    std::atomic<bool> stop{false};
-    std::vector<RankResult> results(static_cast<std::size_t>(n));
-    std::vector<std::string> errors(static_cast<std::size_t>(n));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-        threads.emplace_back([&, r] {
-            auto& rank = *ranks[static_cast<std::size_t>(r)];
-            auto& error = errors[static_cast<std::size_t>(r)];
-            while (true) {
-                sync.arrive_and_wait();
-                if (stop) return;
-                if (error.empty()) {
-                    try {
-                        results[static_cast<std::size_t>(r)] = rank.run(count, common);
-                    } catch (const std::exception& e) {
-                        error = e.what();
-                    }
-                }
-                sync.arrive_and_wait();
+    run_ranks_in_lockstep<RankResult>(
+        n, args.sizes.size(),
+        [&](int r, std::size_t c) {
+            return ranks[static_cast<std::size_t>(r)]->run(elements_for(args.sizes[c], n), common);
+        },
+        [&](std::size_t c, const std::vector<RankResult>& results) {
+            double us = 0.0;
+            std::int64_t wrong = 0;
+            for (const RankResult& res : results) {
+                us = std::max(us, res.us);
+                wrong += res.wrong;
             }
+            table.add(elements_for(args.sizes[c], n), us, wrong);
         });
-    }
-    std::string failure;
-    for (const std::int64_t bytes : args.sizes) {
-        count = elements_for(bytes, n);
-        sync.arrive_and_wait();
-        sync.arrive_and_wait();
-        for (int r = 0; r < n && failure.empty(); ++r)
-            if (!errors[static_cast<std::size_t>(r)].empty())
-                failure = "rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)];
-        if (!failure.empty()) break;
-        double us = 0.0;
-        std::int64_t wrong = 0;
-        for (const RankResult& res : results) {
-            us = std::max(us, res.us);
-            wrong += res.wrong;
-        }
-        table.add(count, us, wrong);
-    }
-    stop = true;
-    sync.arrive_and_wait();
-    for (auto& t : threads) t.join();
-    if (!failure.empty()) throw Error(failure);
     return report.finish({{"Avg bus bandwidth", table.average_busbw()}});
 }
 

@@ -11,12 +11,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -199,49 +196,15 @@ int run_local(const CommonArgs& common, const LayerBenchArgs& args, const std::s
     print_notes(report, args, common.check, rank_lines);
     EpTable table(report, args, common.check);
 
-    // NOTES: main and the rank threads meet at `sync` twice per case: once to start it, once when
-    // every rank has finished it. A failed rank records its error and keeps meeting, so nobody
-    // hangs (its peers fail too, at the latest after SCMOE_COMM_TIMEOUT_S).
     const std::vector<EpCase> cases = ep_cases(args);
-    std::barrier sync(n + 1);
-    std::atomic<std::size_t> next{0};
-    std::atomic<bool> stop{false};
-    std::vector<EpCaseResult> results(static_cast<std::size_t>(n));
-    std::vector<std::string> errors(static_cast<std::size_t>(n));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-        threads.emplace_back([&, r] {
-            auto& rank = *ranks[static_cast<std::size_t>(r)];
-            auto& error = errors[static_cast<std::size_t>(r)];
-            while (true) {
-                sync.arrive_and_wait();
-                if (stop) return;
-                if (error.empty()) {
-                    try {
-                        const EpCase& c = cases[next];
-                        results[static_cast<std::size_t>(r)] = rank.run_case(c.dispatch, c.tokens, common);
-                    } catch (const std::exception& e) {
-                        error = e.what();
-                    }
-                }
-                sync.arrive_and_wait();
-            }
+    run_ranks_in_lockstep<EpCaseResult>(
+        n, cases.size(),
+        [&](int r, std::size_t c) {
+            return ranks[static_cast<std::size_t>(r)]->run_case(cases[c].dispatch, cases[c].tokens, common);
+        },
+        [&](std::size_t c, const std::vector<EpCaseResult>& results) {
+            table.add(cases[c], results, ranks.front()->provider_name());
         });
-    }
-    std::string failure;
-    for (std::size_t i = 0; i < cases.size() && failure.empty(); ++i) {
-        next = i;
-        sync.arrive_and_wait();
-        sync.arrive_and_wait();
-        for (int r = 0; r < n && failure.empty(); ++r)
-            if (!errors[static_cast<std::size_t>(r)].empty())
-                failure = "rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)];
-        if (failure.empty()) table.add(cases[i], results, ranks.front()->provider_name());
-    }
-    stop = true;
-    sync.arrive_and_wait();
-    for (auto& t : threads) t.join();
-    if (!failure.empty()) throw Error(failure);
     return table.finish();
 }
 
