@@ -2,9 +2,11 @@
 // on the CPU backend with host-visible buffers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/device.h"
@@ -13,6 +15,12 @@
 #include "moe/params.h"
 
 namespace scmoe::testing {
+
+// A name gtest accepts for a parameterized case: "scmoe-pos2" -> "scmoe_pos2".
+inline std::string gtest_name(std::string s) {
+    std::replace(s.begin(), s.end(), '-', '_');
+    return s;
+}
 
 inline void fill_uniform(float* p, std::int64_t n, float scale, std::uint64_t seed) {
     std::mt19937_64 rng(seed);

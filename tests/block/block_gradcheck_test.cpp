@@ -87,10 +87,8 @@ INSTANTIATE_TEST_SUITE_P(Cpu, BlockGradcheck,
                                            GradCase{"scmoe-pos2", false, DispatchMode::kDropless},
                                            GradCase{"every-block-pos1"}),
                          [](const ::testing::TestParamInfo<GradCase>& p) {
-                             std::string n = p.param.variant + (p.param.cg ? "_cg1" : "_add") +
-                                             (p.param.dispatch == DispatchMode::kDropless ? "_dropless" : "");
-                             std::replace(n.begin(), n.end(), '-', '_');
-                             return n;
+                             return testing::gtest_name(p.param.variant + (p.param.cg ? "_cg1" : "_add") +
+                                                        (p.param.dispatch == DispatchMode::kDropless ? "_dropless" : ""));
                          });
 
 }  // namespace

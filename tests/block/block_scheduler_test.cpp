@@ -75,12 +75,7 @@ TEST_P(BlockOverlap, OnAndOffAreBitwiseIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BlockOverlap, ::testing::ValuesIn(block_variant_names()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                             std::string n = p.param;
-                             for (char& ch : n)
-                                 if (ch == '-') ch = '_';
-                             return n;
-                         });
+                         [](const ::testing::TestParamInfo<std::string>& p) { return testing::gtest_name(p.param); });
 
 // Runs `body(rank, comm)` on `ranks` threads of one LocalGroup and returns their errors.
 template <class Body>
@@ -165,12 +160,7 @@ TEST_P(BlockRanks, DistributedEqualsSingleRankAndOverlapIsBitwise) {
 INSTANTIATE_TEST_SUITE_P(Cpu, BlockRanks,
                          ::testing::Values("top2", "top1", "shared", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "scmoe2",
                                            "every-block-pos1"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                             std::string n = p.param;
-                             for (char& ch : n)
-                                 if (ch == '-') ch = '_';
-                             return n;
-                         });
+                         [](const ::testing::TestParamInfo<std::string>& p) { return testing::gtest_name(p.param); });
 
 TEST(BlockStackErrors, NanInputFailsCleanlyWithOverlap) {
     auto device = make_device("cpu");

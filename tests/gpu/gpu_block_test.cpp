@@ -86,12 +86,7 @@ TEST_P(GpuBlock, OverlapIsBitwiseAndMatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bf16, GpuBlock, ::testing::Values("top2", "scmoe-pos2", "scmoe-pos3", "every-block-pos1"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                             std::string n = p.param;
-                             for (char& ch : n)
-                                 if (ch == '-') ch = '_';
-                             return n;
-                         });
+                         [](const ::testing::TestParamInfo<std::string>& p) { return testing::gtest_name(p.param); });
 
 }  // namespace
 }  // namespace scmoe

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "gpu_test_util.h"
+#include "test_util.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/error.h"
@@ -206,10 +207,8 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(GroupedGemmProvider::kLoop, GroupedGemmProvider::kCublasStridedBatched,
                                          GroupedGemmProvider::kDeviceGrouped, GroupedGemmProvider::kAuto)),
     [](const ::testing::TestParamInfo<GroupedParam>& param_info) {
-        std::string p = grouped_gemm_provider_name(std::get<1>(param_info.param), Backend::kCuda);
-        for (char& ch : p)
-            if (ch == '-') ch = '_';
-        return std::string(kind_name(std::get<0>(param_info.param))) + "_" + p;
+        return testing::gtest_name(std::string(kind_name(std::get<0>(param_info.param))) + "_" +
+                                   grouped_gemm_provider_name(std::get<1>(param_info.param), Backend::kCuda));
     });
 
 TEST(GpuOps, GroupedGemmBatchedNeedsCapacity) {
