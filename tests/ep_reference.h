@@ -109,6 +109,31 @@ inline std::string compare(const float* a, const float* b, std::int64_t n, doubl
     return "";
 }
 
+// Compares an expert-parallel rank's MoE gradients (`got`, this rank's MoeParamStore layout) with
+// single-rank references in the full layout: the expert slices against the sum over `replica_refs`
+// (every rank whose tokens feed these experts), every other parameter against `own_ref` (this
+// rank's tokens alone). Returns "" or the first mismatch, named `prefix` + parameter.
+inline std::string compare_ep_grads(const MoeConfig& config, int ep, int ep_rank, const float* got,
+                                    const std::vector<const float*>& replica_refs, const float* own_ref, double tol,
+                                    const std::string& prefix) {
+    const auto specs = moe_param_specs(config, ep);
+    std::int64_t numel = 0;
+    for (const ParamSpec& s : specs) numel += s.numel();
+    std::vector<float> summed(static_cast<std::size_t>(numel)), own(summed.size());
+    slice_params(config, ep, ep_rank, replica_refs, summed.data());
+    slice_params(config, ep, ep_rank, {own_ref}, own.data());
+    std::int64_t off = 0;
+    for (const ParamSpec& s : specs) {
+        const bool expert = s.name == "expert_w1" || s.name == "expert_w2";
+        if (s.numel()) {
+            std::string err = compare(got + off, (expert ? summed : own).data() + off, s.numel(), tol, prefix + s.name);
+            if (!err.empty()) return err;
+        }
+        off += s.numel();
+    }
+    return "";
+}
+
 // Runs one world rank of the case on `ep_comm` and returns the mismatches against the references
 // ("" when everything matches). refs: the references of every world rank.
 inline std::string run_ep_rank(const EpCase& c, int world_rank, Communicator& ep_comm,
@@ -134,21 +159,11 @@ inline std::string run_ep_rank(const EpCase& c, int world_rank, Communicator& ep
     if (err.empty() && layer.stats(*stream).dropped_tokens != ref.dropped)
         err = "dropped " + std::to_string(layer.stats(*stream).dropped_tokens) + " vs single-rank " +
               std::to_string(ref.dropped);
-    // Gradients: non-expert parameters are this rank's own; expert slices sum over the replica's ranks.
-    std::vector<float> want(static_cast<std::size_t>(grads.numel())), own(want.size());
     std::vector<const float*> replica_refs;
     for (int r = 0; r < c.ep; ++r) replica_refs.push_back(refs[static_cast<std::size_t>(replica * c.ep + r)].grads.data());
-    slice_params(config, c.ep, ep_rank, replica_refs, want.data());
-    slice_params(config, c.ep, ep_rank, {ref.grads.data()}, own.data());
-    const auto specs = moe_param_specs(config, c.ep);
-    const auto* got = static_cast<const float*>(grads.data());
-    std::int64_t off = 0;
-    for (const ParamSpec& s : specs) {
-        const bool expert = s.name == "expert_w1" || s.name == "expert_w2";
-        if (err.empty() && s.numel())
-            err = compare(got + off, (expert ? want.data() : own.data()) + off, s.numel(), tol, "grad " + s.name);
-        off += s.numel();
-    }
+    if (err.empty())
+        err = compare_ep_grads(config, c.ep, ep_rank, static_cast<const float*>(grads.data()), replica_refs,
+                               ref.grads.data(), tol, "grad ");
     return err.empty() ? "" : "world rank " + std::to_string(world_rank) + " (" + c.name + "): " + err;
 }
 

@@ -138,18 +138,9 @@ TEST_P(BlockRanks, DistributedEqualsSingleRankAndOverlapIsBitwise) {
         if (e.empty()) e = compare_rel(on.backbone_grads, ref.backbone_grads, 1e-5, "backbone grads");
         for (std::size_t m = 0; e.empty() && m < on.moe_grads.size(); ++m) {
             // Experts: the sum over the ranks that feed them; router and shared expert: this rank's own.
-            std::vector<float> want(on.moe_grads[m].size()), own(want.size());
-            testing::slice_params(config.moe, ep, r, {refs[0].moe_grads[m].data(), refs[1].moe_grads[m].data()},
-                                  want.data());
-            testing::slice_params(config.moe, ep, r, {ref.moe_grads[m].data()}, own.data());
-            std::int64_t off_m = 0;
-            for (const ParamSpec& s : moe_param_specs(config.moe, ep)) {
-                const bool expert = s.name == "expert_w1" || s.name == "expert_w2";
-                if (e.empty() && s.numel())
-                    e = testing::compare(on.moe_grads[m].data() + off_m, (expert ? want : own).data() + off_m,
-                                         s.numel(), 1e-5, "moe grad " + s.name);
-                off_m += s.numel();
-            }
+            e = testing::compare_ep_grads(config.moe, ep, r, on.moe_grads[m].data(),
+                                          {refs[0].moe_grads[m].data(), refs[1].moe_grads[m].data()},
+                                          ref.moe_grads[m].data(), 1e-5, "moe grad ");
         }
         SCMOE_CHECK(e.empty(), e);
     });

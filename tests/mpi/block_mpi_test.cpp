@@ -10,6 +10,7 @@
 
 #include "block_test_util.h"
 #include "comm/mpi_communicator.h"
+#include "mpi_cases.h"
 
 namespace {
 
@@ -52,17 +53,8 @@ std::string run_case(const std::string& variant, int rank, int world, scmoe::Com
     for (std::size_t m = 0; e.empty() && m < on.moe_grads.size(); ++m) {
         std::vector<const float*> all;
         for (const StackResult& r : refs) all.push_back(r.moe_grads[m].data());
-        std::vector<float> want(on.moe_grads[m].size()), own(want.size());
-        scmoe::testing::slice_params(config.moe, world, rank, all, want.data());
-        scmoe::testing::slice_params(config.moe, world, rank, {ref.moe_grads[m].data()}, own.data());
-        std::int64_t off_m = 0;
-        for (const scmoe::ParamSpec& s : scmoe::moe_param_specs(config.moe, world)) {
-            const bool expert = s.name == "expert_w1" || s.name == "expert_w2";
-            if (e.empty() && s.numel())
-                e = scmoe::testing::compare(on.moe_grads[m].data() + off_m, (expert ? want : own).data() + off_m,
-                                            s.numel(), 1e-5, "moe grad " + s.name);
-            off_m += s.numel();
-        }
+        e = scmoe::testing::compare_ep_grads(config.moe, world, rank, on.moe_grads[m].data(), all,
+                                             ref.moe_grads[m].data(), 1e-5, "moe grad ");
     }
     return e;
 }
@@ -75,22 +67,14 @@ int main(int argc, char** argv) {
     int world = 0, rank = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    int passed = 0, failed = 0;
-    for (const std::string& variant : scmoe::block_variant_names()) {
-        std::string error;
-        try {
+    const std::vector<std::string> variants = scmoe::block_variant_names();
+    const int failed = scmoe::testing::run_mpi_cases(
+        variants,
+        [&](std::size_t i) {
             scmoe::MpiCommunicator comm(MPI_COMM_WORLD);
-            error = run_case(variant, rank, world, comm);
-        } catch (const std::exception& e) {
-            error = std::string("threw: ") + e.what();
-        }
-        if (!error.empty()) std::fprintf(stderr, "FAILED rank %d %s: %s\n", rank, variant.c_str(), error.c_str());
-        int bad = error.empty() ? 0 : 1, any = 0;
-        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        (any ? failed : passed) += 1;
-        if (rank == 0) std::printf("%s %s\n", any ? "FAILED" : "ok    ", variant.c_str());
-    }
-    if (rank == 0) std::printf("%d passed, %d failed (%d ranks, BlockStack over MpiCommunicator)\n", passed, failed, world);
+            return run_case(variants[i], rank, world, comm);
+        },
+        "BlockStack over MpiCommunicator");
     MPI_Finalize();
     return failed ? 1 : 0;
 }

@@ -14,6 +14,7 @@
 
 #include "comm/mpi_communicator.h"
 #include "ep_reference.h"
+#include "mpi_cases.h"
 
 namespace {
 
@@ -82,31 +83,27 @@ int main(int argc, char** argv) {
         }
         std::_Exit(rc);  // the peer is gone: MPI_Finalize could wait for it forever
     }
-    int passed = 0, failed = 0;
     const auto cases = cases_for(world);
     if (cases.empty() && rank == 0) std::printf("no cases for %d ranks (run with -np 2 or -np 4)\n", world);
-    for (const EpCase& c : cases) {
-        std::string error;
-        try {
+    std::vector<std::string> names;
+    for (const EpCase& c : cases) names.push_back(c.name);
+    const int failed = scmoe::testing::run_mpi_cases(
+        names,
+        [&](std::size_t i) {
+            const EpCase& c = cases[i];
             std::vector<scmoe::testing::RankReference> refs;
             for (int w = 0; w < world; ++w) refs.push_back(scmoe::testing::single_rank_reference(c, w));
             MPI_Comm ep_comm;
             MPI_Comm_split(MPI_COMM_WORLD, rank / c.ep, rank % c.ep, &ep_comm);
+            std::string error;
             {
                 scmoe::MpiCommunicator comm(ep_comm);
                 error = scmoe::testing::run_ep_rank(c, rank, comm, refs, 1e-5);
             }
             MPI_Comm_free(&ep_comm);
-        } catch (const std::exception& e) {
-            error = std::string("rank ") + std::to_string(rank) + " threw: " + e.what();
-        }
-        if (!error.empty()) std::fprintf(stderr, "FAILED %s\n", error.c_str());
-        int bad = error.empty() ? 0 : 1, any = 0;
-        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        (any ? failed : passed) += 1;
-        if (rank == 0) std::printf("%s %s\n", any ? "FAILED" : "ok    ", c.name.c_str());
-    }
-    if (rank == 0) std::printf("%d passed, %d failed (%d ranks, MpiCommunicator)\n", passed, failed, world);
+            return error;
+        },
+        "MpiCommunicator");
     MPI_Finalize();
     return failed ? 1 : 0;
 }
