@@ -329,22 +329,22 @@ MoeExpertInputs MoeLayer::expert_inputs(Stream& stream) {
         std::vector<std::int32_t> offsets(static_cast<std::size_t>(El + 1));
         stream.copy(offsets.data(), buf_->local_offsets, offsets.size() * sizeof(std::int32_t));
         stream.synchronize();
-        for (int e = 0; e < El; ++e) {
-            begin[static_cast<std::size_t>(e)] = offsets[static_cast<std::size_t>(e)];
-            count[static_cast<std::size_t>(e)] = offsets[static_cast<std::size_t>(e) + 1] - offsets[static_cast<std::size_t>(e)];
+        for (std::size_t e = 0; e < begin.size(); ++e) {
+            begin[e] = offsets[e];
+            count[e] = offsets[e + 1] - offsets[e];
         }
     }
     const std::size_t es = dtype_size(config_.dtype);
     MoeExpertInputs out;
     out.rows.resize(static_cast<std::size_t>(El));
     std::vector<unsigned char> raw;
-    for (int e = 0; e < El; ++e) {
-        const std::size_t n = static_cast<std::size_t>(count[static_cast<std::size_t>(e)] * H);
+    for (std::size_t e = 0; e < begin.size(); ++e) {
+        const auto n = static_cast<std::size_t>(count[e] * H);
         raw.resize(n * es);
-        if (n == 0) continue;
-        stream.copy(raw.data(), static_cast<const unsigned char*>(buf_->xe) + static_cast<std::size_t>(begin[static_cast<std::size_t>(e)] * H) * es, raw.size());
+        stream.copy(raw.data(), static_cast<const unsigned char*>(buf_->xe) + static_cast<std::size_t>(begin[e] * H) * es,
+                    raw.size());
         stream.synchronize();
-        std::vector<float>& rows = out.rows[static_cast<std::size_t>(e)];
+        std::vector<float>& rows = out.rows[e];
         rows.resize(n);
         for (std::size_t i = 0; i < n; ++i) {
             if (config_.dtype == DType::kBF16) {
