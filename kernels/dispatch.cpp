@@ -74,6 +74,9 @@ void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* c
 void regroup(const RegroupArgs& a, Stream& s) {
     run_on(s, [a] { cpu::regroup(a); }, SCMOE_CUDA_CALL(regroup(a, native)));
 }
+void copy_row_segments(const RowSegmentsArgs& a, Stream& s) {
+    run_on(s, [a] { cpu::copy_row_segments(a); }, SCMOE_CUDA_CALL(copy_row_segments(a, native)));
+}
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream& s) {
     run_on(s, [=] { cpu::convert(src, src_dtype, dst, dst_dtype, n); },
            SCMOE_CUDA_CALL(convert(src, src_dtype, dst, dst_dtype, n, native)));
@@ -105,6 +108,18 @@ void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, S
     SCMOE_CHECK(out && scratch, "sum_of_squares: out and scratch must not be null");
     SCMOE_CHECK(n == 0 || x, "sum_of_squares: x must not be null when n > 0");
     run_on(s, [=] { cpu::sum_of_squares(x, n, out); }, SCMOE_CUDA_CALL(sum_of_squares(x, n, out, scratch, native)));
+}
+void embedding_forward(const EmbeddingArgs& a, Stream& s) {
+    check_embedding_args(a, s.backend());
+    run_on(s, [a] { cpu::embedding_forward(a); }, SCMOE_CUDA_CALL(embedding_forward(a, native)));
+}
+void embedding_backward(const EmbeddingBackwardArgs& a, Stream& s) {
+    check_embedding_backward_args(a, s.backend());
+    run_on(s, [a] { cpu::embedding_backward(a); }, SCMOE_CUDA_CALL(embedding_backward(a, native)));
+}
+void cross_entropy(const CrossEntropyArgs& a, Stream& s) {
+    check_cross_entropy_args(a, s.backend());
+    run_on(s, [a] { cpu::cross_entropy(a); }, SCMOE_CUDA_CALL(cross_entropy(a, native)));
 }
 
 }  // namespace scmoe

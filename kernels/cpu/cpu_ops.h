@@ -7,7 +7,9 @@
 #include "kernels/activation.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/layout.h"
@@ -15,6 +17,7 @@
 #include "kernels/regroup.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/router.h"
+#include "kernels/row_segments.h"
 
 namespace scmoe::cpu {
 
@@ -34,11 +37,15 @@ void gated_add_backward(const GatedAddBackwardArgs& args);
 void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index);
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
 void regroup(const RegroupArgs& args);
+void copy_row_segments(const RowSegmentsArgs& args);
 void rmsnorm_forward(const RmsNormArgs& args);
 void rmsnorm_backward(const RmsNormBackwardArgs& args);
 void attention_forward(const AttentionArgs& args);
 void attention_backward(const AttentionBackwardArgs& args);
 void adamw_step(const AdamWArgs& args);
 void sum_of_squares(const float* x, std::int64_t n, float* out);
+void embedding_forward(const EmbeddingArgs& args);
+void embedding_backward(const EmbeddingBackwardArgs& args);
+void cross_entropy(const CrossEntropyArgs& args);
 
 }  // namespace scmoe::cpu

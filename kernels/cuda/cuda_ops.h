@@ -8,8 +8,10 @@
 #include "kernels/activation.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/layout.h"
@@ -17,6 +19,7 @@
 #include "kernels/regroup.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/router.h"
+#include "kernels/row_segments.h"
 
 namespace scmoe::cuda {
 
@@ -40,11 +43,15 @@ void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* c
                      void* stream);
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, void* stream);
 void regroup(const RegroupArgs& args, void* stream);
+void copy_row_segments(const RowSegmentsArgs& args, void* stream);
 void rmsnorm_forward(const RmsNormArgs& args, void* stream);
 void rmsnorm_backward(const RmsNormBackwardArgs& args, void* stream);
 void attention_forward(const AttentionArgs& args, void* stream);
 void attention_backward(const AttentionBackwardArgs& args, void* stream);
 void adamw_step(const AdamWArgs& args, void* stream);
 void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, void* stream);
+void embedding_forward(const EmbeddingArgs& args, void* stream);
+void embedding_backward(const EmbeddingBackwardArgs& args, void* stream);
+void cross_entropy(const CrossEntropyArgs& args, void* stream);
 
 }  // namespace scmoe::cuda
