@@ -1,0 +1,76 @@
+#include "launch/train_comms.h"
+
+#include "comm/local_communicator.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#if SCMOE_WITH_MPI
+#include "comm/mpi_communicator.h"
+#if SCMOE_WITH_CUDA
+#include "comm/nccl_communicator.h"
+#endif
+#endif
+
+namespace scmoe::launch {
+namespace {
+
+std::shared_ptr<Communicator> behind(std::shared_ptr<Communicator> c, const std::optional<LinkModel>& link) {
+    if (!link) return c;
+    return std::make_shared<EmulatedLink>(std::move(c), *link);
+}
+
+}  // namespace
+
+LocalTrainGroups::LocalTrainGroups(int world, int ep, std::optional<LinkModel> link)
+    : world_(world), ep_(ep), link_(std::move(link)) {
+    models::ParallelLayout{world, 0, ep}.validate();
+    world_group_ = LocalGroup::create(world);
+    for (int g = 0; g < world / ep; ++g) ep_groups_.push_back(LocalGroup::create(ep));
+    for (int e = 0; e < ep; ++e) expert_dp_groups_.push_back(LocalGroup::create(world / ep));
+}
+
+RankComms LocalTrainGroups::rank_comms(int rank) {
+    const models::ParallelLayout l{world_, rank, ep_};
+    l.validate();
+    RankComms r;
+    r.owned.push_back(behind(world_group_->communicator(rank), link_));
+    r.owned.push_back(behind(ep_groups_[static_cast<std::size_t>(l.ep_group())]->communicator(l.ep_rank()), link_));
+    r.owned.push_back(
+        behind(expert_dp_groups_[static_cast<std::size_t>(l.ep_rank())]->communicator(l.ep_group()), link_));
+    return r;
+}
+
+#if SCMOE_WITH_MPI
+RankComms mpi_rank_comms(const models::ParallelLayout& layout, Device& device, [[maybe_unused]] int cuda_device,
+                         std::optional<LinkModel> link) {
+    layout.validate();
+    MPI_Comm ep_comm = MPI_COMM_NULL, expert_dp_comm = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, layout.ep_group(), layout.ep_rank(), &ep_comm);
+    MPI_Comm_split(MPI_COMM_WORLD, layout.ep_rank(), layout.ep_group(), &expert_dp_comm);
+    auto make = [&](MPI_Comm comm) -> std::shared_ptr<Communicator> {
+        if (device.backend() == Backend::kCuda) {
+#if SCMOE_WITH_CUDA
+            return NcclCommunicator::from_mpi(comm, cuda_device);
+#else
+            SCMOE_FAIL("a CUDA device in a build without CUDA");
+#endif
+        }
+        return std::make_shared<MpiCommunicator>(comm);
+    };
+    RankComms r;
+    try {
+        r.owned.push_back(behind(make(MPI_COMM_WORLD), link));
+        r.owned.push_back(behind(make(ep_comm), link));
+        r.owned.push_back(behind(make(expert_dp_comm), link));
+    } catch (...) {
+        MPI_Comm_free(&ep_comm);
+        MPI_Comm_free(&expert_dp_comm);
+        throw;
+    }
+    // The communicators hold duplicates (MpiCommunicator) or their own NCCL communicators.
+    MPI_Comm_free(&ep_comm);
+    MPI_Comm_free(&expert_dp_comm);
+    return r;
+}
+#endif
+
+}  // namespace scmoe::launch

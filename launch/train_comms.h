@@ -1,0 +1,47 @@
+// The communicators a training rank needs (world, its expert-parallel group, its expert-data-parallel
+// group; see models/parallel.h), built for in-process ranks (LocalGroup threads) or for MPI processes
+// (MPI on CPU, NCCL on CUDA), optionally behind an EmulatedLink.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "comm/emulated_link.h"
+#include "models/parallel.h"
+
+namespace scmoe {
+class LocalGroup;
+class Device;
+}  // namespace scmoe
+
+namespace scmoe::launch {
+
+// A rank's communicators; comms() borrows them.
+struct RankComms {
+    std::vector<std::shared_ptr<Communicator>> owned;  // world, ep, expert_dp
+    models::TrainComms comms() const { return {owned[0].get(), owned[1].get(), owned[2].get()}; }
+};
+
+// The groups of `world` in-process ranks with expert-parallel size `ep`; created once, shared by
+// the rank threads, each of which calls rank_comms(rank) once.
+class LocalTrainGroups {
+  public:
+    LocalTrainGroups(int world, int ep, std::optional<LinkModel> link);
+    RankComms rank_comms(int rank);
+
+  private:
+    int world_, ep_;
+    std::optional<LinkModel> link_;
+    std::shared_ptr<LocalGroup> world_group_;
+    std::vector<std::shared_ptr<LocalGroup>> ep_groups_, expert_dp_groups_;
+};
+
+#if SCMOE_WITH_MPI
+// Collective over MPI_COMM_WORLD: splits it into the groups of `layout` and wraps each in an
+// MpiCommunicator (CPU device) or an NcclCommunicator (CUDA device).
+RankComms mpi_rank_comms(const models::ParallelLayout& layout, Device& device, int cuda_device,
+                         std::optional<LinkModel> link);
+#endif
+
+}  // namespace scmoe::launch

@@ -1,0 +1,468 @@
+// scmoe-train: trains the ScMoE language model (models/) with dp x ep parallelism — on in-process
+// ranks (--ranks N, threads, the CPU quickstart) or one rank per process under mpirun / srun —
+// with metrics, progress lines, checkpoints and exact resume. --variants a,b trains each variant
+// in turn on the same data and seed and prints them side by side (the quickstart: top-2 vs ScMoE).
+//
+// Exit status: 0 ok, 2 bad command line, 3 runtime error (a rank's error is printed with its rank).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/emulated_link.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "launch/local_rank.h"
+#include "launch/train_comms.h"
+#include "models/trainer.h"
+#include "moe/trace.h"
+#if SCMOE_WITH_MPI
+#include <mpi.h>
+#endif
+
+namespace scmoe::launch {
+namespace {
+
+constexpr int kExitUsage = 2, kExitError = 3;
+
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct Args {
+    models::TrainConfig train;
+    std::vector<std::string> variants;
+    int ranks = 1, ep = 0;  // ep 0: = world
+    bool mpi = false;
+    std::string backend = "auto";
+    std::optional<int> device;
+    std::optional<LinkModel> link;
+    std::string metrics, trace, checkpoint_dir, resume;
+    std::int64_t checkpoint_every = 0, stop_at = 0, log_every = 0;
+    int keep = 2;
+    bool quiet = false;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream in(s);
+    for (std::string item; std::getline(in, item, ',');)
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+int mpirun_world_size() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+        if (const char* v = std::getenv(name)) return std::atoi(v);
+    }
+    return 0;
+}
+
+Args parse(int argc, char** argv) {
+    cxxopts::Options o("scmoe-train", "scmoe-train: train the ScMoE byte-level language model (dp x ep).\n"
+                                      "In-process ranks: scmoe-train --ranks 4 --ep 4 ...   Processes: mpirun -np 8 "
+                                      "scmoe-train --ep 4 ...");
+    o.set_width(110);
+    // clang-format off
+    o.add_options("model")
+        ("preset", "Model preset: tiny, gpt2-moe-small", cxxopts::value<std::string>()->default_value("tiny"))
+        ("variants", "Block variants to train in turn, compared side by side (top2, top1, shared, scmoe-pos1, "
+                     "scmoe-pos2, scmoe-pos3, scmoe2, every-block-pos1)",
+         cxxopts::value<std::string>()->default_value("scmoe-pos2"))
+        ("layers", "Transformer blocks (even for pair variants)", cxxopts::value<std::int64_t>())
+        ("hidden", "Model width", cxxopts::value<std::int64_t>())
+        ("heads", "Attention heads", cxxopts::value<std::int64_t>())
+        ("seq", "Sequence length", cxxopts::value<std::int64_t>())
+        ("ffn", "Dense MLP width", cxxopts::value<std::int64_t>())
+        ("experts", "Routed experts per MoE layer", cxxopts::value<int>())
+        ("expert-ffn", "Expert FFN width", cxxopts::value<std::int64_t>())
+        ("dispatch", "capacity or dropless", cxxopts::value<std::string>())
+        ("capacity-factor", "Capacity factor (capacity dispatch)", cxxopts::value<float>())
+        ("aux-loss", "Load-balancing loss weight", cxxopts::value<float>())
+        ("no-cg", "Direct add instead of the CG-1 coefficient gate");
+    o.add_options("training")
+        ("steps", "Training steps (the LR schedule's length)", cxxopts::value<std::int64_t>()->default_value("200"))
+        ("batch", "Sequences per rank per step", cxxopts::value<std::int64_t>()->default_value("8"))
+        ("lr", "Peak learning rate", cxxopts::value<float>()->default_value("3e-3"))
+        ("min-lr", "Final learning rate of the cosine", cxxopts::value<float>()->default_value("3e-4"))
+        ("warmup", "Warmup steps", cxxopts::value<std::int64_t>()->default_value("20"))
+        ("weight-decay", "AdamW decoupled weight decay", cxxopts::value<float>()->default_value("0.0"))
+        ("clip", "Gradient clipping max norm (<= 0: off)", cxxopts::value<float>()->default_value("1.0"))
+        ("seed", "Parameter and data-order seed", cxxopts::value<std::uint64_t>()->default_value("1234"))
+        ("data", "Training text files, comma separated (default: the Debian license texts)",
+         cxxopts::value<std::string>())
+        ("no-overlap", "Run every op on one stream (same numerics, no overlap)")
+        ("no-calibrate", "Keep every expert FFN at its earliest slot instead of Eq. 11's");
+    o.add_options("parallel")
+        ("ranks", "In-process ranks (threads) when not under mpirun", cxxopts::value<int>()->default_value("1"))
+        ("ep", "Expert-parallel size (divides the world; default: the world)", cxxopts::value<int>())
+        ("backend", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))
+        ("device", "GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK)",
+         cxxopts::value<int>())
+        ("link", "Emulated link for every collective: pcie4, nvlink4, ib-ndr, 100gbe or gbps=X,latency_us=Y",
+         cxxopts::value<std::string>());
+    o.add_options("output")
+        ("metrics", "JSON lines, one per step: step, loss, lr, tokens_per_s, step_ms, exposed_comm_pct, "
+                    "dropped_tokens, ...", cxxopts::value<std::string>())
+        ("log-every", "Progress line every N steps (default: steps / 20)", cxxopts::value<std::int64_t>())
+        ("trace", "Chrome/Perfetto trace of the last step, FILE.rank<r>.json per rank", cxxopts::value<std::string>())
+        ("checkpoint-dir", "Checkpoint root directory", cxxopts::value<std::string>())
+        ("checkpoint-every", "Save every N steps (0: only at the end)", cxxopts::value<std::int64_t>()->default_value("0"))
+        ("keep", "Checkpoints to keep", cxxopts::value<int>()->default_value("2"))
+        ("resume", "Resume from a checkpoint root (its 'latest') or step directory; 'auto': --checkpoint-dir "
+                   "if it holds one", cxxopts::value<std::string>())
+        ("stop-at", "Stop after this step (as if interrupted; the schedule still spans --steps)",
+         cxxopts::value<std::int64_t>()->default_value("0"))
+        ("quiet", "Only the summary")
+        ("h,help", "Print this help");
+    // clang-format on
+    cxxopts::ParseResult r;
+    try {
+        r = o.parse(argc, argv);
+    } catch (const cxxopts::exceptions::exception& e) {
+        throw UsageError(e.what());
+    }
+    if (r.count("help")) {
+        std::cout << o.help() << "\nExamples:\n"
+                  << "  scmoe-train --ranks 4 --variants top2,scmoe-pos2 --link pcie4      # CPU quickstart\n"
+                  << "  mpirun -np 8 scmoe-train --preset gpt2-moe-small --ep 8 --backend cuda --checkpoint-dir ck\n";
+        std::exit(0);
+    }
+    if (!r.unmatched().empty()) throw UsageError("unexpected argument '" + r.unmatched()[0] + "'");
+    Args a;
+    try {
+        models::LmConfig& m = a.train.model;
+        m = models::lm_preset(r["preset"].as<std::string>());
+        if (r.count("layers")) m.layers = r["layers"].as<std::int64_t>();
+        if (r.count("hidden")) m.backbone.hidden = r["hidden"].as<std::int64_t>();
+        if (r.count("heads")) m.backbone.heads = r["heads"].as<std::int64_t>();
+        if (r.count("seq")) m.backbone.seq_len = r["seq"].as<std::int64_t>();
+        if (r.count("ffn")) m.backbone.ffn = r["ffn"].as<std::int64_t>();
+        if (r.count("experts")) m.moe.num_experts = r["experts"].as<int>();
+        if (r.count("expert-ffn")) m.moe.ffn = r["expert-ffn"].as<std::int64_t>();
+        if (r.count("dispatch")) m.moe.dispatch = parse_dispatch_mode(r["dispatch"].as<std::string>());
+        if (r.count("capacity-factor")) m.moe.capacity_factor = r["capacity-factor"].as<float>();
+        if (r.count("aux-loss")) m.moe.aux_loss_coef = r["aux-loss"].as<float>();
+        m.coefficient_gate = !r.count("no-cg");
+        a.variants = split_list(r["variants"].as<std::string>());
+        if (a.variants.empty()) throw UsageError("--variants is empty");
+        for (const std::string& v : a.variants) {
+            models::LmConfig c = m;
+            c.variant = v;
+            c.validate();
+        }
+        m.variant = a.variants[0];
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+    models::TrainConfig& t = a.train;
+    t.steps = r["steps"].as<std::int64_t>();
+    t.batch = r["batch"].as<std::int64_t>();
+    t.adamw.schedule.peak_lr = r["lr"].as<float>();
+    t.adamw.schedule.min_lr = std::min(r["min-lr"].as<float>(), t.adamw.schedule.peak_lr);
+    t.adamw.schedule.warmup_steps = r["warmup"].as<std::int64_t>();
+    t.adamw.weight_decay = r["weight-decay"].as<float>();
+    t.max_grad_norm = r["clip"].as<float>();
+    t.seed = r["seed"].as<std::uint64_t>();
+    if (r.count("data")) t.data = split_list(r["data"].as<std::string>());
+    t.overlap = !r.count("no-overlap");
+    t.calibrate = !r.count("no-calibrate");
+    if (t.steps <= 0) throw UsageError("--steps must be > 0");
+    if (t.batch <= 0) throw UsageError("--batch must be > 0");
+    a.ranks = r["ranks"].as<int>();
+    if (a.ranks <= 0) throw UsageError("--ranks must be > 0");
+    a.mpi = mpirun_world_size() > 1;
+#if !SCMOE_WITH_MPI
+    if (a.mpi) throw UsageError("launched under mpirun, but this build has no MPI");
+#endif
+    if (a.mpi && r.count("ranks")) throw UsageError("--ranks is for in-process ranks; under mpirun use -np");
+    a.ep = r.count("ep") ? r["ep"].as<int>() : 0;
+    a.backend = r["backend"].as<std::string>();
+    if (r.count("device")) a.device = r["device"].as<int>();
+    if (r.count("link")) {
+        try {
+            a.link = parse_link_model(r["link"].as<std::string>());
+        } catch (const Error& e) {
+            throw UsageError(std::string("--link: ") + e.what());
+        }
+    }
+    if (r.count("metrics")) a.metrics = r["metrics"].as<std::string>();
+    if (r.count("trace")) a.trace = r["trace"].as<std::string>();
+    if (r.count("checkpoint-dir")) a.checkpoint_dir = r["checkpoint-dir"].as<std::string>();
+    if (r.count("resume")) a.resume = r["resume"].as<std::string>();
+    a.checkpoint_every = r["checkpoint-every"].as<std::int64_t>();
+    a.keep = r["keep"].as<int>();
+    a.stop_at = r["stop-at"].as<std::int64_t>();
+    a.log_every = r.count("log-every") ? r["log-every"].as<std::int64_t>() : std::max<std::int64_t>(1, t.steps / 20);
+    a.quiet = r.count("quiet") > 0;
+    if (a.checkpoint_every < 0 || a.stop_at < 0 || a.log_every <= 0) throw UsageError("negative step counts");
+    if ((a.checkpoint_every > 0 || a.stop_at > 0) && a.checkpoint_dir.empty() && a.checkpoint_every > 0)
+        throw UsageError("--checkpoint-every needs --checkpoint-dir");
+    if (a.resume == "auto" && a.checkpoint_dir.empty()) throw UsageError("--resume auto needs --checkpoint-dir");
+    if (a.variants.size() > 1 && (!a.checkpoint_dir.empty() || !a.resume.empty()))
+        throw UsageError("checkpoints are per run: give one variant with --checkpoint-dir / --resume");
+    return a;
+}
+
+// What one variant's run reports (rank 0's view; losses and counts are already world means/sums).
+struct RunSummary {
+    std::string variant;
+    double first_loss = 0, final_loss = 0;  // the first step's, the mean of the last 10% of steps
+    double tokens_per_s = 0, step_ms = 0, exposed_comm_pct = 0;  // means over the steps after the first
+    std::int64_t steps = 0, dropped = 0;
+};
+
+std::string format_eta(double seconds) {
+    const auto s = static_cast<long long>(std::llround(std::max(0.0, seconds)));
+    std::ostringstream o;
+    if (s >= 3600) o << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
+    else if (s >= 60) o << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+    else o << s << "s";
+    return o.str();
+}
+
+// Trains one variant on this rank; rank 0 prints and writes the metrics.
+RunSummary run_variant(const Args& args, const std::string& variant, Device& device, const models::ParallelLayout& layout,
+                       models::TrainComms comms, std::mutex& print_mutex) {
+    models::TrainConfig config = args.train;
+    config.model.variant = variant;
+    const bool lead = layout.rank == 0;
+    auto say = [&](const std::string& line) {
+        if (!lead || args.quiet) return;
+        std::lock_guard<std::mutex> lock(print_mutex);
+        std::cout << line << std::endl;
+    };
+    models::Trainer trainer(config, device, layout, comms);
+    say("# variant " + variant + ": " + trainer.model().config().describe());
+    say("# data: " + trainer.data_description() + "; " + std::to_string(trainer.batcher().num_windows()) +
+        " windows on rank 0");
+    say("# params: " + std::to_string(trainer.model().num_global_params()) + " in the model, " +
+        std::to_string(trainer.model().num_params()) + " on each rank");
+    if (!args.resume.empty()) {
+        std::string path = args.resume == "auto" ? args.checkpoint_dir : args.resume;
+        const bool has = std::ifstream(path + "/latest").good() || std::ifstream(path + "/trainer_state.json").good();
+        if (args.resume != "auto" || has) {
+            trainer.load(path);
+            say("# resumed from " + path + " at step " + std::to_string(trainer.steps_done()));
+        } else {
+            say("# --resume auto: no checkpoint in " + path + " yet; starting fresh");
+        }
+    }
+    std::ofstream metrics;
+    if (lead && !args.metrics.empty()) {
+        metrics.open(args.metrics, trainer.steps_done() > 0 ? std::ios::app : std::ios::trunc);
+        SCMOE_CHECK(metrics, "--metrics " << args.metrics << ": cannot open for writing");
+    }
+    std::unique_ptr<Tracer> tracer;
+    const std::int64_t last = args.stop_at > 0 ? std::min(args.stop_at, config.steps) : config.steps;
+    RunSummary sum;
+    sum.variant = variant;
+    std::vector<double> losses;
+    double ms_total = 0, tps_total = 0, exposed_total = 0;
+    std::int64_t timed = 0;
+    const auto started = std::chrono::steady_clock::now();
+    const std::int64_t first_step = trainer.steps_done();
+    while (trainer.steps_done() < last) {
+        const bool trace_this = !args.trace.empty() && trainer.steps_done() + 1 == last;
+        if (trace_this) {
+            tracer = std::make_unique<Tracer>(device, layout.rank);
+            trainer.set_trace(tracer.get());
+        }
+        const models::StepMetrics m = trainer.step();
+        trainer.set_trace(nullptr);
+        losses.push_back(m.loss);
+        if (m.step == first_step + 1) sum.first_loss = m.loss;
+        if (m.step > first_step + 1) {
+            ms_total += m.step_ms;
+            tps_total += m.tokens_per_s;
+            exposed_total += m.exposed_comm_pct;
+            ++timed;
+        }
+        sum.dropped += m.dropped_tokens;
+        if (metrics) {
+            nlohmann::ordered_json j;
+            j["variant"] = variant;
+            j["step"] = m.step;
+            j["loss"] = m.loss;
+            j["router_loss"] = m.router_loss;
+            j["lr"] = m.lr;
+            j["grad_norm"] = m.grad_norm;
+            j["tokens_per_s"] = m.tokens_per_s;
+            j["step_ms"] = m.step_ms;
+            j["exposed_comm_pct"] = m.exposed_comm_pct;
+            j["dropped_tokens"] = m.dropped_tokens;
+            metrics << j.dump() << "\n" << std::flush;
+        }
+        if (m.step == first_step + 1 && !trainer.schedule_description().empty()) {
+            std::istringstream lines(trainer.schedule_description());
+            for (std::string line; std::getline(lines, line);) say("# slot: " + line);
+        }
+        if (m.step % args.log_every == 0 || m.step == last) {
+            const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+            const double per_step = elapsed / static_cast<double>(m.step - first_step);
+            std::ostringstream line;
+            line << std::fixed << "step " << std::setw(5) << m.step << "/" << config.steps << "  loss "
+                 << std::setprecision(4) << m.loss << "  lr " << std::scientific << std::setprecision(2) << m.lr
+                 << std::fixed << "  " << std::setprecision(0) << m.tokens_per_s << " tok/s  " << std::setprecision(1)
+                 << m.step_ms << " ms/step  exposed comm " << m.exposed_comm_pct << "%  dropped " << m.dropped_tokens
+                 << "  ETA " << format_eta(per_step * static_cast<double>(last - m.step));
+            say(line.str());
+        }
+        if (!args.checkpoint_dir.empty() &&
+            ((args.checkpoint_every > 0 && m.step % args.checkpoint_every == 0) || m.step == last)) {
+            const std::string dir = trainer.save(args.checkpoint_dir, args.keep);
+            say("# checkpoint " + dir);
+        }
+    }
+    if (tracer) tracer->write(args.trace + ".rank" + std::to_string(layout.rank) + ".json");
+    sum.steps = trainer.steps_done();
+    if (!losses.empty()) {
+        const std::size_t tail = std::max<std::size_t>(1, losses.size() / 10);
+        double s = 0;
+        for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) s += losses[i];
+        sum.final_loss = s / static_cast<double>(tail);
+    }
+    if (timed > 0) {
+        sum.step_ms = ms_total / static_cast<double>(timed);
+        sum.tokens_per_s = tps_total / static_cast<double>(timed);
+        sum.exposed_comm_pct = exposed_total / static_cast<double>(timed);
+    }
+    return sum;
+}
+
+void print_summary(const std::vector<RunSummary>& runs) {
+    std::cout << "#\n# summary (loss: first step, mean of the last 10% of steps; times: mean over steps after the first)\n";
+    std::cout << "#  variant              steps  first loss  final loss     tok/s   ms/step  exposed%   dropped  "
+                 "speedup  loss vs first\n";
+    for (const RunSummary& r : runs) {
+        const RunSummary& base = runs.front();
+        std::cout << "   " << std::left << std::setw(20) << r.variant << std::right << std::fixed << std::setw(6)
+                  << r.steps << std::setprecision(4) << std::setw(12) << r.first_loss << std::setw(12) << r.final_loss
+                  << std::setprecision(0) << std::setw(10) << r.tokens_per_s << std::setprecision(1) << std::setw(10)
+                  << r.step_ms << std::setw(10) << r.exposed_comm_pct << std::setw(10) << r.dropped
+                  << std::setprecision(3) << std::setw(9) << (r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0) << "x"
+                  << std::showpos << std::setprecision(2) << std::setw(13)
+                  << (base.final_loss > 0 ? (r.final_loss / base.final_loss - 1) * 100 : 0.0) << "%" << std::noshowpos
+                  << "\n";
+    }
+}
+
+std::string device_choice(const Args& args) {
+    if (args.backend == "auto") return cuda_device_available() ? "cuda" : "cpu";
+    return args.backend;
+}
+
+int run_in_process(const Args& args) {
+    const int world = args.ranks, ep = args.ep > 0 ? args.ep : world;
+    models::ParallelLayout{world, 0, ep}.validate();
+    const std::string backend = device_choice(args);
+    std::cout << "# scmoe-train: " << world << " in-process rank(s), dp " << world / ep << " x ep " << ep << ", backend "
+              << backend << (args.link ? ", link " + describe_link_model(*args.link) : std::string()) << std::endl;
+    std::vector<RunSummary> runs;
+    std::mutex print_mutex;
+    for (const std::string& variant : args.variants) {
+        LocalTrainGroups groups(world, ep, args.link);
+        std::vector<std::string> errors(static_cast<std::size_t>(world));
+        std::vector<RunSummary> results(static_cast<std::size_t>(world));
+        std::vector<std::thread> threads;
+        for (int r = 0; r < world; ++r) {
+            threads.emplace_back([&, r] {
+                try {
+                    RankComms comms = groups.rank_comms(r);
+                    const LocalRank local = local_rank(args.device);
+                    std::unique_ptr<Device> device = make_device(backend, local.value);
+                    results[static_cast<std::size_t>(r)] =
+                        run_variant(args, variant, *device, {world, r, ep}, comms.comms(), print_mutex);
+                } catch (const std::exception& e) {
+                    errors[static_cast<std::size_t>(r)] = e.what();
+                }
+            });
+        }
+        for (auto& t : threads) t.join();
+        for (int r = 0; r < world; ++r)
+            if (!errors[static_cast<std::size_t>(r)].empty())
+                throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
+        runs.push_back(results[0]);
+    }
+    print_summary(runs);
+    return 0;
+}
+
+#if SCMOE_WITH_MPI
+int run_mpi(const Args& args) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    int rank = 0, world = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    int status = 0;
+    try {
+        const int ep = args.ep > 0 ? args.ep : world;
+        const models::ParallelLayout layout{world, rank, ep};
+        layout.validate();
+        const std::string backend = device_choice(args);
+        const LocalRank local = local_rank(args.device);
+        std::unique_ptr<Device> device = make_device(backend, local.value);
+        char host[64] = {};
+        gethostname(host, sizeof host - 1);
+        std::ostringstream hello;
+        hello << "# " << layout.describe() << " on " << host << ", " << device->description() << " (local rank "
+              << local.value << " from " << local.source << ")";
+        for (int r = 0; r < world; ++r) {
+            if (r == rank) std::cout << hello.str() << std::endl;
+            MPI_Barrier(MPI_COMM_WORLD);
+        }
+        std::vector<RunSummary> runs;
+        std::mutex print_mutex;
+        for (const std::string& variant : args.variants) {
+            RankComms comms = mpi_rank_comms(layout, *device, local.value, args.link);
+            runs.push_back(run_variant(args, variant, *device, layout, comms.comms(), print_mutex));
+        }
+        if (rank == 0) print_summary(runs);
+    } catch (const std::exception& e) {
+        std::cerr << "scmoe-train: rank " << rank << ": " << e.what() << std::endl;
+        MPI_Abort(MPI_COMM_WORLD, kExitError);  // peers may be blocked in a collective
+        status = kExitError;
+    }
+    MPI_Finalize();
+    return status;
+}
+#endif
+
+}  // namespace
+}  // namespace scmoe::launch
+
+int main(int argc, char** argv) {
+    using namespace scmoe::launch;
+    Args args;
+    try {
+        args = parse(argc, argv);
+    } catch (const UsageError& e) {
+        std::cerr << "scmoe-train: " << e.what() << "\n(scmoe-train --help lists the options)" << std::endl;
+        return kExitUsage;
+    }
+    try {
+#if SCMOE_WITH_MPI
+        if (args.mpi) return run_mpi(args);
+#endif
+        return run_in_process(args);
+    } catch (const std::exception& e) {
+        std::cerr << "scmoe-train: " << e.what() << std::endl;
+        return kExitError;
+    }
+}

@@ -1,0 +1,140 @@
+#include "models/lm_config.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels/error.h"
+
+namespace scmoe::models {
+namespace {
+
+using nlohmann::ordered_json;
+
+DType parse_dtype(const std::string& s) {
+    if (s == "f32") return DType::kF32;
+    if (s == "bf16") return DType::kBF16;
+    SCMOE_FAIL("LmConfig: unknown dtype '" << s << "' (f32 or bf16)");
+}
+
+bool is_pair_variant(const std::string& v) { return v != "every-block-pos1"; }
+
+}  // namespace
+
+void LmConfig::validate() const {
+    SCMOE_CHECK(vocab > 0, "LmConfig.vocab = " << vocab << " must be > 0");
+    SCMOE_CHECK(layers > 0, "LmConfig.layers = " << layers << " must be > 0");
+    if (is_pair_variant(variant))
+        SCMOE_CHECK(layers % 2 == 0, "LmConfig.layers = " << layers << " must be even for the pair variant '" << variant
+                                                          << "' (a [dense, MoE] pair per 2 layers)");
+    block_stack();  // validates the variant name and every shape
+}
+
+BlockStackConfig LmConfig::block_stack() const {
+    SCMOE_CHECK(layers > 0, "LmConfig.layers = " << layers << " must be > 0");
+    MoeConfig base = moe;
+    base.hidden = backbone.hidden;
+    base.dtype = backbone.dtype;
+    BlockStackConfig c = block_variant(variant, backbone, base, coefficient_gate, static_cast<int>(layers));
+    if (is_pair_variant(variant)) {
+        const std::vector<BlockSpec> pair = c.blocks;
+        c.blocks.clear();
+        for (std::int64_t i = 0; i < layers / 2; ++i) c.blocks.insert(c.blocks.end(), pair.begin(), pair.end());
+    }
+    c.validate();
+    return c;
+}
+
+std::string LmConfig::to_json() const {
+    ordered_json j;
+    j["vocab"] = vocab;
+    j["layers"] = layers;
+    j["variant"] = variant;
+    j["coefficient_gate"] = coefficient_gate;
+    j["hidden"] = backbone.hidden;
+    j["heads"] = backbone.heads;
+    j["seq_len"] = backbone.seq_len;
+    j["ffn"] = backbone.ffn;
+    j["activation"] = activation_name(backbone.activation);
+    j["dtype"] = dtype_name(backbone.dtype);
+    j["norm_eps"] = backbone.norm_eps;
+    j["experts"] = moe.num_experts;
+    j["expert_ffn"] = moe.ffn;
+    j["capacity_factor"] = moe.capacity_factor;
+    j["dispatch"] = dispatch_mode_name(moe.dispatch);
+    j["shared_ffn"] = moe.shared_ffn;
+    j["noise_std"] = moe.noise_std;
+    j["noise_seed"] = moe.noise_seed;
+    j["aux_loss_coef"] = moe.aux_loss_coef;
+    j["z_loss_coef"] = moe.z_loss_coef;
+    return j.dump();
+}
+
+LmConfig LmConfig::from_json(const std::string& text) {
+    ordered_json j;
+    try {
+        j = ordered_json::parse(text);
+        LmConfig c;
+        c.vocab = j.at("vocab").get<std::int64_t>();
+        c.layers = j.at("layers").get<std::int64_t>();
+        c.variant = j.at("variant").get<std::string>();
+        c.coefficient_gate = j.at("coefficient_gate").get<bool>();
+        c.backbone.hidden = j.at("hidden").get<std::int64_t>();
+        c.backbone.heads = j.at("heads").get<std::int64_t>();
+        c.backbone.seq_len = j.at("seq_len").get<std::int64_t>();
+        c.backbone.ffn = j.at("ffn").get<std::int64_t>();
+        c.backbone.activation = parse_activation(j.at("activation").get<std::string>());
+        c.backbone.dtype = parse_dtype(j.at("dtype").get<std::string>());
+        c.backbone.norm_eps = j.at("norm_eps").get<float>();
+        c.moe.num_experts = j.at("experts").get<int>();
+        c.moe.ffn = j.at("expert_ffn").get<std::int64_t>();
+        c.moe.capacity_factor = j.at("capacity_factor").get<float>();
+        c.moe.dispatch = parse_dispatch_mode(j.at("dispatch").get<std::string>());
+        c.moe.shared_ffn = j.at("shared_ffn").get<std::int64_t>();
+        c.moe.noise_std = j.at("noise_std").get<float>();
+        c.moe.noise_seed = j.at("noise_seed").get<std::uint64_t>();
+        c.moe.aux_loss_coef = j.at("aux_loss_coef").get<float>();
+        c.moe.z_loss_coef = j.at("z_loss_coef").get<float>();
+        c.moe.activation = c.backbone.activation;
+        return c;
+    } catch (const nlohmann::json::exception& e) {
+        SCMOE_FAIL("LmConfig: not a model configuration JSON: " << e.what());
+    }
+}
+
+std::string LmConfig::describe() const {
+    std::ostringstream o;
+    o << "variant=" << variant << " layers=" << layers << " hidden=" << backbone.hidden << " heads=" << backbone.heads
+      << " seq=" << backbone.seq_len << " ffn=" << backbone.ffn << " experts=" << moe.num_experts
+      << " expert_ffn=" << moe.ffn << " dispatch=" << dispatch_mode_name(moe.dispatch)
+      << " capacity=" << moe.capacity_factor << " cg=" << (coefficient_gate ? "CG-1" : "add")
+      << " dtype=" << dtype_name(backbone.dtype);
+    return o.str();
+}
+
+std::vector<std::string> lm_preset_names() { return {"tiny", "gpt2-moe-small"}; }
+
+LmConfig lm_preset(const std::string& name) {
+    LmConfig c;
+    auto shape = [&](std::int64_t layers, std::int64_t hidden, std::int64_t heads, std::int64_t seq, std::int64_t ffn,
+                     int experts) {
+        c.layers = layers;
+        c.backbone.hidden = hidden;
+        c.backbone.heads = heads;
+        c.backbone.seq_len = seq;
+        c.backbone.ffn = ffn;
+        c.backbone.activation = Activation::kGeLU;
+        c.moe.num_experts = experts;
+        c.moe.ffn = ffn;
+        c.moe.activation = Activation::kGeLU;
+    };
+    if (name == "tiny") shape(4, 128, 4, 64, 256, 8);
+    else if (name == "gpt2-moe-small") shape(12, 768, 12, 1024, 3072, 8);
+    else {
+        std::string names;
+        for (const std::string& n : lm_preset_names()) names += (names.empty() ? "" : ", ") + n;
+        SCMOE_FAIL("unknown preset '" << name << "' (one of: " << names << ")");
+    }
+    return c;
+}
+
+}  // namespace scmoe::models

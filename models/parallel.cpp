@@ -1,0 +1,87 @@
+#include "models/parallel.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "comm/communicator.h"
+#include "kernels/adamw.h"
+#include "kernels/error.h"
+
+namespace scmoe::models {
+
+void ParallelLayout::validate() const {
+    SCMOE_CHECK(world > 0 && rank >= 0 && rank < world, "parallel layout: rank " << rank << " of world " << world);
+    SCMOE_CHECK(ep > 0 && world % ep == 0, "parallel layout: world size " << world
+                                                                         << " is not divisible by the expert-parallel size "
+                                                                         << ep << " (dp x ep must equal the world)");
+}
+
+std::string ParallelLayout::describe() const {
+    std::ostringstream o;
+    o << "rank " << rank << " of " << world << ": dp " << dp() << " x ep " << ep << " (replica " << ep_group()
+      << ", expert slice " << ep_rank() << ")";
+    return o.str();
+}
+
+namespace {
+
+void check_comm(Communicator* c, int size, int rank, const char* what) {
+    if (size == 1 && !c) return;
+    SCMOE_CHECK(c, "GradientReducer: the " << what << " communicator is missing (group size " << size << ")");
+    SCMOE_CHECK(c->size() == size && c->rank() == rank, "GradientReducer: the " << what << " communicator is "
+                                                                                << c->name() << ", expected rank "
+                                                                                << rank << " of " << size);
+}
+
+}  // namespace
+
+GradientReducer::GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device)
+    : model_(model), layout_(layout), comms_(comms), device_(device) {
+    layout_.validate();
+    check_comm(comms_.world, layout_.world, layout_.rank, "world");
+    check_comm(comms_.ep, layout_.ep, layout_.ep_rank(), "expert-parallel");
+    check_comm(comms_.expert_dp, layout_.dp(), layout_.ep_group(), "expert-data-parallel");
+    // Runs: maximal stretches of adjacent tensors of one kind, in group order (the same on every rank).
+    for (const ParamGroup& g : model_.param_groups()) {
+        for (const NamedTensor& t : g.tensors) {
+            std::int64_t n = 1;
+            for (std::int64_t d : t.shape) n *= d;
+            float* p = g.grads + t.offset;
+            if (!runs_.empty() && runs_.back().expert == t.expert && runs_.back().grads + runs_.back().count == p)
+                runs_.back().count += n;
+            else
+                runs_.push_back({p, n, t.expert});
+        }
+    }
+    scratch_ = DeviceBuffer(device, sum_of_squares_scratch_bytes() + runs_.size() * sizeof(float));
+}
+
+void GradientReducer::reduce() {
+    Stream& s = model_.stream();
+    for (const Run& r : runs_) {
+        Communicator* c = r.expert ? comms_.expert_dp : comms_.world;
+        if (c && c->size() > 1) c->all_reduce_sum(r.grads, r.count, DType::kF32, s);
+    }
+}
+
+float GradientReducer::global_norm() {
+    Stream& s = model_.stream();
+    float* sums = reinterpret_cast<float*>(static_cast<char*>(scratch_.data()) + sum_of_squares_scratch_bytes());
+    // Expert sums first, contiguous, so one all-reduce over the ep group adds the other slices' parts.
+    std::vector<const Run*> order;
+    for (const Run& r : runs_)
+        if (r.expert) order.push_back(&r);
+    const auto experts = static_cast<std::int64_t>(order.size());
+    for (const Run& r : runs_)
+        if (!r.expert) order.push_back(&r);
+    for (std::size_t i = 0; i < order.size(); ++i) sum_of_squares(order[i]->grads, order[i]->count, sums + i, scratch_.data(), s);
+    if (experts > 0 && comms_.ep && comms_.ep->size() > 1) comms_.ep->all_reduce_sum(sums, experts, DType::kF32, s);
+    std::vector<float> host(order.size());
+    s.copy(host.data(), sums, host.size() * sizeof(float));
+    model_.blocks().synchronize();
+    double total = 0;
+    for (float v : host) total += v;
+    return static_cast<float>(std::sqrt(total));
+}
+
+}  // namespace scmoe::models

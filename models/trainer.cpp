@@ -1,0 +1,146 @@
+#include "models/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "kernels/error.h"
+#include "models/checkpoint.h"
+
+namespace scmoe::models {
+
+Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout& layout, TrainComms comms)
+    : config_(config), device_(device), layout_(layout), comms_(comms) {
+    layout_.validate();
+    SCMOE_CHECK(config_.batch > 0, "batch = " << config_.batch << " sequences per rank must be > 0");
+    SCMOE_CHECK(config_.steps > 0, "steps = " << config_.steps << " must be > 0");
+    SCMOE_CHECK(layout_.world == 1 || comms_.world, "Trainer: world size " << layout_.world << " needs a world communicator");
+    config_.model.backbone.dtype = device.compute_dtype();
+    config_.model.validate();
+    SCMOE_CHECK(config_.model.moe.num_experts % layout_.ep == 0,
+                "experts = " << config_.model.moe.num_experts << " is not divisible by ep = " << layout_.ep);
+    config_.adamw.schedule.total_steps = config_.steps;
+    config_.adamw.schedule.warmup_steps = std::min(config_.adamw.schedule.warmup_steps, config_.steps);
+
+    std::vector<std::string> paths = config_.data;
+    if (paths.empty()) {
+        DefaultCorpus corpus = default_corpus();
+        paths = corpus.paths;
+        data_description_ = corpus.description;
+    } else {
+        data_description_ = std::to_string(paths.size()) + " file(s) from --data";
+    }
+    ByteBatcherConfig bc;
+    bc.batch = config_.batch;
+    bc.seq_len = config_.model.backbone.seq_len;
+    bc.rank = layout_.rank;
+    bc.world = layout_.world;
+    bc.seed = config_.seed;
+    batcher_ = std::make_unique<ByteBatcher>(ByteDataset(paths), bc);
+
+    const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
+    model_ = std::make_unique<LanguageModel>(config_.model, device, tokens, comms_.ep);
+    model_->init_params(config_.seed);
+    for (const ParamGroup& g : model_->param_groups())
+        adamw_.push_back(std::make_unique<AdamW>(device, g.params, g.dtype, g.numel, config_.adamw, model_->stream()));
+    reducer_ = std::make_unique<GradientReducer>(*model_, layout_, comms_, device);
+    reduce_buffer_ = DeviceBuffer(device, 8 * sizeof(float));
+    reduce_start_ = device.create_event();
+    reduce_end_ = device.create_event();
+    model_->blocks().synchronize();
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<AdamW*> Trainer::optimizers() {
+    std::vector<AdamW*> out;
+    for (auto& a : adamw_) out.push_back(a.get());
+    return out;
+}
+
+std::vector<float> Trainer::world_sum(const std::vector<float>& values) {
+    if (!comms_.world || comms_.world->size() == 1) return values;
+    Stream& s = model_->stream();
+    std::vector<float> out = values;
+    s.copy(reduce_buffer_.data(), out.data(), out.size() * sizeof(float));
+    comms_.world->all_reduce_sum(reduce_buffer_.data(), static_cast<std::int64_t>(out.size()), DType::kF32, s);
+    s.copy(out.data(), reduce_buffer_.data(), out.size() * sizeof(float));
+    s.synchronize();
+    return out;
+}
+
+void Trainer::calibrate_once(const ByteBatcher::Batch& batch) {
+    const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
+    model_->calibrate(batch.inputs.data(), batch.targets.data(), tokens);
+    const Schedule& f = model_->blocks().forward_schedule();
+    const Schedule& b = model_->blocks().backward_schedule();
+    blocks_compute_ms_ = f.serial_ms() - f.comm_ms() + b.serial_ms() - b.comm_ms();
+    schedule_description_ = model_->blocks().describe_schedule();
+    calibrated_ = true;
+}
+
+StepMetrics Trainer::step() {
+    using Clock = std::chrono::steady_clock;
+    auto t0 = Clock::now();
+    const ByteBatcher::Batch batch = batcher_->next();
+    if (config_.calibrate && !calibrated_) {
+        calibrate_once(batch);
+        t0 = Clock::now();  // the one-off calibration is not part of the step time
+    }
+    const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
+    model_->forward_backward(batch.inputs.data(), batch.targets.data(), tokens, 1.0f / static_cast<float>(tokens),
+                             config_.overlap, trace_);
+    Stream& s = model_->stream();
+    // The loss first, agreed over the world before anything is updated: a rank whose loss is not
+    // finite (or whose pass failed) makes every rank stop at this step instead of leaving its peers
+    // waiting in the gradient all-reduce.
+    std::exception_ptr local_error;
+    float local[3] = {std::nanf(""), 0.0f, 0.0f};
+    try {
+        local[0] = static_cast<float>(model_->loss_sum() / static_cast<double>(tokens));
+        local[1] = static_cast<float>(model_->router_loss());
+        local[2] = static_cast<float>(model_->dropped_tokens());
+    } catch (...) {
+        local_error = std::current_exception();
+    }
+    const std::vector<float> sums = world_sum({local[0], local[1], local[2]});
+    if (local_error) std::rethrow_exception(local_error);
+    SCMOE_CHECK(std::isfinite(sums[0]), "step " << steps_done_ + 1 << ": the loss is not finite on another rank");
+
+    reduce_start_->record(s);
+    reducer_->reduce();
+    reduce_end_->record(s);
+    const float norm = reducer_->global_norm() / static_cast<float>(layout_.world);
+    SCMOE_CHECK(std::isfinite(norm), "step " << steps_done_ + 1 << ": the gradient norm is " << norm
+                                             << " (diverged; lower the learning rate)");
+    const float scale = clip_scale(norm, config_.max_grad_norm) / static_cast<float>(layout_.world);
+    float lr = 0;
+    for (std::size_t g = 0; g < adamw_.size(); ++g) lr = adamw_[g]->step(model_->param_groups()[g].grads, scale, s);
+    const double blocks_ms = model_->blocks_ms();  // synchronizes
+    const double reduce_ms = reduce_end_->elapsed_ms_since(*reduce_start_);
+    const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+
+    ++steps_done_;
+    StepMetrics m;
+    m.step = steps_done_;
+    m.loss = static_cast<double>(sums[0]) / layout_.world;
+    m.router_loss = static_cast<double>(sums[1]) / layout_.world;
+    m.dropped_tokens = static_cast<std::int64_t>(std::lround(sums[2]));
+    m.lr = lr;
+    m.grad_norm = norm;
+    m.step_ms = step_ms;
+    m.tokens_per_s = static_cast<double>(tokens) * layout_.world / (step_ms / 1000.0);
+    const double hidden_beyond = blocks_compute_ms_ >= 0 ? std::max(0.0, blocks_ms - blocks_compute_ms_) : 0.0;
+    m.exposed_comm_pct = std::min(100.0, (hidden_beyond + reduce_ms) / step_ms * 100.0);
+    return m;
+}
+
+std::string Trainer::save(const std::string& root, int keep) {
+    return save_checkpoint(root, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_}, keep);
+}
+
+void Trainer::load(const std::string& path) {
+    load_checkpoint(path, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_});
+}
+
+}  // namespace scmoe::models

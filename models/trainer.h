@@ -1,0 +1,105 @@
+// Trainer: one rank's training loop for the LM — batches from its data shard, forward/backward with
+// the ScMoE overlap, the dp x ep gradient reduction, clipping, AdamW, metrics and checkpoints.
+// scmoe-train runs one per rank (threads with in-process communicators, or processes under mpirun);
+// tests drive it the same way.
+//
+// Per step, on every rank (all ranks call step() together; it is collective over the world):
+//   loss_r = mean CE of the rank's batch (+ router losses)   grads of loss_r (grad_scale 1/tokens)
+//   reduce: dense over the world, experts over their replicas; norm of the summed grads
+//   scale  = clip_scale(norm / world, max_grad_norm) / world;   AdamW with lr(step)
+// The logged loss is the mean over ranks of loss_r without the router losses.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+#include "models/data.h"
+#include "models/lm.h"
+#include "models/optimizer.h"
+#include "models/parallel.h"
+
+namespace scmoe {
+class Tracer;
+}
+
+namespace scmoe::models {
+
+struct TrainConfig {
+    LmConfig model;
+    std::int64_t batch = 8;           // sequences per rank per step
+    std::int64_t steps = 100;         // total steps of the run (the LR schedule's length)
+    AdamWConfig adamw;                // schedule.total_steps is set from `steps`
+    float max_grad_norm = 1.0f;       // <= 0: no clipping
+    std::uint64_t seed = 1234;        // parameters and data order
+    std::vector<std::string> data;    // files; empty: default_corpus()
+    bool overlap = true;              // the ScMoE overlap (numerics identical either way)
+    bool calibrate = true;            // measure op times once and choose the expert slots (Eq. 11)
+};
+
+struct StepMetrics {
+    std::int64_t step = 0;       // 1-based, after the update
+    double loss = 0;             // mean CE over every rank's tokens
+    double router_loss = 0;      // mean over ranks of the weighted aux + z losses
+    float lr = 0;
+    float grad_norm = 0;         // of the mean gradient, before clipping
+    double step_ms = 0;          // wall time of the step on this rank
+    double tokens_per_s = 0;     // every rank's tokens / step time
+    double exposed_comm_pct = 0; // comm not hidden: blocks time beyond their compute + the gradient all-reduce
+    std::int64_t dropped_tokens = 0;  // over every rank and MoE layer
+};
+
+class Trainer {
+  public:
+    // Collective over comms.world (every rank constructs together). Loads the data (throws naming a
+    // missing or empty file) and initialises the parameters from config.seed.
+    Trainer(const TrainConfig& config, Device& device, const ParallelLayout& layout, TrainComms comms);
+    ~Trainer();
+
+    // One training step (collective). Throws scmoe::Error on a non-finite loss or gradient.
+    StepMetrics step();
+    std::int64_t steps_done() const { return steps_done_; }
+
+    // Checkpoints (collective): see models/checkpoint.h for the layout. save() writes
+    // root/step-XXXXXXXX atomically and points root/latest at it; load() restores everything a
+    // step depends on (parameters, AdamW state, data position, step), so training continues
+    // bitwise as if uninterrupted. load() refuses a checkpoint of another config or world/ep.
+    std::string save(const std::string& root, int keep = 2);
+    void load(const std::string& path);
+
+    const TrainConfig& config() const { return config_; }
+    const ParallelLayout& layout() const { return layout_; }
+    LanguageModel& model() { return *model_; }
+    ByteBatcher& batcher() { return *batcher_; }
+    std::vector<AdamW*> optimizers();
+    std::string data_description() const { return data_description_; }
+    // The chosen expert slots (after the first step's calibration), for the log.
+    std::string schedule_description() const { return schedule_description_; }
+    void set_trace(Tracer* trace) { trace_ = trace; }
+
+  private:
+    void calibrate_once(const ByteBatcher::Batch& batch);
+    // The sum over the world of `values` (f32), in rank order; every rank gets the same result.
+    std::vector<float> world_sum(const std::vector<float>& values);
+
+    TrainConfig config_;
+    Device& device_;
+    ParallelLayout layout_;
+    TrainComms comms_;
+    std::string data_description_, schedule_description_;
+    std::unique_ptr<LanguageModel> model_;
+    std::unique_ptr<ByteBatcher> batcher_;
+    std::vector<std::unique_ptr<AdamW>> adamw_;
+    std::unique_ptr<GradientReducer> reducer_;
+    DeviceBuffer reduce_buffer_;
+    std::unique_ptr<Event> reduce_start_, reduce_end_;
+    std::int64_t steps_done_ = 0;
+    bool calibrated_ = false;
+    double blocks_compute_ms_ = -1;  // serial compute of the blocks' fwd + bwd, from calibration
+    Tracer* trace_ = nullptr;
+};
+
+}  // namespace scmoe::models
