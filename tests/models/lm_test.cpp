@@ -1,0 +1,273 @@
+// The language model: config round trip and presets, gradients against finite differences (CPU
+// fp32), overlap on/off bitwise, sharding-independent initialisation, and dp x ep gradients
+// (GradientReducer) equal to single-rank gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+#include "models/lm.h"
+#include "models/lm_config.h"
+#include "models/parallel.h"
+#include "train_test_util.h"
+
+namespace scmoe::models {
+namespace {
+
+using testing::run_train_ranks;
+using testing::small_lm;
+
+std::vector<std::int32_t> random_tokens(std::int64_t n, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+    for (auto& t : v) t = static_cast<std::int32_t>(rng() % 256);
+    return v;
+}
+
+std::vector<float> group_values(const ParamGroup& g, bool grads) {
+    std::vector<float> v(static_cast<std::size_t>(g.numel));
+    std::memcpy(v.data(), grads ? static_cast<const void*>(g.grads) : g.params, v.size() * sizeof(float));
+    return v;
+}
+
+TEST(LmConfig, JsonRoundTripAndPresets) {
+    for (const std::string& name : lm_preset_names()) {
+        LmConfig c = lm_preset(name);
+        EXPECT_NO_THROW(c.validate()) << name;
+        EXPECT_EQ(LmConfig::from_json(c.to_json()).to_json(), c.to_json()) << name;
+    }
+    const LmConfig g = lm_preset("gpt2-moe-small");
+    EXPECT_EQ(g.layers, 12);
+    EXPECT_EQ(g.backbone.hidden, 768);
+    EXPECT_EQ(g.backbone.seq_len, 1024);
+    EXPECT_EQ(g.moe.num_experts, 8);
+    // 12 layers of pairs: MoE in every 2nd block.
+    const BlockStackConfig b = g.block_stack();
+    ASSERT_EQ(b.blocks.size(), 12u);
+    for (std::size_t i = 0; i < b.blocks.size(); ++i)
+        EXPECT_EQ(b.blocks[i].ffn, i % 2 ? FfnKind::kMoe : FfnKind::kDense) << i;
+}
+
+TEST(LmConfig, BadConfigsAreRejected) {
+    LmConfig c = small_lm();
+    c.layers = 3;
+    EXPECT_THROW(c.validate(), Error);  // pairs need an even count
+    c = small_lm("every-block-pos1");
+    c.layers = 3;
+    EXPECT_NO_THROW(c.validate());
+    c = small_lm("top3");
+    EXPECT_THROW(c.validate(), Error);
+    EXPECT_THROW(lm_preset("huge"), Error);
+    EXPECT_THROW(LmConfig::from_json("{\"vocab\": 256}"), Error);
+}
+
+// Loss (mean CE + router losses off) by finite differences against the analytic gradient, for
+// elements of every tensor of every group.
+TEST(LmGradcheck, EveryGroupAgainstFiniteDifferences) {
+    LmConfig c = small_lm("scmoe-pos2");
+    c.moe.dispatch = DispatchMode::kDropless;  // no capacity cliffs
+    c.moe.aux_loss_coef = 0;
+    c.moe.z_loss_coef = 0;
+    auto device = make_device("cpu");
+    const std::int64_t T = 16;
+    LanguageModel lm(c, *device, T);
+    lm.init_params(3);
+    // A decisive router (gate logits spread ~ 4 instead of ~ 0.1), so the perturbations below do
+    // not flip a token's expert: a flip is a jump in the loss that finite differences cannot follow.
+    for (const ParamGroup& g : lm.param_groups())
+        for (const NamedTensor& t : g.tensors)
+            if (t.name.find("gate_w") != std::string::npos)
+                for (std::int64_t i = 0; i < t.shape[0] * t.shape[1]; ++i) static_cast<float*>(g.params)[t.offset + i] *= 50;
+    const auto in = random_tokens(T, 1), tgt = random_tokens(T, 2);
+    lm.forward_backward(in.data(), tgt.data(), T, 1.0f / T, false);
+    const double base = lm.loss_sum() / T;
+    EXPECT_NEAR(base, std::log(256.0), 0.5);  // small init: close to uniform
+    std::vector<std::vector<float>> analytic;
+    for (const ParamGroup& g : lm.param_groups()) analytic.push_back(group_values(g, true));
+    // Finite differences only hold where the routing is locally constant: an evaluation whose
+    // routing differs from the base one (a near tie flipped) is skipped and counted.
+    auto routing = [&] {
+        std::vector<std::int32_t> r;
+        for (MoeLayer* layer : lm.blocks().moe_layers()) {
+            const MoeRouting m = layer->routing(lm.stream());
+            r.insert(r.end(), m.expert_index.begin(), m.expert_index.end());
+        }
+        return r;
+    };
+    const std::vector<std::int32_t> base_routing = routing();
+    bool flipped = false;
+    auto loss = [&] {
+        lm.forward(in.data(), tgt.data(), T, false);
+        const double l = lm.loss_sum() / T;
+        flipped = flipped || routing() != base_routing;
+        return l;
+    };
+    int skipped = 0;
+    std::mt19937_64 rng(5);
+    int checked = 0;
+    for (std::size_t gi = 0; gi < lm.param_groups().size(); ++gi) {
+        const ParamGroup& g = lm.param_groups()[gi];
+        auto* p = static_cast<float*>(g.params);
+        for (const NamedTensor& t : g.tensors) {
+            std::int64_t n = 1;
+            for (auto d : t.shape) n *= d;
+            for (int k = 0; k < 3; ++k) {
+                std::int64_t i = t.offset + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(n));
+                if (t.name == "embed") i = t.offset + in[static_cast<std::size_t>(k)] * c.backbone.hidden + k;
+                const float saved = p[i];
+                const float h = 3e-3f;
+                flipped = false;
+                p[i] = saved + h;
+                const double up = loss();
+                p[i] = saved - h;
+                const double down = loss();
+                p[i] = saved;
+                const double fd = (up - down) / (2 * h);
+                if (flipped) {
+                    ++skipped;
+                    continue;
+                }
+                const double an = analytic[gi][static_cast<std::size_t>(i)];
+                EXPECT_NEAR(an, fd, 6e-4 + 3e-2 * std::abs(fd)) << t.name << " element " << i - t.offset;
+                ++checked;
+            }
+        }
+    }
+    EXPECT_GT(checked, 30);
+    EXPECT_LE(skipped, 3) << "too many perturbations flipped the routing";
+}
+
+TEST(LmOverlap, OnAndOffAreBitwiseIdentical) {
+    auto device = make_device("cpu");
+    const std::int64_t T = 32;
+    std::vector<std::vector<float>> grads[2];
+    double losses[2];
+    for (int overlap = 0; overlap < 2; ++overlap) {
+        LanguageModel lm(small_lm("scmoe-pos1"), *device, T);
+        lm.init_params(11);
+        const auto in = random_tokens(T, 3), tgt = random_tokens(T, 4);
+        lm.forward_backward(in.data(), tgt.data(), T, 1.0f / T, overlap == 1);
+        losses[overlap] = lm.loss_sum();
+        for (const ParamGroup& g : lm.param_groups()) grads[overlap].push_back(group_values(g, true));
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (std::size_t g = 0; g < grads[0].size(); ++g)
+        EXPECT_EQ(0, std::memcmp(grads[0][g].data(), grads[1][g].data(), grads[0][g].size() * sizeof(float))) << g;
+}
+
+TEST(LmInput, BadTokensAndSizesAreRejected) {
+    auto device = make_device("cpu");
+    LanguageModel lm(small_lm(), *device, 16);
+    lm.init_params(1);
+    auto in = random_tokens(16, 1), tgt = random_tokens(16, 2);
+    in[5] = 256;
+    EXPECT_THROW(lm.forward_backward(in.data(), tgt.data(), 16, 1.0f / 16), Error);
+    in[5] = -1;
+    EXPECT_THROW(lm.forward_backward(in.data(), tgt.data(), 16, 1.0f / 16), Error);
+    in[5] = 0;
+    EXPECT_THROW(lm.forward_backward(in.data(), tgt.data(), 12, 1.0f / 12), Error);  // not a multiple of seq 8
+    EXPECT_THROW(lm.forward_backward(in.data(), tgt.data(), 24, 1.0f / 24), Error);  // above max_tokens
+    EXPECT_NO_THROW(lm.forward_backward(in.data(), tgt.data(), 16, 1.0f / 16));
+    EXPECT_TRUE(std::isfinite(lm.loss_sum()));
+}
+
+// world 4 = dp 2 x ep 2: after GradientReducer::reduce every rank holds, for dense tensors, the sum
+// over all ranks of single-rank gradients of each rank's batch, and for its expert slice the same
+// sum restricted to its experts; the global norm matches the single-rank one.
+TEST(LmDpEp, ReducedGradientsEqualSingleRankSums) {
+    const int world = 4, ep = 2;
+    const std::int64_t T = 16;
+    const LmConfig c = small_lm("scmoe-pos2");
+    std::vector<std::vector<std::int32_t>> inputs, targets;
+    for (int r = 0; r < world; ++r) {
+        inputs.push_back(random_tokens(T, 100 + static_cast<std::uint64_t>(r)));
+        targets.push_back(random_tokens(T, 200 + static_cast<std::uint64_t>(r)));
+    }
+    // Reference: one rank, all experts, each batch in turn, gradients summed.
+    auto ref_device = make_device("cpu");
+    LanguageModel ref(c, *ref_device, T);
+    ref.init_params(9);
+    std::vector<std::vector<double>> ref_sum;
+    for (const ParamGroup& g : ref.param_groups()) ref_sum.emplace_back(static_cast<std::size_t>(g.numel), 0.0);
+    for (int r = 0; r < world; ++r) {
+        ref.forward_backward(inputs[static_cast<std::size_t>(r)].data(), targets[static_cast<std::size_t>(r)].data(), T,
+                             1.0f / T);
+        ref.loss_sum();
+        for (std::size_t g = 0; g < ref.param_groups().size(); ++g) {
+            const auto v = group_values(ref.param_groups()[g], true);
+            for (std::size_t i = 0; i < v.size(); ++i) ref_sum[g][i] += v[i];
+        }
+    }
+    double ref_sq = 0;
+    for (const auto& g : ref_sum)
+        for (double x : g) ref_sq += x * x;
+
+    std::mutex mu;
+    run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        LanguageModel lm(c, *device, T, comms.ep);
+        lm.init_params(9);
+        const ParallelLayout layout{world, rank, ep};
+        GradientReducer reducer(lm, layout, comms, *device);
+        lm.forward_backward(inputs[static_cast<std::size_t>(rank)].data(), targets[static_cast<std::size_t>(rank)].data(),
+                            T, 1.0f / T);
+        lm.loss_sum();
+        reducer.reduce();
+        const float norm = reducer.global_norm();
+        std::lock_guard<std::mutex> lock(mu);
+        EXPECT_NEAR(norm, std::sqrt(ref_sq), 1e-4 * std::sqrt(ref_sq)) << "rank " << rank;
+        ASSERT_EQ(lm.param_groups().size(), ref.param_groups().size());
+        for (std::size_t g = 0; g < lm.param_groups().size(); ++g) {
+            const ParamGroup& mine = lm.param_groups()[g];
+            const ParamGroup& theirs = ref.param_groups()[g];
+            const auto got = group_values(mine, true);
+            for (std::size_t t = 0; t < mine.tensors.size(); ++t) {
+                const NamedTensor& mt = mine.tensors[t];
+                const NamedTensor& rt = theirs.tensors[t];
+                ASSERT_EQ(mt.name, rt.name);
+                std::int64_t n = 1;
+                for (auto d : mt.shape) n *= d;
+                // An expert tensor's slice starts at its first expert in the reference's layout.
+                const std::int64_t ref_offset = rt.offset + (mt.expert ? mt.first_expert * (n / mt.shape[0]) : 0);
+                double worst = 0, scale = 1e-3;
+                for (std::int64_t i = 0; i < n; ++i) {
+                    const double want = ref_sum[g][static_cast<std::size_t>(ref_offset + i)];
+                    scale = std::max(scale, std::abs(want));
+                    worst = std::max(worst, std::abs(got[static_cast<std::size_t>(mt.offset + i)] - want));
+                }
+                EXPECT_LE(worst, 2e-5 * scale + 1e-6) << "rank " << rank << " " << mt.name;
+            }
+        }
+        // Initialisation does not depend on the sharding: this rank's expert slice equals the reference's.
+        for (std::size_t g = 0; g < lm.param_groups().size(); ++g) {
+            const auto p = group_values(lm.param_groups()[g], false);
+            const auto q = group_values(ref.param_groups()[g], false);
+            for (std::size_t t = 0; t < lm.param_groups()[g].tensors.size(); ++t) {
+                const NamedTensor& mt = lm.param_groups()[g].tensors[t];
+                std::int64_t n = 1;
+                for (auto d : mt.shape) n *= d;
+                const std::int64_t ref_offset = ref.param_groups()[g].tensors[t].offset +
+                                                (mt.expert ? mt.first_expert * (n / mt.shape[0]) : 0);
+                EXPECT_EQ(0, std::memcmp(p.data() + mt.offset, q.data() + ref_offset,
+                                         static_cast<std::size_t>(n) * sizeof(float)))
+                    << "rank " << rank << " " << mt.name;
+            }
+        }
+    });
+}
+
+TEST(LmDpEp, LayoutRejectsWorldNotDivisibleByEp) {
+    EXPECT_THROW((ParallelLayout{3, 0, 2}.validate()), Error);
+    EXPECT_THROW((ParallelLayout{4, 4, 2}.validate()), Error);
+    const ParallelLayout l{8, 5, 4};
+    EXPECT_NO_THROW(l.validate());
+    EXPECT_EQ(l.dp(), 2);
+    EXPECT_EQ(l.ep_group(), 1);
+    EXPECT_EQ(l.ep_rank(), 1);
+}
+
+}  // namespace
+}  // namespace scmoe::models

@@ -1,0 +1,219 @@
+// The trainer on in-process ranks: loss falls, resume is bitwise, checkpoints of another config or
+// world are refused, a corrupted checkpoint is refused with the previous one intact, bad data fails
+// with a clear error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <unistd.h>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "models/trainer.h"
+#include "train_test_util.h"
+
+namespace scmoe::models {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_train_ranks;
+using testing::small_training;
+
+fs::path fresh_dir(const std::string& name) {
+    const fs::path p = fs::temp_directory_path() / ("scmoe_trainer_test_" + name + "_" + std::to_string(getpid()));
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+}
+
+std::vector<float> all_params(Trainer& t) {
+    std::vector<float> out;
+    t.model().blocks().synchronize();
+    for (const ParamGroup& g : t.model().param_groups()) {
+        const auto* p = static_cast<const float*>(g.params);
+        out.insert(out.end(), p, p + g.numel);
+    }
+    return out;
+}
+
+// Per rank: the losses of each step and the final parameters.
+struct RankRun {
+    std::vector<double> losses;
+    std::vector<float> params;
+};
+
+TEST(Trainer, LossFallsOnTwoRanks) {
+    const TrainConfig config = small_training(40);
+    std::vector<double> losses;
+    run_train_ranks(2, 2, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {2, rank, 2}, comms);
+        for (int s = 0; s < 40; ++s) {
+            const StepMetrics m = t.step();
+            EXPECT_TRUE(std::isfinite(m.loss));
+            EXPECT_GT(m.tokens_per_s, 0);
+            if (rank == 0) losses.push_back(m.loss);
+        }
+    });
+    ASSERT_EQ(losses.size(), 40u);
+    EXPECT_NEAR(losses.front(), std::log(256.0), 0.5);
+    EXPECT_LT(losses.back(), losses.front() - 1.5) << "first " << losses.front() << " last " << losses.back();
+}
+
+TEST(Trainer, ResumeContinuesBitwise) {
+    const int world = 2, ep = 2, steps = 6, cut = 3;
+    const TrainConfig config = small_training(steps);
+    const fs::path dir = fresh_dir("resume");
+    std::vector<RankRun> straight(world), resumed(world);
+    run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {world, rank, ep}, comms);
+        for (int s = 0; s < steps; ++s) straight[static_cast<std::size_t>(rank)].losses.push_back(t.step().loss);
+        straight[static_cast<std::size_t>(rank)].params = all_params(t);
+    });
+    run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {world, rank, ep}, comms);
+        for (int s = 0; s < cut; ++s) t.step();
+        t.save(dir.string());
+    });
+    run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        TrainConfig other_seed = config;
+        other_seed.seed = 99;  // parameters and data order come from the checkpoint, not the seed
+        Trainer t(other_seed, *device, {world, rank, ep}, comms);
+        t.load(dir.string());
+        EXPECT_EQ(t.steps_done(), cut);
+        for (int s = cut; s < steps; ++s) resumed[static_cast<std::size_t>(rank)].losses.push_back(t.step().loss);
+        resumed[static_cast<std::size_t>(rank)].params = all_params(t);
+    });
+    for (int r = 0; r < world; ++r) {
+        const auto& a = straight[static_cast<std::size_t>(r)];
+        const auto& b = resumed[static_cast<std::size_t>(r)];
+        ASSERT_EQ(b.losses.size(), static_cast<std::size_t>(steps - cut));
+        for (int s = cut; s < steps; ++s)
+            EXPECT_EQ(a.losses[static_cast<std::size_t>(s)], b.losses[static_cast<std::size_t>(s - cut)])
+                << "rank " << r << " step " << s + 1;
+        ASSERT_EQ(a.params.size(), b.params.size());
+        EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float))) << "rank " << r;
+    }
+    fs::remove_all(dir);
+}
+
+TEST(Trainer, RefusesACheckpointOfAnotherConfigOrWorld) {
+    const TrainConfig config = small_training(4);
+    const fs::path dir = fresh_dir("refuse");
+    run_train_ranks(2, 2, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {2, rank, 2}, comms);
+        t.step();
+        t.save(dir.string());
+    });
+    // Another world size: one rank.
+    {
+        auto device = make_device("cpu");
+        TrainConfig c = config;
+        c.model.moe.num_experts = 4;
+        Trainer t(c, *device, {1, 0, 1}, {});
+        try {
+            t.load(dir.string());
+            FAIL() << "loaded a world-2 checkpoint into world 1";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("world 2 x ep 2"), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(t.steps_done(), 0);
+    }
+    // Another config on the same world: every rank refuses, naming the field.
+    run_train_ranks(2, 2, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        TrainConfig c = config;
+        c.model.moe.ffn = 24;
+        Trainer t(c, *device, {2, rank, 2}, comms);
+        try {
+            t.load(dir.string());
+            ADD_FAILURE() << "loaded a checkpoint of another config";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("expert_ffn"), std::string::npos) << e.what();
+        }
+    });
+    fs::remove_all(dir);
+}
+
+TEST(Trainer, CorruptedCheckpointIsRefusedAndThePreviousOneStillLoads) {
+    const TrainConfig config = small_training(4);
+    const fs::path dir = fresh_dir("corrupt");
+    std::vector<double> loss_after_2(2);
+    run_train_ranks(2, 2, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {2, rank, 2}, comms);
+        t.step();
+        t.step();
+        t.save(dir.string());
+        loss_after_2[static_cast<std::size_t>(rank)] = t.step().loss;
+        t.step();
+        t.save(dir.string());
+    });
+    ASSERT_TRUE(fs::exists(dir / "step-00000002"));
+    ASSERT_TRUE(fs::exists(dir / "step-00000004" / "dense.safetensors"));
+    {
+        // Flip one byte in the middle of the newest dense shard (its tensor data).
+        const fs::path f = dir / "step-00000004" / "dense.safetensors";
+        std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+        const auto size = static_cast<std::streamoff>(fs::file_size(f));
+        io.seekg(size / 2);
+        char c = 0;
+        io.read(&c, 1);
+        c = static_cast<char>(c ^ 0x10);
+        io.seekp(size / 2);
+        io.write(&c, 1);
+    }
+    run_train_ranks(2, 2, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {2, rank, 2}, comms);
+        try {
+            t.load(dir.string());  // latest = step 4, corrupted
+            ADD_FAILURE() << "loaded a corrupted checkpoint";
+        } catch (const Error& e) {
+            // Rank 0 reads the bad dense shard itself; every rank reads it, so all name the CRC.
+            EXPECT_NE(std::string(e.what()).find("corrupted"), std::string::npos) << e.what();
+        }
+        EXPECT_EQ(t.steps_done(), 0);
+        t.load((dir / "step-00000002").string());
+        EXPECT_EQ(t.steps_done(), 2);
+        EXPECT_EQ(t.step().loss, loss_after_2[static_cast<std::size_t>(rank)]);
+    });
+    fs::remove_all(dir);
+}
+
+TEST(Trainer, BadDataIsAClearError) {
+    auto device = make_device("cpu");
+    TrainConfig c = small_training(2);
+    c.data = {"/nonexistent/scmoe/corpus.txt"};
+    try {
+        Trainer t(c, *device, {1, 0, 1}, {});
+        FAIL() << "a missing data file was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("/nonexistent/scmoe/corpus.txt"), std::string::npos) << e.what();
+    }
+    const fs::path dir = fresh_dir("data");
+    const fs::path empty = dir / "empty.txt";
+    std::ofstream(empty).close();
+    c.data = {empty.string()};
+    try {
+        Trainer t(c, *device, {1, 0, 1}, {});
+        FAIL() << "an empty data file was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("empty"), std::string::npos) << e.what();
+    }
+    fs::remove_all(dir);
+}
+
+TEST(Trainer, WorldNotDivisibleByEpIsRefused) {
+    auto device = make_device("cpu");
+    EXPECT_THROW(Trainer(small_training(2), *device, {3, 0, 2}, {}), Error);
+}
+
+}  // namespace
+}  // namespace scmoe::models
