@@ -56,6 +56,7 @@ struct Args {
     std::int64_t checkpoint_every = 0, stop_at = 0, log_every = 0;
     int keep = 2;
     bool quiet = false;
+    double peak_tflops = 0;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -128,6 +129,8 @@ Args parse(int argc, char** argv) {
                    "if it holds one", cxxopts::value<std::string>())
         ("stop-at", "Stop after this step (as if interrupted; the schedule still spans --steps)",
          cxxopts::value<std::int64_t>()->default_value("0"))
+        ("peak-tflops", "Peak dense TFLOP/s of one device, for the MFU in the summary (e.g. 989 for H100 SXM bf16)",
+         cxxopts::value<double>()->default_value("0"))
         ("quiet", "Only the summary")
         ("h,help", "Print this help");
     // clang-format on
@@ -210,6 +213,7 @@ Args parse(int argc, char** argv) {
     a.stop_at = r["stop-at"].as<std::int64_t>();
     a.log_every = r.count("log-every") ? r["log-every"].as<std::int64_t>() : std::max<std::int64_t>(1, t.steps / 20);
     a.quiet = r.count("quiet") > 0;
+    a.peak_tflops = r["peak-tflops"].as<double>();
     if (a.checkpoint_every < 0 || a.stop_at < 0 || a.log_every <= 0) throw UsageError("negative step counts");
     if ((a.checkpoint_every > 0 || a.stop_at > 0) && a.checkpoint_dir.empty() && a.checkpoint_every > 0)
         throw UsageError("--checkpoint-every needs --checkpoint-dir");
@@ -224,6 +228,7 @@ struct RunSummary {
     std::string variant;
     double first_loss = 0, final_loss = 0;  // the first step's, the mean of the last 10% of steps
     double tokens_per_s = 0, step_ms = 0, exposed_comm_pct = 0;  // means over the steps after the first
+    double tflops_per_device = 0;  // model training FLOP/s per rank (tokens/s x FLOPs per token / world)
     std::int64_t steps = 0, dropped = 0;
 };
 
@@ -341,11 +346,13 @@ RunSummary run_variant(const Args& args, const std::string& variant, Device& dev
         sum.step_ms = ms_total / static_cast<double>(timed);
         sum.tokens_per_s = tps_total / static_cast<double>(timed);
         sum.exposed_comm_pct = exposed_total / static_cast<double>(timed);
+        sum.tflops_per_device =
+            sum.tokens_per_s * trainer.model().train_flops_per_token() / layout.world / 1e12;
     }
     return sum;
 }
 
-void print_summary(const std::vector<RunSummary>& runs) {
+void print_summary(const std::vector<RunSummary>& runs, double peak_tflops) {
     std::cout << "#\n# summary (loss: first step, mean of the last 10% of steps; times: mean over steps after the first)\n";
     std::cout << "#  variant              steps  first loss  final loss     tok/s   ms/step  exposed%   dropped  "
                  "speedup  loss vs first\n";
@@ -359,6 +366,13 @@ void print_summary(const std::vector<RunSummary>& runs) {
                   << std::showpos << std::setprecision(2) << std::setw(13)
                   << (base.final_loss > 0 ? (r.final_loss / base.final_loss - 1) * 100 : 0.0) << "%" << std::noshowpos
                   << "\n";
+    }
+    for (const RunSummary& r : runs) {
+        std::cout << "# " << r.variant << ": " << std::setprecision(3) << r.tflops_per_device
+                  << " model TFLOP/s per rank";
+        if (peak_tflops > 0) std::cout << ", MFU " << std::setprecision(1) << 100.0 * r.tflops_per_device / peak_tflops
+                                       << "% of " << peak_tflops << " TFLOP/s";
+        std::cout << "\n";
     }
 }
 
@@ -399,7 +413,7 @@ int run_in_process(const Args& args) {
                 throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
         runs.push_back(results[0]);
     }
-    print_summary(runs);
+    print_summary(runs, args.peak_tflops);
     return 0;
 }
 
@@ -433,7 +447,7 @@ int run_mpi(const Args& args) {
             RankComms comms = mpi_rank_comms(layout, *device, local.value, args.link);
             runs.push_back(run_variant(args, variant, *device, layout, comms.comms(), print_mutex));
         }
-        if (rank == 0) print_summary(runs);
+        if (rank == 0) print_summary(runs, args.peak_tflops);
     } catch (const std::exception& e) {
         std::cerr << "scmoe-train: rank " << rank << ": " << e.what() << std::endl;
         MPI_Abort(MPI_COMM_WORLD, kExitError);  // peers may be blocked in a collective

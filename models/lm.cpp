@@ -163,6 +163,18 @@ std::int64_t LanguageModel::num_global_params() const {
     return n;
 }
 
+double LanguageModel::train_flops_per_token() const {
+    const int top_k = blocks_->config().moe.top_k;
+    double params = 0;
+    for (const ParamGroup& g : groups_)
+        for (const NamedTensor& t : g.tensors) {
+            if (t.name == "pos") continue;
+            const auto n = static_cast<double>(numel_of(t.shape));
+            params += t.expert ? n / static_cast<double>(t.shape[0]) * top_k : n;
+        }
+    return 6.0 * params + 6.0 * static_cast<double>(config_.layers * config_.backbone.hidden * config_.backbone.seq_len);
+}
+
 Tensor LanguageModel::act(void* p) const { return Tensor(p, config_.backbone.dtype, {tokens_, config_.backbone.hidden}); }
 
 void LanguageModel::init_params(std::uint64_t seed) {

@@ -68,6 +68,10 @@ class LanguageModel {
     const std::vector<ParamGroup>& param_groups() const { return groups_; }
     std::int64_t num_params() const;         // this rank's parameters (its experts only)
     std::int64_t num_global_params() const;  // the whole model, every expert counted once
+    // Training FLOPs per token (forward + backward = 3 x forward): 6 x the matmul parameters a
+    // token uses (dense tensors, top_k experts, the tied head once; not the position table) plus
+    // causal attention's 6 x layers x hidden x seq (half of the 12 L H S of full attention).
+    double train_flops_per_token() const;
 
     // Sets every parameter from `seed`, identically whatever the expert-parallel size or rank:
     // each tensor (and each expert) draws from its own stream keyed by its name and global index.
