@@ -1,18 +1,60 @@
 #!/usr/bin/env bash
-# The main job: builds scmoe-bench and runs the MoE layer benchmark on the best backend present
-# (CUDA when a GPU answers, else the CPU with the embedded default shape), the grouped-GEMM
-# comparison, then the ScMoE block variants side by side on 4 in-process expert-parallel ranks with
-# the emulated link set so top-2's all-to-all is 60% of its MoE time (the paper's PCIe case).
-# Extra arguments go to `scmoe-bench layer`.
-#   usage: launch/quickstart.sh [scmoe-bench layer flags...]
+# The main job: trains the tiny byte-level language model (4 layers, hidden 128, 8 experts) twice on
+# the same data and seed — top-2 MoE, then ScMoE Pos-2 (the shortcut-connected MoE whose all-to-all
+# overlaps the backbone) — on 4 in-process expert-parallel ranks behind an emulated slow link, and
+# prints them side by side: loss, tokens/s, ms/step, exposed communication %, dropped tokens,
+# speedup. About 2 minutes on 2 CPU cores. With a GPU (nvidia-smi lists one, or
+# SCMOE_BACKEND=cuda) the same runs use the CUDA backend; the 4 ranks then share GPU 0.
+#
+# Builds nothing: it runs $SCMOE_BUILD_DIR/launch/scmoe-train (launch/run_tests.sh builds it, or
+# cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build --target scmoe-train).
+# Extra arguments go to scmoe-train and come last, so they win (e.g. --steps 50, --trace t).
+#   usage: launch/quickstart.sh [scmoe-train flags...]
+# Environment (defaults): SCMOE_BUILD_DIR (build), SCMOE_BACKEND (cuda if nvidia-smi lists a GPU,
+# else cpu), SCMOE_QUICKSTART_STEPS (150), SCMOE_QUICKSTART_LINK (gbps=0.05,latency_us=50),
+# SCMOE_QUICKSTART_OUT ($SCMOE_BUILD_DIR/quickstart), SCMOE_QUICKSTART_BENCH (0; 1: afterwards also
+# the scmoe-bench layer, gemm and block benchmarks, about 1.5 minutes more on 2 CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Echoes a command so it can be pasted back into a shell (quotes only the words that need it).
+print_cmd() {
+    local word line='+'
+    for word in "$@"; do
+        if [[ $word =~ ^[A-Za-z0-9_./,:=@%+-]+$ ]]; then line+=" $word"; else line+=" $(printf '%q' "$word")"; fi
+    done
+    echo "$line"
+}
 build=${SCMOE_BUILD_DIR:-build}
-[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
-if [ ! -x "$build/bench/scmoe-bench" ]; then
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$build" -j "$(nproc)" --target scmoe-bench
+train=$build/launch/scmoe-train
+if [ ! -x "$train" ]; then
+    echo "error: no $train; build it first: launch/run_tests.sh, or" >&2
+    echo "  cmake -S . -B $build -DCMAKE_BUILD_TYPE=Release && cmake --build $build --target scmoe-train" >&2
+    exit 2
 fi
-"$build/bench/scmoe-bench" layer --backend auto "$@"
-"$build/bench/scmoe-bench" gemm --backend auto
-"$build/bench/scmoe-bench" block --backend auto --ranks 4 --comm-share 0.6
+
+backend=${SCMOE_BACKEND:-}
+if [ -z "$backend" ]; then
+    if (nvidia-smi -L 2>/dev/null || true) | grep -q '^GPU'; then backend=cuda; else backend=cpu; fi
+fi
+out=${SCMOE_QUICKSTART_OUT:-$build/quickstart}
+mkdir -p "$out"
+metrics=$out/metrics.jsonl
+
+# The link: 0.05 GB/s and 50 us per collective make top-2's all-to-all a large share of its step on
+# a CPU, as a PCIe link does for the paper's GPUs (the share the ScMoE overlap can hide).
+cmd=("$train" --ranks 4 --variants "top2,scmoe-pos2" --steps "${SCMOE_QUICKSTART_STEPS:-150}" --backend "$backend"
+     --link "${SCMOE_QUICKSTART_LINK:-gbps=0.05,latency_us=50}" --metrics "$metrics" "$@")
+print_cmd "${cmd[@]}"
+"${cmd[@]}"
+echo "# metrics: $metrics (JSON lines: variant, step, loss, lr, tokens_per_s, step_ms, exposed_comm_pct, ...)"
+
+if [ "${SCMOE_QUICKSTART_BENCH:-0}" = 1 ]; then
+    bench=$build/bench/scmoe-bench
+    [ -x "$bench" ] || { echo "error: no $bench (cmake --build $build --target scmoe-bench)" >&2; exit 2; }
+    # The MoE layer (embedded default shape on CPU), grouped vs dense GEMM, and the ScMoE block
+    # variants on 4 in-process ranks with the link set so top-2's all-to-all is 60% of its MoE time.
+    for args in "layer --backend auto" "gemm --backend auto" "block --backend auto --ranks 4 --comm-share 0.6"; do
+        # shellcheck disable=SC2086  # each entry is a list of words
+        echo "+ $bench $args" && "$bench" $args
+    done
+fi

@@ -242,8 +242,10 @@ std::string format_eta(double seconds) {
 }
 
 // Trains one variant on this rank; rank 0 prints and writes the metrics.
-RunSummary run_variant(const Args& args, const std::string& variant, Device& device, const models::ParallelLayout& layout,
-                       models::TrainComms comms, std::mutex& print_mutex) {
+// first_variant: whether this is the run's first variant (the metrics file starts empty then,
+// unless resuming; later variants append their lines).
+RunSummary run_variant(const Args& args, const std::string& variant, bool first_variant, Device& device,
+                       const models::ParallelLayout& layout, models::TrainComms comms, std::mutex& print_mutex) {
     models::TrainConfig config = args.train;
     config.model.variant = variant;
     const bool lead = layout.rank == 0;
@@ -270,7 +272,7 @@ RunSummary run_variant(const Args& args, const std::string& variant, Device& dev
     }
     std::ofstream metrics;
     if (lead && !args.metrics.empty()) {
-        metrics.open(args.metrics, trainer.steps_done() > 0 ? std::ios::app : std::ios::trunc);
+        metrics.open(args.metrics, first_variant && trainer.steps_done() == 0 ? std::ios::trunc : std::ios::app);
         SCMOE_CHECK(metrics, "--metrics " << args.metrics << ": cannot open for writing");
     }
     std::unique_ptr<Tracer> tracer;
@@ -401,7 +403,8 @@ int run_in_process(const Args& args) {
                     const LocalRank local = local_rank(args.device);
                     std::unique_ptr<Device> device = make_device(backend, local.value);
                     results[static_cast<std::size_t>(r)] =
-                        run_variant(args, variant, *device, {world, r, ep}, comms.comms(), print_mutex);
+                        run_variant(args, variant, variant == args.variants.front(), *device, {world, r, ep}, comms.comms(),
+                                    print_mutex);
                 } catch (const std::exception& e) {
                     errors[static_cast<std::size_t>(r)] = e.what();
                 }
@@ -445,7 +448,8 @@ int run_mpi(const Args& args) {
         std::mutex print_mutex;
         for (const std::string& variant : args.variants) {
             RankComms comms = mpi_rank_comms(layout, *device, local.value, args.link);
-            runs.push_back(run_variant(args, variant, *device, layout, comms.comms(), print_mutex));
+            runs.push_back(run_variant(args, variant, variant == args.variants.front(), *device, layout, comms.comms(),
+                                       print_mutex));
         }
         if (rank == 0) print_summary(runs, args.peak_tflops);
     } catch (const std::exception& e) {
