@@ -1,5 +1,8 @@
 #include "launch/train_comms.h"
 
+#include <string>
+#include <thread>
+
 #include "comm/local_communicator.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
@@ -37,6 +40,25 @@ RankComms LocalTrainGroups::rank_comms(int rank) {
     r.owned.push_back(
         behind(expert_dp_groups_[static_cast<std::size_t>(l.ep_rank())]->communicator(l.ep_group()), link_));
     return r;
+}
+
+void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<void(int, const RankComms&)>& fn) {
+    std::vector<std::string> errors(static_cast<std::size_t>(world));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+        threads.emplace_back([&, r] {
+            try {
+                const RankComms comms = groups.rank_comms(r);
+                fn(r, comms);
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < world; ++r)
+        if (!errors[static_cast<std::size_t>(r)].empty())
+            throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
 }
 
 #if SCMOE_WITH_MPI

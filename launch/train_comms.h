@@ -3,6 +3,7 @@
 // (MPI on CPU, NCCL on CUDA), optionally behind an EmulatedLink.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -36,6 +37,11 @@ class LocalTrainGroups {
     std::shared_ptr<LocalGroup> world_group_;
     std::vector<std::shared_ptr<LocalGroup>> ep_groups_, expert_dp_groups_;
 };
+
+// Runs fn(rank, comms) for every rank of `groups` on its own thread; after joining them all, throws
+// scmoe::Error "rank r: ..." with the lowest failed rank's error. (A failed rank's peers fail too,
+// at the latest after SCMOE_COMM_TIMEOUT_S, when they wait for it in a collective.)
+void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<void(int, const RankComms&)>& fn);
 
 #if SCMOE_WITH_MPI
 // Collective over MPI_COMM_WORLD: splits it into the groups of `layout` and wraps each in an

@@ -393,27 +393,13 @@ int run_in_process(const Args& args) {
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
         LocalTrainGroups groups(world, ep, args.link);
-        std::vector<std::string> errors(static_cast<std::size_t>(world));
         std::vector<RunSummary> results(static_cast<std::size_t>(world));
-        std::vector<std::thread> threads;
-        for (int r = 0; r < world; ++r) {
-            threads.emplace_back([&, r] {
-                try {
-                    RankComms comms = groups.rank_comms(r);
-                    const LocalRank local = local_rank(args.device);
-                    std::unique_ptr<Device> device = make_device(backend, local.value);
-                    results[static_cast<std::size_t>(r)] =
-                        run_variant(args, variant, variant == args.variants.front(), *device, {world, r, ep}, comms.comms(),
-                                    print_mutex);
-                } catch (const std::exception& e) {
-                    errors[static_cast<std::size_t>(r)] = e.what();
-                }
-            });
-        }
-        for (auto& t : threads) t.join();
-        for (int r = 0; r < world; ++r)
-            if (!errors[static_cast<std::size_t>(r)].empty())
-                throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
+        run_local_ranks(groups, world, [&](int r, const RankComms& comms) {
+            const LocalRank local = local_rank(args.device);
+            std::unique_ptr<Device> device = make_device(backend, local.value);
+            results[static_cast<std::size_t>(r)] = run_variant(args, variant, variant == args.variants.front(), *device,
+                                                               {world, r, ep}, comms.comms(), print_mutex);
+        });
         runs.push_back(results[0]);
     }
     print_summary(runs, args.peak_tflops);

@@ -226,21 +226,25 @@ void LanguageModel::upload_tokens(const std::int32_t* inputs, const std::int32_t
     stream().copy(targets_, host_targets_.data(), static_cast<std::size_t>(tokens) * sizeof(std::int32_t));
 }
 
-void LanguageModel::enqueue_forward(bool overlap, Tracer* trace) {
-    Stream& s = stream();
-    const std::int64_t V = config_.vocab, H = config_.backbone.hidden, T = tokens_;
-    const DType dt = config_.backbone.dtype;
+void LanguageModel::embed(Stream& s) {
     EmbeddingArgs e;
-    e.tokens = T;
-    e.hidden = H;
-    e.vocab = V;
+    e.tokens = tokens_;
+    e.hidden = config_.backbone.hidden;
+    e.vocab = config_.vocab;
     e.seq_len = config_.backbone.seq_len;
-    e.dtype = dt;
+    e.dtype = config_.backbone.dtype;
     e.ids = ids_;
     e.table = params_[0].data;
     e.positions = params_[1].data;
     e.out = h0_;
     embedding_forward(e, s);
+}
+
+void LanguageModel::enqueue_forward(bool overlap, Tracer* trace) {
+    Stream& s = stream();
+    const std::int64_t V = config_.vocab, H = config_.backbone.hidden, T = tokens_;
+    const DType dt = config_.backbone.dtype;
+    embed(s);
     blocks_events_[0]->record(s);
     blocks_->forward(act(h0_), act(hl_), overlap, trace);
     blocks_events_[1]->record(s);
@@ -303,18 +307,8 @@ void LanguageModel::forward_backward(const std::int32_t* inputs, const std::int3
 void LanguageModel::calibrate(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens) {
     upload_tokens(inputs, targets, tokens);
     Stream& s = stream();
-    EmbeddingArgs e;
-    e.tokens = tokens_;
-    e.hidden = config_.backbone.hidden;
-    e.vocab = config_.vocab;
-    e.seq_len = config_.backbone.seq_len;
-    e.dtype = config_.backbone.dtype;
-    e.ids = ids_;
-    e.table = params_[0].data;
-    e.positions = params_[1].data;
-    e.out = h0_;
-    embedding_forward(e, s);
-    s.fill_zero(grad_hl_, static_cast<std::size_t>(tokens_ * config_.backbone.hidden) * dtype_size(e.dtype));
+    embed(s);
+    s.fill_zero(grad_hl_, static_cast<std::size_t>(tokens_ * config_.backbone.hidden) * dtype_size(config_.backbone.dtype));
     blocks_->calibrate(act(h0_), act(grad_hl_));
 }
 

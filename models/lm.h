@@ -101,6 +101,7 @@ class LanguageModel {
 
   private:
     void upload_tokens(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens);
+    void embed(Stream& s);  // h0 = embed[ids] + pos
     void enqueue_forward(bool overlap, Tracer* trace);
     Tensor act(void* p) const;
 

@@ -2,12 +2,9 @@
 // step on the CPU, and in-process ranks (threads with the trainer's communicator groups).
 #pragma once
 
-#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "kernels/error.h"
 #include "launch/train_comms.h"
@@ -48,27 +45,11 @@ inline models::TrainConfig small_training(std::int64_t steps) {
     return t;
 }
 
-// Runs fn(rank, comms) on `world` threads with the trainer's groups for expert-parallel size ep;
-// rethrows the first rank's error as "rank r: ..." after joining every thread.
-inline void run_train_ranks(int world, int ep,
-                            const std::function<void(int, const models::TrainComms&)>& fn) {
+// Runs fn(rank, comms) on `world` threads with the trainer's groups for expert-parallel size ep
+// (launch::run_local_ranks: the first rank's error is rethrown as "rank r: ...").
+inline void run_train_ranks(int world, int ep, const std::function<void(int, const models::TrainComms&)>& fn) {
     launch::LocalTrainGroups groups(world, ep, std::nullopt);
-    std::vector<std::string> errors(static_cast<std::size_t>(world));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) {
-        threads.emplace_back([&, r] {
-            try {
-                launch::RankComms comms = groups.rank_comms(r);
-                fn(r, comms.comms());
-            } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(r)] = e.what();
-            }
-        });
-    }
-    for (auto& t : threads) t.join();
-    for (int r = 0; r < world; ++r)
-        if (!errors[static_cast<std::size_t>(r)].empty())
-            throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
+    launch::run_local_ranks(groups, world, [&](int rank, const launch::RankComms& comms) { fn(rank, comms.comms()); });
 }
 
 }  // namespace scmoe::testing
