@@ -4,8 +4,8 @@
 //
 // Per variant: forward time, train-step (forward + backward) time, the backbone compute and a2a
 // times measured op by op during calibration (serially, a synchronize after every op), the exposed
-// comm share = max(0, step - (serial - a2a)) / step, the chosen expert slots K, and the speedup vs
-// top-2. Times are the slowest rank's mean. --comm-share X first measures the top-2 MoE layer on
+// comm share = max(0, step - (serial - a2a)) / step, the chosen expert slots K and pipeline chunks
+// (--chunks: auto or forced), and the speedup vs top-2. Times are the slowest rank's mean. --comm-share X first measures the top-2 MoE layer on
 // this machine and sets the link bandwidth so its a2a takes the fraction X of the MoE layer time.
 // Check (#wrong): outputs (and input gradients with --mode train) of overlap on vs off, bitwise.
 #include <unistd.h>
@@ -46,14 +46,19 @@ struct BlockArgs {
     bool coefficient_gate = true;
     DispatchMode dispatch = DispatchMode::kCapacity;
     float capacity_factor = 1.25f;
+    int chunks = 0;  // chunked a2a/expert pipeline: 0 = auto, N = forced
     std::string trace;
 };
 
 struct VariantResult {
     double fwd_ms = 0, train_ms = 0, backbone_ms = 0, a2a_ms = 0, serial_ms = 0, slot = -1, wrong = 0;
-    static constexpr int kPacked = 7;
-    void pack(double* d) const { d[0] = fwd_ms, d[1] = train_ms, d[2] = backbone_ms, d[3] = a2a_ms, d[4] = serial_ms, d[5] = slot, d[6] = wrong; }
-    static VariantResult unpack(const double* d) { return {d[0], d[1], d[2], d[3], d[4], d[5], d[6]}; }
+    double fwd_chunks = 0, bwd_chunks = 0;  // the first MoE branch's pipeline pieces (0: no MoE branch)
+    static constexpr int kPacked = 9;
+    void pack(double* d) const {
+        d[0] = fwd_ms, d[1] = train_ms, d[2] = backbone_ms, d[3] = a2a_ms, d[4] = serial_ms, d[5] = slot, d[6] = wrong;
+        d[7] = fwd_chunks, d[8] = bwd_chunks;
+    }
+    static VariantResult unpack(const double* d) { return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8]}; }
 };
 
 struct RankOutput {
@@ -96,8 +101,10 @@ BlockStackConfig variant_config(const BlockArgs& a, const std::string& name, DTy
 struct RankStack {
     std::unique_ptr<BlockStack> stack;
     DeviceBuffer x, gy, out, gx;
-    RankStack(const BlockStackConfig& c, Device& device, Stream& stream, std::int64_t T, Communicator* comm, int rank) {
+    RankStack(const BlockStackConfig& c, Device& device, Stream& stream, std::int64_t T, Communicator* comm, int rank,
+              int chunks = 0) {
         stack = std::make_unique<BlockStack>(c, device, T, comm);
+        stack->set_expert_chunks(chunks);
         const ParamSet& p = stack->backbone_params();
         for (std::size_t i = 0; i < p.specs().size(); ++i)
             upload_uniform(device, stream, p[i].data, p[i].dtype, p[i].numel(), 0.05f, 100 + i);
@@ -183,7 +190,7 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
     Communicator* ep = wrapped ? wrapped.get() : comm;
     for (const std::string& name : a.variants) {
         const BlockStackConfig c = variant_config(a, name, device->compute_dtype());
-        RankStack rs(c, *device, *stream, a.tokens, ep, rank);
+        RankStack rs(c, *device, *stream, a.tokens, ep, rank, a.chunks);
         rs.stack->calibrate(rs.t(rs.x), rs.t(rs.gy), 2);
         if (rank == 0) {
             std::string text = rs.stack->describe_schedule();
@@ -197,6 +204,8 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
         const Schedule& f = rs.stack->forward_schedule();
         const Schedule& b = rs.stack->backward_schedule();
         r.slot = f.branches.empty() ? -1 : f.branches.front().slot;
+        r.fwd_chunks = f.branches.empty() ? 0 : f.branches.front().chunks;
+        r.bwd_chunks = b.branches.empty() ? 0 : b.branches.back().chunks;  // the same block's backward branch
         double seg = 0;
         for (double s : f.segment_ms) seg += s;
         r.backbone_ms = seg;
@@ -263,6 +272,9 @@ cxxopts::Options block_options() {
         ("dispatch", "capacity | dropless", cxxopts::value<std::string>()->default_value("capacity"))
         ("capacity-factor", "capacity mode slots per expert", cxxopts::value<float>()->default_value("1.25"))
         ("gate", "how the shared expert joins: cg1 (coefficient gate) | add", cxxopts::value<std::string>()->default_value("cg1"))
+        ("chunks", "pieces of the chunked a2a / expert-FFN pipeline (Tutel-style; a piece is a group of each rank's "
+         "local experts): auto (chosen per branch from the calibrated times) or N (1 = off, at most experts / ranks)",
+         cxxopts::value<std::string>()->default_value("auto"))
         ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json",
          cxxopts::value<std::string>()->default_value(""));
     add_link_options(o, "block");
@@ -300,6 +312,21 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
     if (gate != "cg1" && gate != "add") throw UsageError("--gate must be cg1 or add");
     a.coefficient_gate = gate == "cg1";
     a.trace = r["trace"].as<std::string>();
+    const std::string chunks = r["chunks"].as<std::string>();
+    if (chunks != "auto") {
+        std::size_t used = 0;
+        int n = 0;
+        try {
+            n = std::stoi(chunks, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != chunks.size() || n < 1) throw UsageError("--chunks must be auto or a positive integer, got '" + chunks + "'");
+        a.chunks = n;
+    }
+    if (a.ranks > 0 && a.experts % a.ranks == 0 && a.chunks > a.experts / a.ranks)
+        throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most the " + std::to_string(a.experts / a.ranks) +
+                         " local experts per rank (--experts / ranks)");
     if (a.tokens <= 0 || a.seq <= 0 || a.tokens % a.seq) throw UsageError("--tokens must be a positive multiple of --seq");
     if (a.experts % a.ranks) throw UsageError("--experts must be a multiple of the number of ranks");
     return a;
@@ -322,6 +349,7 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
     j["dispatch"] = dispatch_mode_name(a.dispatch);
     j["capacity_factor"] = a.capacity_factor;
     j["gate"] = a.coefficient_gate ? "cg1" : "add";
+    j["chunks"] = a.chunks == 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.chunks);
     return j;
 }
 
@@ -329,7 +357,8 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
 int report_results(Report& report, const BlockArgs& a, const std::vector<RankOutput>& ranks) {
     for (const std::string& n : ranks.front().notes) report.note(n);
     report.note("times: the slowest rank's mean; backbone and a2a: measured op by op (serially) during calibration; "
-                "exposed = max(0, step - (serial - a2a)) / step; K = the first MoE branch's forward slot");
+                "exposed = max(0, step - (serial - a2a)) / step; K = the first MoE branch's forward slot; chunks = its "
+                "pipeline pieces forward/backward (--chunks " + (a.chunks == 0 ? std::string("auto") : std::to_string(a.chunks)) + ")");
     report.note("check: outputs" + std::string(a.train ? " and input gradients" : "") +
                 " with overlap on vs off, bitwise (wrong = differing elements, all ranks)");
     report.begin_table({{"variant", "variant", "", 16, 0},
@@ -339,6 +368,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                         {"a2a_us", "a2a", "(us)", 10, 1},
                         {"exposed_comm_pct", "exposed", "(%)", 7, 1},
                         {"slot", "K", "", 3, 0},
+                        {"chunks", "chunks", "", 6, 0},
                         {"speedup_vs_top2_fwd", "fwd_speedup", "(x)", 11, 3},
                         {"speedup_vs_top2_train", "train_speedup", "(x)", 13, 3},
                         {"wrong", "#wrong", "", 6, 0}});
@@ -357,6 +387,8 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
             wrong += x.wrong;
         }
         w.slot = ranks.front().results[v].slot;
+        w.fwd_chunks = ranks.front().results[v].fwd_chunks;
+        w.bwd_chunks = ranks.front().results[v].bwd_chunks;
         w.wrong = wrong;
     }
     const auto top2 = std::find(a.variants.begin(), a.variants.end(), "top2");
@@ -368,6 +400,9 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
         report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
                         1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed,
                         w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
+                        w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +
+                                                (a.train ? "/" + std::to_string(static_cast<int>(w.bwd_chunks)) : ""))
+                                         : Cell(),
                         base ? Cell(base->fwd_ms / w.fwd_ms) : Cell(),
                         base && a.train ? Cell(base->train_ms / w.train_ms) : Cell(),
                         static_cast<std::int64_t>(w.wrong)});

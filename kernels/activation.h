@@ -26,6 +26,9 @@ struct ActivationArgs {
     // Optional, stream memory: the rows actually in use (<= rows), read when the op runs, so a
     // row count known only on the device (expert-parallel dropless) needs no host sync.
     const std::int32_t* num_rows = nullptr;
+    // Optional, stream memory: rows before *first_row are left alone (a chunk of the experts'
+    // rows [*first_row, *num_rows) whose bounds are known only on the device).
+    const std::int32_t* first_row = nullptr;
 };
 void activation_forward(const ActivationArgs& args, Stream& stream);
 
@@ -36,7 +39,8 @@ struct ActivationBackwardArgs {
     const void* h = nullptr;         // [rows, activation_input_width] (forward input)
     const void* grad_out = nullptr;  // [rows, ffn]
     void* grad_h = nullptr;          // [rows, activation_input_width] out
-    const std::int32_t* num_rows = nullptr;  // optional, as in ActivationArgs
+    const std::int32_t* num_rows = nullptr;   // optional, as in ActivationArgs
+    const std::int32_t* first_row = nullptr;  // optional, as in ActivationArgs
 };
 void activation_backward(const ActivationBackwardArgs& args, Stream& stream);
 

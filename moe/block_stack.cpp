@@ -219,11 +219,27 @@ void BlockStack::calibrate(const Tensor& input, const Tensor& grad_output, int r
     build_plans(T);
     synchronize();
     backbone_stream_->copy(h_[0], input.data, input.bytes());
-    fwd_schedule_ = scheduler_->calibrate(fwd_plan_, repeats);
+    fwd_schedule_ = scheduler_->calibrate(fwd_plan_, repeats, expert_chunks_);
     backbone_stream_->copy(grad_h_.back(), grad_output.data, grad_output.bytes());
-    bwd_schedule_ = scheduler_->calibrate(bwd_plan_, repeats);
+    bwd_schedule_ = scheduler_->calibrate(bwd_plan_, repeats, expert_chunks_);
     synchronize();
     calibrated_ = true;
+}
+
+void BlockStack::set_expert_chunks(int chunks) {
+    const int ep_size = ep_ ? ep_->size() : 1;
+    const int local = config_.moe.num_experts / ep_size;
+    SCMOE_CHECK(chunks >= 0 && chunks <= local,
+                "BlockStack: expert chunks = " << chunks << ": must be 0 (auto) or 1.." << local
+                                               << " (a chunk is a group of the " << local
+                                               << " local experts of an MoE layer on each of the " << ep_size
+                                               << " rank(s))");
+    expert_chunks_ = chunks;
+    if (plan_tokens_ < 0) return;  // no plans yet: build_plans applies it
+    for (auto [plan, sched] : {std::pair{&fwd_plan_, &fwd_schedule_}, std::pair{&bwd_plan_, &bwd_schedule_}}) {
+        choose_slots(*plan, *sched);
+        choose_chunks(*plan, *sched, expert_chunks_);
+    }
 }
 
 std::string BlockStack::describe_schedule() const {

@@ -87,11 +87,19 @@ public:
     std::vector<MoeLayer*> moe_layers();
 
     // Measures the ops of a forward and a backward pass on `input`/`grad_output` (values matter not)
-    // and chooses every branch's expert slot (Eq. 11); a collective over `ep`. Runs both passes.
+    // and chooses every branch's expert slot (Eq. 11) and chunks; a collective over `ep`. Runs both
+    // passes.
     void calibrate(const Tensor& input, const Tensor& grad_output, int repeats = 2);
+    // The chunked all-to-all / expert-FFN pipeline of the MoE branches (LayerScheduler): 0 = auto
+    // (the default: calibrate() chooses per branch and pass from the measured times), N >= 1 = N
+    // pieces, capped at each layer's MoeLayer::max_chunks() (its local experts with expert
+    // parallelism; 1 on one rank, where there is no exchange to pipeline). Applies at once, to the
+    // calibrated times if any. Throws for N < 0 or N > the local experts per rank.
+    void set_expert_chunks(int chunks);
+    int expert_chunks() const { return expert_chunks_; }
     const Schedule& forward_schedule() const { return fwd_schedule_; }
     const Schedule& backward_schedule() const { return bwd_schedule_; }
-    // The chosen slots, one line per MoE branch and pass.
+    // The chosen slots and chunks, one line per MoE branch and pass.
     std::string describe_schedule() const;
 
     // input, output: [tokens, hidden] in the compute dtype, on the device. Enqueued on the stack's
@@ -126,6 +134,7 @@ private:
     SchedulePlan fwd_plan_, bwd_plan_;
     Schedule fwd_schedule_, bwd_schedule_;
     bool calibrated_ = false;
+    int expert_chunks_ = 0;  // 0 = auto
 };
 
 }  // namespace scmoe

@@ -84,6 +84,13 @@ void BlockStack::build_plans(std::int64_t T) {
         br.send = {"dispatch", [&k](Stream& s) { k.moe->dispatch(s); }, true};
         br.expert = {"experts", [&k, &mp](Stream& s) { k.moe->experts(mp, s); }};
         br.receive = {"collect", [&k](Stream& s) { k.moe->collect(s); }, true};
+        br.max_chunks = k.moe->max_chunks();
+        br.send_chunks = {"dispatch", [&k](int c, int pieces, Stream& s) {
+                              if (c == 0) k.moe->dispatch_counts(s);
+                              k.moe->dispatch_chunk(c, pieces, s);
+                          }, true};
+        br.expert_chunks = {"experts", [&k, &mp](int c, int pieces, Stream& s) { k.moe->experts_chunk(mp, c, pieces, s); }};
+        br.receive_chunks = {"collect", [&k](int c, int pieces, Stream& s) { k.moe->collect_chunk(c, pieces, s); }, true};
         br.post = {"combine", [&k, a](Stream& s) { k.moe->combine(a(k.y), s); }};
         br.consume = {"moe_add", [this, &k, a, b, T, H, dt](Stream& s) {
                           if (config_.moe.shared_expert) k.moe->shared_expert_add(a(k.y), s);
@@ -150,6 +157,14 @@ void BlockStack::build_plans(std::int64_t T) {
         br.send = {"collect_bwd", [&k](Stream& s) { k.moe->collect_backward(s); }, true};
         br.expert = {"experts_bwd", [&k, &mp, &mg](Stream& s) { k.moe->experts_backward(mp, mg, s); }};
         br.receive = {"dispatch_bwd", [&k](Stream& s) { k.moe->dispatch_backward(s); }, true};
+        br.max_chunks = k.moe->max_chunks();
+        br.send_chunks = {"collect_bwd", [&k](int c, int pieces, Stream& s) { k.moe->collect_backward_chunk(c, pieces, s); },
+                          true};
+        br.expert_chunks = {"experts_bwd", [&k, &mp, &mg](int c, int pieces, Stream& s) {
+                                k.moe->experts_backward_chunk(mp, mg, c, pieces, s);
+                            }};
+        br.receive_chunks = {"dispatch_bwd",
+                             [&k](int c, int pieces, Stream& s) { k.moe->dispatch_backward_chunk(c, pieces, s); }, true};
         br.post = {"router_bwd", [&k, a, &mp, &mg](Stream& s) {
                        k.moe->permute_backward(a(k.grad_s), false, s);
                        k.moe->route_backward(mp, mg, a(k.grad_s), s);
@@ -168,11 +183,13 @@ void BlockStack::build_plans(std::int64_t T) {
     fwd_plan_ = std::move(f);
     bwd_plan_ = std::move(g);
     if (!calibrated_) {
-        // Every expert FFN at its earliest slot until calibrate() measures better ones.
+        // Every expert FFN at its earliest slot, unchunked unless chunks are forced, until
+        // calibrate() measures better ones.
         for (auto [plan, sched] : {std::pair{&fwd_plan_, &fwd_schedule_}, std::pair{&bwd_plan_, &bwd_schedule_}}) {
             sched->segment_ms.assign(plan->segments.size(), 0.0);
             sched->branches.assign(plan->branches.size(), Schedule::Branch{});
-            for (std::size_t i = 0; i < plan->branches.size(); ++i) sched->branches[i].slot = plan->branches[i].ready;
+            choose_slots(*plan, *sched);
+            choose_chunks(*plan, *sched, expert_chunks_);
         }
     }
 }

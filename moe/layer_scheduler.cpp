@@ -18,6 +18,10 @@ void SchedulePlan::validate() const {
         SCMOE_CHECK(0 <= b.ready && b.ready <= b.join && b.join <= n,
                     name << " plan: branch " << b.name << " has ready " << b.ready << ", join " << b.join << " for "
                          << n << " segments (need 0 <= ready <= join <= segments)");
+        SCMOE_CHECK(b.max_chunks >= 1, name << " plan: branch " << b.name << " has max_chunks " << b.max_chunks);
+        SCMOE_CHECK(b.max_chunks == 1 || (b.send_chunks.run && b.expert_chunks.run && b.receive_chunks.run),
+                    name << " plan: branch " << b.name << " has max_chunks " << b.max_chunks
+                         << " but not all of send_chunks, expert_chunks, receive_chunks");
     }
 }
 
@@ -36,16 +40,28 @@ double Schedule::comm_ms() const {
 
 std::string Schedule::describe(const SchedulePlan& plan) const {
     std::string out;
-    char line[320];
+    char line[400];
     for (std::size_t i = 0; i < branches.size() && i < plan.branches.size(); ++i) {
         const Branch& b = branches[i];
         const BranchPlan& p = plan.branches[i];
         std::snprintf(line, sizeof line,
                       "%s %s: ready %d join %d slot K=%d (backbone %.3f ms before vs pre+send %.3f ms; %.3f ms after "
-                      "vs receive+post %.3f ms; expert %.3f ms)\n",
+                      "vs receive+post %.3f ms; expert %.3f ms)",
                       plan.name.c_str(), p.name.c_str(), p.ready, p.join, b.slot, b.before_ms,
                       b.pre_ms + b.send_ms, b.after_ms, b.receive_ms + b.post_ms, b.expert_ms);
         out += line;
+        if (b.max_chunks > 1 || b.chunks > 1) {
+            std::snprintf(line, sizeof line,
+                          "; chunks %d of max %d (%s: modelled %.3f ms vs %.3f ms unchunked; in %d pieces send %.3f, "
+                          "expert %.3f, receive %.3f ms)",
+                          b.chunks, b.max_chunks, b.forced_chunks ? "forced" : "auto", b.modelled_ms,
+                          b.modelled_unchunked_ms, b.max_chunks, b.chunked_send_ms, b.chunked_expert_ms,
+                          b.chunked_receive_ms);
+            out += line;
+        } else {
+            out += "; chunks 1";
+        }
+        out += "\n";
     }
     return out;
 }
@@ -74,6 +90,76 @@ void choose_slots(const SchedulePlan& plan, Schedule& s) {
     }
 }
 
+double model_branch_ms(const SchedulePlan& plan, const Schedule& s, std::size_t i, int slot, int chunks) {
+    const BranchPlan& p = plan.branches[i];
+    const Schedule::Branch& b = s.branches[i];
+    SCMOE_CHECK(p.ready <= slot && slot <= p.join && chunks >= 1 && chunks <= std::max(1, b.max_chunks),
+                "model_branch_ms: slot " << slot << ", chunks " << chunks << " for branch " << p.name);
+    // Whole-stage times for `chunks` pieces: measured at 1 and max_chunks, linear in between. The
+    // pieces do the same work plus their own costs, so a whole stage measured slower than its
+    // pieces was slowed by something else (noise only ever adds time): take the pieces' time then.
+    auto total = [&](double one, double at_max) {
+        if (b.max_chunks <= 1) return one;
+        one = std::min(one, at_max);
+        return one + (at_max - one) * (chunks - 1) / (b.max_chunks - 1);
+    };
+    const double send = total(b.send_ms, b.chunked_send_ms) / chunks;
+    const double expert = total(b.expert_ms, b.chunked_expert_ms) / chunks;
+    const double receive = total(b.receive_ms, b.chunked_receive_ms) / chunks;
+    double backbone = 0;  // backbone stream, from the ready point
+    for (int j = p.ready; j < slot; ++j) backbone += s.segment_ms[static_cast<std::size_t>(j)];
+    std::vector<double> expert_end(static_cast<std::size_t>(chunks));
+    for (int c = 0; c < chunks; ++c) {
+        const double sent = b.pre_ms + (c + 1) * send;  // the sends go back to back after pre
+        backbone = std::max(backbone, sent) + expert;
+        expert_end[static_cast<std::size_t>(c)] = backbone;
+    }
+    double side = b.pre_ms + chunks * send;  // MoE stream: the receives queue behind every send
+    for (int c = 0; c < chunks; ++c) side = std::max(side, expert_end[static_cast<std::size_t>(c)]) + receive;
+    side += b.post_ms;
+    for (int j = slot; j < p.join; ++j) backbone += s.segment_ms[static_cast<std::size_t>(j)];
+    return std::max(backbone, side);
+}
+
+void choose_chunks(const SchedulePlan& plan, Schedule& s, int forced) {
+    SCMOE_CHECK(forced >= 0, "chunks = " << forced << ": must be >= 1, or 0 for auto");
+    SCMOE_CHECK(s.branches.size() == plan.branches.size() && s.segment_ms.size() == plan.segments.size(),
+                "choose_chunks: the schedule does not match the " << plan.name << " plan");
+    for (std::size_t i = 0; i < plan.branches.size(); ++i) {
+        const BranchPlan& p = plan.branches[i];
+        Schedule::Branch& b = s.branches[i];
+        b.max_chunks = p.max_chunks;
+        b.forced_chunks = forced > 0;
+        const int eq11_slot = b.slot;
+        b.modelled_unchunked_ms = model_branch_ms(plan, s, i, eq11_slot, 1);
+        int best_chunks = 1, best_slot = eq11_slot;
+        double best = b.modelled_unchunked_ms;
+        const int first = forced > 0 ? std::min(forced, p.max_chunks) : 2;
+        const int last = forced > 0 ? first : p.max_chunks;
+        for (int c = std::max(first, 2); c <= last; ++c) {
+            for (int k = p.ready; k <= p.join; ++k) {
+                const double t = model_branch_ms(plan, s, i, k, c);
+                // Auto: pipelining must beat unchunked by kMinChunkGain; forced: take the best slot.
+                const bool better = forced > 0 ? (best_chunks == 1 || t < best)
+                                               : t < best && t < (1.0 - kMinChunkGain) * b.modelled_unchunked_ms;
+                if (better) {
+                    best = t;
+                    best_chunks = c;
+                    best_slot = k;
+                }
+            }
+        }
+        b.chunks = best_chunks;
+        b.modelled_ms = best;
+        if (best_slot != b.slot) {
+            b.slot = best_slot;
+            b.before_ms = b.after_ms = 0;
+            for (int j = p.ready; j < p.join; ++j)
+                (j < b.slot ? b.before_ms : b.after_ms) += s.segment_ms[static_cast<std::size_t>(j)];
+        }
+    }
+}
+
 LayerScheduler::LayerScheduler(Device& device, Stream& backbone, Stream& moe, Communicator* agree)
     : device_(device), backbone_(backbone), moe_(moe), agree_(agree) {
     SCMOE_CHECK(&backbone != &moe, "LayerScheduler: the backbone and MoE streams must be distinct");
@@ -88,9 +174,11 @@ Event& LayerScheduler::event(std::size_t i) {
     return *events_[i];
 }
 
-Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats) {
+Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats, int forced_chunks) {
     plan.validate();
     SCMOE_CHECK(repeats >= 1, "LayerScheduler.calibrate: repeats = " << repeats);
+    SCMOE_CHECK(forced_chunks >= 0, "LayerScheduler.calibrate: chunks = " << forced_chunks
+                                                                         << ": must be >= 1, or 0 for auto");
     using Clock = std::chrono::steady_clock;
     auto timed = [&](const ScheduleOp& op) {
         if (!op.run) return 0.0;
@@ -99,20 +187,36 @@ Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats) {
         backbone_.synchronize();
         return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     };
+    // Every piece of a chunked stage, serially; the sum of their times.
+    auto timed_pieces = [&](const ChunkedOp& op, int chunks) {
+        double sum = 0;
+        for (int c = 0; c < chunks; ++c)
+            sum += timed({op.name, [&op, c, chunks](Stream& s) { op.run(c, chunks, s); }, op.comm});
+        return sum;
+    };
+    constexpr std::size_t kPerBranch = 9;
     const std::size_t nb = plan.branches.size(), ns = plan.segments.size();
-    std::vector<double> times(ns + 6 * nb, std::numeric_limits<double>::infinity());
+    std::vector<double> times(ns + kPerBranch * nb, std::numeric_limits<double>::infinity());
     auto keep = [&](std::size_t slot, double ms) { times[slot] = std::min(times[slot], ms); };
     for (int r = 0; r < repeats; ++r) {
         // The serial order of run(overlap = false) with the ready branch at its first possible slot.
         for (std::size_t i = 0; i <= ns; ++i) {
             for (std::size_t b = 0; b < nb; ++b) {
                 const BranchPlan& p = plan.branches[b];
-                const std::size_t base = ns + 6 * b;
+                const std::size_t base = ns + kPerBranch * b;
                 if (static_cast<std::size_t>(p.ready) == i) {
                     keep(base + 0, timed(p.pre));
                     keep(base + 1, timed(p.send));
                     keep(base + 2, timed(p.expert));
                     keep(base + 3, timed(p.receive));
+                    // The same stages again as max_chunks pieces (they recompute the same results).
+                    if (p.max_chunks > 1) {
+                        keep(base + 6, timed_pieces(p.send_chunks, p.max_chunks));
+                        keep(base + 7, timed_pieces(p.expert_chunks, p.max_chunks));
+                        keep(base + 8, timed_pieces(p.receive_chunks, p.max_chunks));
+                    } else {
+                        keep(base + 6, 0.0), keep(base + 7, 0.0), keep(base + 8, 0.0);
+                    }
                     keep(base + 4, timed(p.post));
                 }
                 if (static_cast<std::size_t>(p.join) == i) keep(base + 5, timed(p.consume));
@@ -137,7 +241,7 @@ Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats) {
     Schedule s;
     s.segment_ms.assign(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(ns));
     for (std::size_t b = 0; b < nb; ++b) {
-        const double* t = times.data() + ns + 6 * b;
+        const double* t = times.data() + ns + kPerBranch * b;
         Schedule::Branch br;
         br.pre_ms = t[0];
         br.send_ms = t[1];
@@ -145,9 +249,13 @@ Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats) {
         br.receive_ms = t[3];
         br.post_ms = t[4];
         br.consume_ms = t[5];
+        br.chunked_send_ms = t[6];
+        br.chunked_expert_ms = t[7];
+        br.chunked_receive_ms = t[8];
         s.branches.push_back(br);
     }
     choose_slots(plan, s);
+    choose_chunks(plan, s, forced_chunks);
     return s;
 }
 
@@ -164,34 +272,74 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
         else
             op.run(stream);
     };
-    // Events per branch: 0 input ready (backbone), 1 sent (MoE), 2 expert done (backbone), 3 done (MoE).
-    auto ev = [&](std::size_t b, std::size_t k) -> Event& { return event(4 * b + k); };
+    // Pieces per branch (1 = the unchunked stages).
+    std::vector<int> chunks(nb);
+    std::vector<std::size_t> first_event(nb + 1);
+    for (std::size_t b = 0; b < nb; ++b) {
+        const int c = schedule.branches[b].chunks;
+        SCMOE_CHECK(c >= 1 && c <= plan.branches[b].max_chunks,
+                    "LayerScheduler.run: " << plan.name << " branch " << plan.branches[b].name << " scheduled in " << c
+                                           << " chunks; the plan allows 1.." << plan.branches[b].max_chunks);
+        chunks[b] = c;
+        first_event[b + 1] = first_event[b] + 2 + 2 * static_cast<std::size_t>(c);
+    }
+    // Events per branch: input ready (backbone), done (MoE), then per piece sent (MoE) and expert
+    // done (backbone).
+    auto ready_event = [&](std::size_t b) -> Event& { return event(first_event[b]); };
+    auto done_event = [&](std::size_t b) -> Event& { return event(first_event[b] + 1); };
+    auto sent_event = [&](std::size_t b, int c) -> Event& {
+        return event(first_event[b] + 2 + 2 * static_cast<std::size_t>(c));
+    };
+    auto expert_event = [&](std::size_t b, int c) -> Event& {
+        return event(first_event[b] + 3 + 2 * static_cast<std::size_t>(c));
+    };
+    auto issue_piece = [&](const ChunkedOp& op, int c, int n, const std::string& owner, Stream& stream,
+                           const char* lane) {
+        issue({op.name + "#" + std::to_string(c), [&op, c, n](Stream& s) { op.run(c, n, s); }, op.comm}, owner,
+              stream, lane);
+    };
     const char* side_lane = overlap ? "moe" : "backbone";
     for (std::size_t i = 0; i <= ns; ++i) {
         for (std::size_t b = 0; b < nb; ++b) {
             const BranchPlan& p = plan.branches[b];
+            const int n = chunks[b];
             if (static_cast<std::size_t>(p.ready) == i) {
                 if (overlap) {
-                    ev(b, 0).record(backbone_);
-                    moe_.wait(ev(b, 0));
+                    ready_event(b).record(backbone_);
+                    moe_.wait(ready_event(b));
                 }
                 issue(p.pre, p.name, side, side_lane);
-                issue(p.send, p.name, side, side_lane);
-                if (overlap) ev(b, 1).record(moe_);
+                for (int c = 0; c < n; ++c) {
+                    if (n == 1)
+                        issue(p.send, p.name, side, side_lane);
+                    else
+                        issue_piece(p.send_chunks, c, n, p.name, side, side_lane);
+                    if (overlap) sent_event(b, c).record(moe_);
+                }
             }
             if (static_cast<std::size_t>(schedule.branches[b].slot) == i) {
-                if (overlap) backbone_.wait(ev(b, 1));
-                issue(p.expert, p.name, backbone_, "backbone");
-                if (overlap) {
-                    ev(b, 2).record(backbone_);
-                    moe_.wait(ev(b, 2));
+                // Every expert piece is enqueued before any receive piece: a communicator that
+                // synchronizes its stream inside a call (NCCL) must find the expert events recorded.
+                for (int c = 0; c < n; ++c) {
+                    if (overlap) backbone_.wait(sent_event(b, c));
+                    if (n == 1)
+                        issue(p.expert, p.name, backbone_, "backbone");
+                    else
+                        issue_piece(p.expert_chunks, c, n, p.name, backbone_, "backbone");
+                    if (overlap) expert_event(b, c).record(backbone_);
                 }
-                issue(p.receive, p.name, side, side_lane);
+                for (int c = 0; c < n; ++c) {
+                    if (overlap) moe_.wait(expert_event(b, c));
+                    if (n == 1)
+                        issue(p.receive, p.name, side, side_lane);
+                    else
+                        issue_piece(p.receive_chunks, c, n, p.name, side, side_lane);
+                }
                 issue(p.post, p.name, side, side_lane);
-                if (overlap) ev(b, 3).record(moe_);
+                if (overlap) done_event(b).record(moe_);
             }
             if (static_cast<std::size_t>(p.join) == i) {
-                if (overlap) backbone_.wait(ev(b, 3));
+                if (overlap) backbone_.wait(done_event(b));
                 issue(p.consume, p.name, backbone_, "backbone");
             }
         }

@@ -20,6 +20,18 @@
 // With a Communicator, every rank uses the times averaged over the group, so all ranks choose the
 // same slots and issue their collectives in the same order.
 //
+// Chunked pipeline (Tutel-style), for branches whose all-to-alls do not fit their window: send,
+// expert and receive run as C pieces — every send piece on the MoE stream, expert piece c on the
+// backbone stream (from the slot on) once send piece c is done, receive piece c on the MoE stream
+// once expert piece c is done — so piece c's FFN hides piece c+1's send and piece c-1's receive.
+// The degree C is chosen like the slot, from the calibrated times (choose_chunks): a model of the
+// two streams' timeline from ready to join (pre, C sends back to back; the backbone's window
+// segments and C expert pieces, each waiting for its send; C receives, each waiting for its expert
+// piece; post) gives the branch's time for every (K, C); C = 1 keeps the Eq. 11 slot, and C > 1 is
+// taken only when it beats C = 1 by kMinChunkGain of that time. Piece times come from calibrating
+// both C = 1 and C = max_chunks (which includes the per-piece costs: latency, pack and unpack),
+// interpolated linearly in between.
+//
 // Overlap off runs the same ops in the same order on the backbone stream alone. Every op writes
 // its own buffers and every accumulation happens on the backbone stream in program order, so
 // results are bitwise identical with overlap on and off.
@@ -44,10 +56,22 @@ struct ScheduleOp {
     bool comm = false;                 // an all-to-all (for timing summaries)
 };
 
+// A stage that runs in pieces: run(chunk, chunks, stream) enqueues piece `chunk` of `chunks`.
+struct ChunkedOp {
+    std::string name;
+    std::function<void(int chunk, int chunks, Stream&)> run;
+    bool comm = false;
+};
+
 struct BranchPlan {
     std::string name;
     int ready = 0, join = 0;
     ScheduleOp pre, send, expert, receive, post, consume;
+    // The chunked pipeline: with max_chunks > 1, the schedule may run send_chunks, expert_chunks
+    // and receive_chunks in 2..max_chunks pieces instead of send, expert and receive (which a
+    // 1-piece run equals). max_chunks must be the same on every rank.
+    int max_chunks = 1;
+    ChunkedOp send_chunks, expert_chunks, receive_chunks;
 };
 
 struct SchedulePlan {
@@ -65,19 +89,38 @@ struct Schedule {
         double pre_ms = 0, send_ms = 0, expert_ms = 0, receive_ms = 0, post_ms = 0, consume_ms = 0;
         int slot = 0;
         double before_ms = 0, after_ms = 0;  // backbone time between ready and the slot, slot and join
+        // Chunked pipeline: the pieces run (1 = off), the plan's bound, the sums over max_chunks
+        // pieces as calibrated, and the modelled branch time (ready to join) at the chosen slot and
+        // chunks and unchunked at the Eq. 11 slot (0 until choose_chunks).
+        int chunks = 1, max_chunks = 1;
+        bool forced_chunks = false;
+        double chunked_send_ms = 0, chunked_expert_ms = 0, chunked_receive_ms = 0;
+        double modelled_ms = 0, modelled_unchunked_ms = 0;
     };
     std::vector<Branch> branches;
     // Serial time of the pass: every op one after the other.
     double serial_ms() const;
     // All-to-all time of the pass (send + receive of every branch).
     double comm_ms() const;
-    // "forward: moe1 ready 1 join 4 slot 3 (backbone 1.20 ms before vs pre+send 1.10 ms; 0.80 after vs
-    //  receive+post 0.95)", one line per branch.
+    // "forward moe1: ready 1 join 4 slot K=3 (backbone 1.20 ms before vs pre+send 1.10 ms; ...);
+    //  chunks 1 of 2 (auto: modelled ...)", one line per branch.
     std::string describe(const SchedulePlan& plan) const;
 };
 
 // Chooses each branch's slot from the times in `schedule` (Eq. 11); ties go to the earlier slot.
 void choose_slots(const SchedulePlan& plan, Schedule& schedule);
+
+// The smallest relative gain of the modelled branch time for which choose_chunks pipelines.
+inline constexpr double kMinChunkGain = 0.10;
+
+// The modelled time (ms) from a branch's ready point to its join with the expert FFN at `slot` in
+// `chunks` pieces (see the chunked pipeline above); piece times from `branch`'s calibrated times.
+double model_branch_ms(const SchedulePlan& plan, const Schedule& schedule, std::size_t branch, int slot, int chunks);
+
+// Chooses each branch's chunks (and, when > 1, its slot) after choose_slots. forced_chunks: 0 =
+// auto; N >= 1 = N pieces, capped at the branch's max_chunks (a branch that cannot be chunked runs
+// whole). Throws for a negative count.
+void choose_chunks(const SchedulePlan& plan, Schedule& schedule, int forced_chunks = 0);
 
 class LayerScheduler {
 public:
@@ -89,9 +132,10 @@ public:
     Stream& backbone() { return backbone_; }
     Stream& moe() { return moe_; }
 
-    // Runs the plan `repeats` times serially with a synchronize after every op, keeps each op's
-    // fastest time, averages over `agree`, and chooses the slots. Synchronizes both streams.
-    Schedule calibrate(const SchedulePlan& plan, int repeats = 2);
+    // Runs the plan `repeats` times serially with a synchronize after every op (chunkable branches
+    // also as max_chunks pieces), keeps each op's fastest time, averages over `agree`, and chooses
+    // the slots and chunks (forced_chunks as in choose_chunks). Synchronizes both streams.
+    Schedule calibrate(const SchedulePlan& plan, int repeats = 2, int forced_chunks = 0);
 
     // Enqueues one pass. overlap: branches on the MoE stream with events (true) or everything on
     // the backbone stream in the same order (false). trace: optional timeline of every op.

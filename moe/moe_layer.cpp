@@ -173,26 +173,38 @@ void MoeLayer::permute(Stream& stream) {
     scmoe::permute(a, stream);
 }
 
-void MoeLayer::experts(const MoeParams& params, Stream& stream) {
+void MoeLayer::experts(const MoeParams& params, Stream& stream) { experts_range(params, 0, num_local_experts(), stream); }
+
+// The grouped GEMMs over local experts [first, end): their offsets (absolute rows) and weights are
+// the unchunked ones shifted to `first`, so every expert's GEMM sees the same rows and weights.
+void MoeLayer::experts_range(const MoeParams& params, int first, int end, Stream& stream) {
     Buffers& b = *buf_;
+    const int El = num_local_experts();
     const std::int64_t Re = expert_rows();
+    const bool whole = first == 0 && end == El;
     GroupedGemmArgs g = expert_gemm_args(b);
+    g.num_groups = end - first;
+    g.group_offsets += first;
     g.kind = GroupedGemmKind::kForward;
     g.ab_dtype = g.c_dtype = config_.dtype;
     g.k = config_.hidden;
     g.n = config_.expert_inner_width();
     g.a = b.xe;
-    g.b = params.expert_w1.data;
+    g.b = expert_slice(params.expert_w1, first, El);
     g.c = b.h;
     grouped_gemm(g, stream, provider_);
 
-    activation_forward({config_.activation, Re, config_.ffn, config_.dtype, b.h, b.act, expert_rows_in_use(b)},
-                       stream);
+    ActivationArgs act{config_.activation, Re, config_.ffn, config_.dtype, b.h, b.act, expert_rows_in_use(b)};
+    if (!whole) {
+        act.first_row = b.local_offsets + first;
+        act.num_rows = b.local_offsets + end;
+    }
+    activation_forward(act, stream);
 
     g.k = config_.ffn;
     g.n = config_.hidden;
     g.a = b.act;
-    g.b = params.expert_w2.data;
+    g.b = expert_slice(params.expert_w2, first, El);
     g.c = b.ye;
     grouped_gemm(g, stream, provider_);
 }

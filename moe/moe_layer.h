@@ -12,7 +12,9 @@
 //                            -> dispatch_backward() -> permute_backward() -> route_backward() ;
 //                            shared_expert_backward(dy)
 // dispatch/collect (and their backward) are the all-to-all exchanges; with no ep communicator (or
-// ep size 1) they do nothing. Routing, capacity, drops and the router losses are per rank: an
+// ep size 1) they do nothing. With expert parallelism, dispatch -> experts -> collect (and the
+// backward's collect_backward -> experts_backward -> dispatch_backward) can also run in chunks, so
+// one chunk's all-to-all overlaps another chunk's expert FFN (see "chunked pipeline" below). Routing, capacity, drops and the router losses are per rank: an
 // expert-parallel layer computes exactly what the single-rank layer computes on each rank's tokens,
 // with each expert's weight gradient summed over every rank's tokens.
 // Every stage is stream-ordered on the stream passed last; stages of one pass may run on
@@ -26,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/device.h"
@@ -107,6 +110,27 @@ public:
     void shared_expert_compute(const Tensor& x, const MoeParams& params, Stream& stream);
     void shared_expert_add(Tensor y, Stream& stream);  // y += [c*] SE(x) of the last compute
 
+    // ---- chunked pipeline (expert parallelism; Tutel-style) ----
+    // The exchanges and the expert FFN split into `chunks` pieces, piece c = the local experts
+    // [c*El/chunks, (c+1)*El/chunks) of every rank (El = num_local_experts()). Every expert's rows stay
+    // in one piece, so outputs and every gradient are bitwise those of the unchunked stages for any
+    // chunk count. Forward:  dispatch_counts(); then per piece dispatch_chunk -> experts_chunk ->
+    // collect_chunk, e.g. all dispatch chunks, then experts chunk c on a compute stream as soon as
+    // dispatch chunk c is done, and collect chunk c once experts chunk c is done. Backward likewise:
+    // collect_backward_chunk -> experts_backward_chunk -> dispatch_backward_chunk. The exchanges
+    // (dispatch_counts and the *_chunk exchanges) must all run on one stream, in the same order on
+    // every rank (they share staging buffers and the Communicator); the experts_* pieces may run on
+    // another stream ordered by events. chunks = 1 is exactly dispatch/experts/collect.
+    // Bounds: 1 <= chunks <= max_chunks(), 0 <= chunk < chunks; anything else throws at once.
+    int max_chunks() const { return ep_size_ > 1 ? num_local_experts() : 1; }
+    void dispatch_counts(Stream& stream);  // the per-expert count exchange that starts dispatch()
+    void dispatch_chunk(int chunk, int chunks, Stream& stream);
+    void experts_chunk(const MoeParams& params, int chunk, int chunks, Stream& stream);
+    void collect_chunk(int chunk, int chunks, Stream& stream);
+    void collect_backward_chunk(int chunk, int chunks, Stream& stream);
+    void experts_backward_chunk(const MoeParams& params, const MoeGrads& grads, int chunk, int chunks, Stream& stream);
+    void dispatch_backward_chunk(int chunk, int chunks, Stream& stream);
+
     // ---- backward ----
     // grad_y: [tokens, hidden]. Gradients are written (not accumulated) into grads (f32) and grad_x.
     // With a separate shortcut, its gradient goes to grad_shortcut (defined) and grad_x gets only
@@ -155,6 +179,16 @@ private:
     // (local experts' rows, expert-major), and back. Counts come from the last dispatch.
     void to_experts(const void* token_side, void* expert_side, Stream& stream);
     void to_sources(const void* expert_side, void* token_side, Stream& stream);
+    // Chunked pipeline: the local experts of piece `chunk`, argument checks, the pieces' pack/unpack
+    // tables (built on the host from the last dispatch's counts, uploaded in stream order), one
+    // piece's exchange in either direction, and the expert FFN over a range of local experts.
+    std::pair<int, int> chunk_experts(int chunk, int chunks) const;
+    void check_chunk(int chunk, int chunks, const char* what) const;
+    void build_chunk_tables(int chunks, Stream& stream);
+    void exchange_chunk(const void* from, void* to, bool to_experts, int chunk, int chunks, Stream& stream);
+    void experts_range(const MoeParams& params, int first_expert, int end_expert, Stream& stream);
+    void experts_backward_range(const MoeParams& params, const MoeGrads& grads, int first_expert, int end_expert,
+                                Stream& stream);
 
     MoeConfig config_;
     Device& device_;
@@ -174,6 +208,7 @@ private:
     std::int64_t tokens_ = 0;
     std::int64_t capacity_ = 0;
     Tensor x_, shortcut_;
+    int table_chunks_ = 0;  // chunk count the uploaded pack/unpack tables were built for (0 = none)
 };
 
 }  // namespace scmoe

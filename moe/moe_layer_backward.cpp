@@ -56,9 +56,19 @@ void MoeLayer::combine_backward(const Tensor& grad_y, Stream& stream) {
 }
 
 void MoeLayer::experts_backward(const MoeParams& params, const MoeGrads& grads, Stream& stream) {
+    experts_backward_range(params, grads, 0, num_local_experts(), stream);
+}
+
+// Local experts [first, end) only: each expert's weight gradient comes from its own rows, so a
+// piece writes exactly the slices the whole layer would, with the same bits.
+void MoeLayer::experts_backward_range(const MoeParams& params, const MoeGrads& grads, int first, int end,
+                                      Stream& stream) {
     Buffers& b = *buf_;
+    const int El = num_local_experts();
     const std::int64_t Re = expert_rows(), H = config_.hidden, F = config_.ffn, I = config_.expert_inner_width();
     GroupedGemmArgs g = expert_gemm_args(b);
+    g.num_groups = end - first;
+    g.group_offsets += first;
     g.ab_dtype = config_.dtype;
 
     // Second GEMM: ye = act . W2  ->  grad_act = grad_ye . W2^T,  dW2 = act^T . grad_ye
@@ -66,19 +76,24 @@ void MoeLayer::experts_backward(const MoeParams& params, const MoeGrads& grads, 
     g.n = H;
     g.kind = GroupedGemmKind::kGradInput;
     g.a = b.grad_ye;
-    g.b = params.expert_w2.data;
+    g.b = expert_slice(params.expert_w2, first, El);
     g.c = b.grad_act;
     g.c_dtype = config_.dtype;
     grouped_gemm(g, stream, provider_);
     g.kind = GroupedGemmKind::kGradWeight;
     g.a = b.act;
     g.b = b.grad_ye;
-    g.c = grads.expert_w2.data;
+    g.c = expert_slice(grads.expert_w2, first, El);
     g.c_dtype = DType::kF32;
     grouped_gemm(g, stream, provider_);
 
-    activation_backward({config_.activation, Re, F, config_.dtype, b.h, b.grad_act, b.grad_h, expert_rows_in_use(b)},
-                        stream);
+    ActivationBackwardArgs act{config_.activation, Re, F, config_.dtype, b.h, b.grad_act, b.grad_h,
+                               expert_rows_in_use(b)};
+    if (first != 0 || end != El) {
+        act.first_row = b.local_offsets + first;
+        act.num_rows = b.local_offsets + end;
+    }
+    activation_backward(act, stream);
 
     // First GEMM: h = xe . W1  ->  dW1 = xe^T . grad_h,  grad_xe = grad_h . W1^T
     g.k = H;
@@ -86,12 +101,12 @@ void MoeLayer::experts_backward(const MoeParams& params, const MoeGrads& grads, 
     g.kind = GroupedGemmKind::kGradWeight;
     g.a = b.xe;
     g.b = b.grad_h;
-    g.c = grads.expert_w1.data;
+    g.c = expert_slice(grads.expert_w1, first, El);
     g.c_dtype = DType::kF32;
     grouped_gemm(g, stream, provider_);
     g.kind = GroupedGemmKind::kGradInput;
     g.a = b.grad_h;
-    g.b = params.expert_w1.data;
+    g.b = expert_slice(params.expert_w1, first, El);
     g.c = b.grad_xe;
     g.c_dtype = config_.dtype;
     grouped_gemm(g, stream, provider_);

@@ -31,6 +31,13 @@ void MoeLayer::to_sources(const void* expert_side, void* token_side, Stream& str
 
 void MoeLayer::dispatch(Stream& stream) {
     if (ep_size_ == 1) return;
+    dispatch_counts(stream);
+    to_experts(buf_->xp, buf_->xe, stream);
+}
+
+void MoeLayer::dispatch_counts(Stream& stream) {
+    if (ep_size_ == 1) return;
+    table_chunks_ = 0;  // new counts: the chunk tables are rebuilt when a piece needs them
     Buffers& b = *buf_;
     HostScratch& h = *host_;
     const int E = config_.num_experts, El = num_local_experts(), P = ep_size_;
@@ -69,8 +76,6 @@ void MoeLayer::dispatch(Stream& stream) {
         }
     });
     stream.copy(b.local_offsets, h.local_offsets, static_cast<std::size_t>(El + 1) * sizeof(std::int32_t));
-    // 3. The rows themselves, then expert-major for the grouped GEMM.
-    to_experts(b.xp, b.xe, stream);
 }
 
 void MoeLayer::collect(Stream& stream) {

@@ -12,7 +12,7 @@ void activation_forward(const ActivationArgs& a) {
     const auto* h = static_cast<const float*>(a.h);
     auto* out = static_cast<float*>(a.out);
     const std::int64_t rows = a.num_rows ? std::min<std::int64_t>(*a.num_rows, a.rows) : a.rows;
-    for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t r = a.first_row ? std::max<std::int64_t>(*a.first_row, 0) : 0; r < rows; ++r) {
         const float* hr = h + r * width;
         float* o = out + r * a.ffn;
         if (a.activation == Activation::kSwiGLU) {
@@ -30,7 +30,7 @@ void activation_backward(const ActivationBackwardArgs& a) {
     const auto* go = static_cast<const float*>(a.grad_out);
     auto* gh = static_cast<float*>(a.grad_h);
     const std::int64_t rows = a.num_rows ? std::min<std::int64_t>(*a.num_rows, a.rows) : a.rows;
-    for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t r = a.first_row ? std::max<std::int64_t>(*a.first_row, 0) : 0; r < rows; ++r) {
         const float* hr = h + r * width;
         const float* g = go + r * a.ffn;
         float* d = gh + r * width;

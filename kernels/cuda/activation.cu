@@ -10,10 +10,11 @@ constexpr int kThreads = 256;
 
 template <class T, Activation kAct>
 __global__ void activation_forward_kernel(const T* h, T* out, long long rows, long long ffn,
-                                          const std::int32_t* num_rows) {
+                                          const std::int32_t* num_rows, const std::int32_t* first_row) {
     const long long width = kAct == Activation::kSwiGLU ? 2 * ffn : ffn;
     const long long n = (num_rows && *num_rows < rows ? *num_rows : rows) * ffn;
-    for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+    const long long begin = (first_row && *first_row > 0 ? *first_row : 0) * ffn;
+    for (long long i = begin + blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<long long>(gridDim.x) * blockDim.x) {
         const long long r = i / ffn, f = i % ffn;
         const T* hr = h + r * width;
@@ -27,10 +28,11 @@ __global__ void activation_forward_kernel(const T* h, T* out, long long rows, lo
 
 template <class T, Activation kAct>
 __global__ void activation_backward_kernel(const T* h, const T* grad_out, T* grad_h, long long rows, long long ffn,
-                                           const std::int32_t* num_rows) {
+                                           const std::int32_t* num_rows, const std::int32_t* first_row) {
     const long long width = kAct == Activation::kSwiGLU ? 2 * ffn : ffn;
     const long long n = (num_rows && *num_rows < rows ? *num_rows : rows) * ffn;
-    for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+    const long long begin = (first_row && *first_row > 0 ? *first_row : 0) * ffn;
+    for (long long i = begin + blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<long long>(gridDim.x) * blockDim.x) {
         const long long r = i / ffn, f = i % ffn;
         const T* hr = h + r * width;
@@ -59,10 +61,10 @@ void activation_forward(const ActivationArgs& a, void* stream) {
         auto* out = static_cast<T*>(a.out);
         if (a.activation == Activation::kSwiGLU) {
             activation_forward_kernel<T, Activation::kSwiGLU>
-                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, out, a.rows, a.ffn, a.num_rows);
+                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, out, a.rows, a.ffn, a.num_rows, a.first_row);
         } else {
             activation_forward_kernel<T, Activation::kGeLU>
-                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, out, a.rows, a.ffn, a.num_rows);
+                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, out, a.rows, a.ffn, a.num_rows, a.first_row);
         }
         SCMOE_CUDA_CHECK_LAUNCH("activation_forward_kernel");
     });
@@ -80,10 +82,10 @@ void activation_backward(const ActivationBackwardArgs& a, void* stream) {
         auto* gh = static_cast<T*>(a.grad_h);
         if (a.activation == Activation::kSwiGLU) {
             activation_backward_kernel<T, Activation::kSwiGLU>
-                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, go, gh, a.rows, a.ffn, a.num_rows);
+                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, go, gh, a.rows, a.ffn, a.num_rows, a.first_row);
         } else {
             activation_backward_kernel<T, Activation::kGeLU>
-                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, go, gh, a.rows, a.ffn, a.num_rows);
+                <<<blocks_for(n, kThreads), kThreads, 0, s>>>(h, go, gh, a.rows, a.ffn, a.num_rows, a.first_row);
         }
         SCMOE_CUDA_CHECK_LAUNCH("activation_backward_kernel");
     });

@@ -46,6 +46,10 @@ struct MoeLayer::Buffers {
     std::int32_t* send_expert_counts = nullptr;   // [E] rows this rank sends to each global expert
     std::int32_t* recv_expert_counts = nullptr;   // [ep, El] rows each source sends to each local expert
     std::int32_t* local_offsets = nullptr;        // [El + 1] expert-major offsets of the local experts
+    // Chunked pipeline: a piece's token-side rows packed by peer for its all-to-all, and the
+    // pieces' pack/unpack tables (layout in chunk_table_layout below).
+    void* stage = nullptr;                        // [R, H]
+    std::int32_t* chunk_table = nullptr;          // [6 E]
     // Router backward.
     float* grad_gate_weight = nullptr;  // [T, k]
     void* grad_logits = nullptr;        // [T, E] dtype
@@ -109,6 +113,8 @@ struct MoeLayer::Buffers {
             send_expert_counts = w.take<std::int32_t>(E);
             recv_expert_counts = w.take<std::int32_t>(E);
             local_offsets = w.take<std::int32_t>(E / ep + 1);
+            stage = take(R * H);
+            chunk_table = w.take<std::int32_t>(6 * E);
         }
         h = take(Re * I);
         act = take(Re * F);
@@ -149,6 +155,9 @@ struct MoeLayer::HostScratch {
     std::int64_t* recv_elements = nullptr;   // [ep] dispatch: elements from each peer
     std::int64_t* exchanged = nullptr;       // [ep] recv_counts out-parameter of the data exchanges
     std::int32_t* config_hashes = nullptr;   // [ep, 2] every rank's config hash (construction check)
+    std::int32_t* chunk_table = nullptr;     // [6 E] chunked pipeline: built here, uploaded to Buffers
+    std::int64_t* chunk_send_elements = nullptr;  // [chunks, ep] token side -> expert side, per piece
+    std::int64_t* chunk_recv_elements = nullptr;  // [chunks, ep] expert side -> token side, per piece
 
     void carve(WorkspaceCarver& w, const MoeConfig& c, int ep) {
         const std::int64_t E = c.num_experts;
@@ -166,7 +175,37 @@ struct MoeLayer::HostScratch {
         recv_elements = w.take<std::int64_t>(ep);
         exchanged = w.take<std::int64_t>(ep);
         config_hashes = w.take<std::int32_t>(2 * ep);
+        chunk_table = w.take<std::int32_t>(6 * E);
+        chunk_send_elements = w.take<std::int64_t>(E);
+        chunk_recv_elements = w.take<std::int64_t>(E);
     }
 };
+
+// Local expert `first`'s slice of an [El, ...] expert tensor (weights or their gradients).
+inline void* expert_slice(const Tensor& t, int first, int num_local) {
+    return static_cast<char*>(t.data) + static_cast<std::size_t>(t.numel() / num_local * first) * dtype_size(t.dtype);
+}
+
+// Where piece c's tables sit in the chunk table, for `chunks` pieces of El local experts over P
+// ranks (piece c = local experts [e0, e1)):
+//   token side   [3][P] at 3 P c:            token row (in xp/yp/grad_*p), stage row, rows   per peer
+//   expert side  [3][P (e1-e0)] at 3 P chunks + 3 P e0:  expert row (xe/ye/...), exchange row, rows
+//                per (source p, local expert e) in source-major order, as the all-to-all packs them
+// Sizes: 3 P chunks + 3 P El <= 6 E.
+struct ChunkTableLayout {
+    int peers = 1, experts = 0;  // P, and the piece's expert count e1 - e0
+    std::int64_t token = 0, expert = 0;  // offsets of the two tables
+    std::int64_t token_segments() const { return peers; }
+    std::int64_t expert_segments() const { return static_cast<std::int64_t>(peers) * experts; }
+};
+inline ChunkTableLayout chunk_table_layout(int P, int El, int chunks, int chunk) {
+    const int e0 = chunk * El / chunks, e1 = (chunk + 1) * El / chunks;
+    ChunkTableLayout l;
+    l.peers = P;
+    l.experts = e1 - e0;
+    l.token = 3LL * P * chunk;
+    l.expert = 3LL * P * chunks + 3LL * P * e0;
+    return l;
+}
 
 }  // namespace scmoe

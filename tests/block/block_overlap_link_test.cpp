@@ -1,12 +1,14 @@
 // Overlap happens: two in-process ranks, an emulated link whose all-to-alls take about as long as
 // the backbone's compute, and the ScMoE step (Pos-3, the widest window) with overlap on takes
 // clearly less than the same step with overlap off (= compute + comm). Wide margins: the figures
-// themselves belong to `scmoe-bench block`.
+// themselves belong to `scmoe-bench block`. The chunked a2a/expert pipeline is chosen (auto) under a
+// slow emulated link and not without one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "block_test_util.h"
@@ -98,9 +100,10 @@ TEST(BlockOverlapRanks, EmulatedLinkIsHiddenUnderBackboneCompute) {
                 }
                 ratio_fwd[static_cast<std::size_t>(r)] = fwd_on / fwd_off;
                 ratio_train[static_cast<std::size_t>(r)] = train_on / train_off;
-                std::printf("rank %d: compute %.2f ms, link latency %.2f ms; forward off %.2f on %.2f ms; train off %.2f "
-                            "on %.2f ms\n",
-                            r, compute_ms, link.latency_us / 1000.0, fwd_off, fwd_on, train_off, train_on);
+                std::printf(
+                    "rank %d: compute %.2f ms, link latency %.2f ms; forward off %.2f on %.2f ms; train off %.2f "
+                    "on %.2f ms\n",
+                    r, compute_ms, link.latency_us / 1000.0, fwd_off, fwd_on, train_off, train_on);
             } catch (const std::exception& e) {
                 errors[static_cast<std::size_t>(r)] = e.what();
             }
@@ -112,6 +115,81 @@ TEST(BlockOverlapRanks, EmulatedLinkIsHiddenUnderBackboneCompute) {
         // Serial: compute + comm ~ 2x compute; overlapped ~ compute. Asserting only a 10% gain.
         EXPECT_LT(ratio_fwd[static_cast<std::size_t>(r)], 0.9) << "rank " << r;
         EXPECT_LT(ratio_train[static_cast<std::size_t>(r)], 0.9) << "rank " << r;
+    }
+}
+
+// ---- automatic selection ----
+
+// Two ranks of a mid-size stack; link: nullopt = none. Returns rank 0's chosen chunks per branch
+// (forward, then backward) and checks the ranks agree.
+std::vector<int> auto_chunks(const std::string& variant, std::optional<LinkModel> link, std::string* describe) {
+    BackboneShape shape;
+    shape.hidden = 128;
+    shape.heads = 4;
+    shape.seq_len = 64;
+    shape.ffn = 1024;  // compute per token well above the exchange's bytes per token
+    MoeConfig moe = testing::small_moe(DispatchMode::kCapacity);
+    moe.hidden = 128;
+    moe.ffn = 1024;
+    moe.num_experts = 8;
+    const BlockStackConfig config = block_variant(variant, shape, moe);
+    const std::int64_t T = 256, H = shape.hidden;
+    std::vector<std::vector<int>> chosen(2);
+    std::vector<std::string> text(2);
+    auto group = LocalGroup::create(2, 60.0);
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                auto comm = group->communicator(r);
+                std::unique_ptr<EmulatedLink> slow;
+                if (link) slow = std::make_unique<EmulatedLink>(*comm, *link);
+                auto device = make_device("cpu");
+                BlockStack stack(config, *device, T, slow ? static_cast<Communicator*>(slow.get()) : comm.get());
+                testing::init_params(stack, 4, 2, r);
+                auto x = testing::make_input(T, H, 1 + static_cast<std::uint64_t>(r)),
+                     gy = testing::make_input(T, H, 2);
+                stack.calibrate(testing::host_tensor(x, T, H), testing::host_tensor(gy, T, H), 3);
+                for (const auto* s : {&stack.forward_schedule(), &stack.backward_schedule()})
+                    for (const auto& b : s->branches) chosen[static_cast<std::size_t>(r)].push_back(b.chunks);
+                text[static_cast<std::size_t>(r)] = stack.describe_schedule();
+                stack.synchronize();
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    EXPECT_EQ(chosen[0], chosen[1]) << "ranks chose different chunks";
+    if (describe) *describe = text[0];
+    return chosen[0];
+}
+
+TEST(BlockChunksAuto, PipelinesWhenASlowLinkDominatesAndNotWithoutALink) {
+    // Each all-to-all moves 100-200 KB per rank (48-96 capacity rows per expert of 512 bytes): at
+    // 10 MB/s 10-20 ms, several times the window's compute here.
+    const LinkModel slow{"slow", 0.01, 0.0};
+    // Top-2 has no window, so its exchanges are exposed in both passes; Pos-2's forward window
+    // (mlp0, attn1) is shorter than its exchanges. (Its backward window may hold them.)
+    for (const std::string variant : {"top2", "scmoe-pos2"}) {
+        std::string text;
+        const std::vector<int> with_link = auto_chunks(variant, slow, &text);
+        ASSERT_EQ(with_link.size(), 2u);
+        EXPECT_GT(with_link[0], 1) << variant << " forward:\n" << text;
+        if (variant == "top2") {
+            EXPECT_GT(with_link[1], 1) << variant << " backward:\n" << text;
+        }
+        EXPECT_NE(text.find("(auto: modelled"), std::string::npos) << text;
+        std::printf("%s, slow link:\n%s", variant.c_str(), text.c_str());
+    }
+    // Without a link the in-process exchange is a memcpy that the ScMoE window hides: nothing to
+    // pipeline. (Top-2 has no window, so even that exchange is exposed and may be pipelined.)
+    for (const std::string variant : {"scmoe-pos2", "scmoe-pos3"}) {
+        std::string text;
+        const std::vector<int> no_link = auto_chunks(variant, std::nullopt, &text);
+        EXPECT_EQ(no_link, std::vector<int>(2, 1)) << variant << " without a link:\n" << text;
+        std::printf("%s, no link:\n%s", variant.c_str(), text.c_str());
     }
 }
 

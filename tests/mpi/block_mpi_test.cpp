@@ -1,7 +1,8 @@
 // BlockStack under mpirun: every rank runs the expert-parallel stack over an MpiCommunicator and
 // checks (1) overlap on and off give bitwise identical outputs and gradients, (2) every rank chose
 // the same expert slots, (3) its results equal the single-rank stack on its tokens (fp32, relative
-// 1e-5; experts' gradients summed over ranks). Rank 0 prints "N passed, M failed".
+// 1e-5; experts' gradients summed over ranks), and (4) with 8 experts, the chunked a2a/expert
+// pipeline (every chunk count) gives bitwise the unchunked results. Rank 0 prints "N passed, M failed".
 #include <mpi.h>
 
 #include <cstdio>
@@ -59,6 +60,30 @@ std::string run_case(const std::string& variant, int rank, int world, scmoe::Com
     return e;
 }
 
+// 8 experts (2 or 4 local per rank): forced chunk counts 2..local, overlap on and off, bitwise
+// equal to chunks = 1.
+std::string run_chunk_case(const std::string& variant, int rank, int world, scmoe::Communicator& comm) {
+    scmoe::MoeConfig moe = scmoe::testing::small_moe(scmoe::DispatchMode::kDropless);
+    moe.num_experts = 8;
+    const scmoe::BlockStackConfig config = scmoe::block_variant(variant, scmoe::testing::small_backbone(), moe, true, 3);
+    const std::int64_t T = 8, H = config.backbone.hidden;
+    auto device = scmoe::make_device("cpu");
+    scmoe::BlockStack stack(config, *device, T, &comm);
+    scmoe::testing::init_params(stack, 9, world, rank);
+    const auto x = scmoe::testing::make_input(T, H, 30 + static_cast<std::uint64_t>(rank));
+    const auto gy = scmoe::testing::make_input(T, H, 40 + static_cast<std::uint64_t>(rank));
+    stack.set_expert_chunks(1);
+    const StackResult ref = scmoe::testing::run_stack(stack, x, gy, false);
+    for (int chunks = 2; chunks <= moe.num_experts / world; ++chunks) {
+        stack.set_expert_chunks(chunks);
+        for (bool overlap : {false, true}) {
+            const std::string e = scmoe::testing::bitwise_diff(scmoe::testing::run_stack(stack, x, gy, overlap), ref);
+            if (!e.empty()) return std::to_string(chunks) + " chunks, overlap " + (overlap ? "on" : "off") + ": " + e;
+        }
+    }
+    return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,11 +93,14 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     const std::vector<std::string> variants = scmoe::block_variant_names();
+    std::vector<std::string> names = variants;
+    for (const std::string& v : variants) names.push_back(v + " chunked");
     const int failed = scmoe::testing::run_mpi_cases(
-        variants,
+        names,
         [&](std::size_t i) {
             scmoe::MpiCommunicator comm(MPI_COMM_WORLD);
-            return run_case(variants[i], rank, world, comm);
+            return i < variants.size() ? run_case(variants[i], rank, world, comm)
+                                       : run_chunk_case(variants[i - variants.size()], rank, world, comm);
         },
         "BlockStack over MpiCommunicator");
     MPI_Finalize();

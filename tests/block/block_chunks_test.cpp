@@ -1,0 +1,195 @@
+// The chunked all-to-all / expert-FFN pipeline in the BlockStack: forced chunk counts give bitwise
+// the unchunked outputs and every gradient (overlap on and off, one rank and in-process ranks with
+// several local experts); the cost model picks chunks > 1 when the all-to-all exceeds its window
+// (hand-made times; with measured times in block_overlap_link_test); bad counts are rejected.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "block_test_util.h"
+#include "comm/local_communicator.h"
+
+namespace scmoe {
+namespace {
+
+using testing::StackResult;
+
+// Runs `body(rank, comm)` on `ranks` threads of one LocalGroup (comm null for one rank).
+template <class Body>
+std::vector<std::string> on_ranks(int ranks, Body body) {
+    std::shared_ptr<LocalGroup> group = ranks > 1 ? LocalGroup::create(ranks, 60.0) : nullptr;
+    std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                std::unique_ptr<Communicator> comm = group ? group->communicator(r) : nullptr;
+                body(r, comm.get());
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    return errors;
+}
+
+BlockStackConfig eight_expert_variant(const std::string& variant, DispatchMode dispatch) {
+    MoeConfig moe = testing::small_moe(dispatch);
+    moe.num_experts = 8;  // ep 2: 4 local experts, ep 4: 2
+    return block_variant(variant, testing::small_backbone(), moe, true, 3);
+}
+
+// ---- the cost model on hand-made times ----
+
+SchedulePlan one_branch_plan(int segments, int ready, int join, int max_chunks) {
+    SchedulePlan plan;
+    plan.name = "forward";
+    plan.segments.resize(static_cast<std::size_t>(segments));
+    BranchPlan b;
+    b.name = "moe";
+    b.ready = ready;
+    b.join = join;
+    b.max_chunks = max_chunks;
+    auto piece = [](int, int, Stream&) {};
+    b.send_chunks = {"dispatch", piece, true};
+    b.expert_chunks = {"experts", piece};
+    b.receive_chunks = {"collect", piece, true};
+    plan.branches.push_back(b);
+    return plan;
+}
+
+TEST(LayerSchedulerChunks, ModelPipelinesWhenTheAllToAllExceedsTheWindow) {
+    SchedulePlan plan = one_branch_plan(3, 1, 2, 4);
+    Schedule s;
+    s.segment_ms = {5, 4, 5};  // a 4 ms window
+    Schedule::Branch t;
+    t.pre_ms = 1;
+    t.send_ms = 10, t.expert_ms = 20, t.receive_ms = 10, t.post_ms = 1;
+    // Pieces cost almost nothing extra (a bandwidth-bound link).
+    t.chunked_send_ms = 10.3, t.chunked_expert_ms = 20.3, t.chunked_receive_ms = 10.3;
+    s.branches.push_back(t);
+    choose_slots(plan, s);
+    // Unchunked: pre + send, then the experts, then receive + post: 1 + 10 + 20 + 10 + 1 = 42 ms.
+    EXPECT_DOUBLE_EQ(model_branch_ms(plan, s, 0, s.branches[0].slot, 1), 42.0);
+    // 4 pieces: each expert piece hides the next send and the previous receive (~27 ms).
+    choose_chunks(plan, s);
+    EXPECT_EQ(s.branches[0].chunks, 4);
+    EXPECT_LT(s.branches[0].modelled_ms, 0.7 * s.branches[0].modelled_unchunked_ms);
+    EXPECT_NE(s.describe(plan).find("chunks 4 of max 4 (auto"), std::string::npos) << s.describe(plan);
+    // When the exchanges dominate, the sends and receives share the MoE stream: pipelining can
+    // only hide the expert FFN, and more pieces than needed for that only add their costs.
+    s.branches[0].send_ms = s.branches[0].receive_ms = 20, s.branches[0].expert_ms = 8;
+    s.branches[0].chunked_send_ms = s.branches[0].chunked_receive_ms = 20.4, s.branches[0].chunked_expert_ms = 8.2;
+    choose_slots(plan, s);
+    choose_chunks(plan, s);
+    EXPECT_EQ(s.branches[0].chunks, 2);
+    EXPECT_LT(s.branches[0].modelled_ms, 0.9 * s.branches[0].modelled_unchunked_ms);
+    // Forced: exactly that many pieces, capped at max_chunks.
+    choose_slots(plan, s);
+    choose_chunks(plan, s, 2);
+    EXPECT_EQ(s.branches[0].chunks, 2);
+    choose_chunks(plan, s, 9);
+    EXPECT_EQ(s.branches[0].chunks, 4);
+    EXPECT_THROW(choose_chunks(plan, s, -1), Error);
+
+    // Latency-bound pieces (each piece as slow as the whole exchange): no gain, no chunks.
+    s.branches[0].chunked_send_ms = 80, s.branches[0].chunked_receive_ms = 80;
+    choose_slots(plan, s);
+    choose_chunks(plan, s);
+    EXPECT_EQ(s.branches[0].chunks, 1);
+    // An all-to-all that fits the window: nothing to gain either.
+    s.segment_ms = {5, 60, 5};
+    s.branches[0].send_ms = s.branches[0].receive_ms = 2;
+    s.branches[0].chunked_send_ms = s.branches[0].chunked_receive_ms = 2.1;
+    choose_slots(plan, s);
+    choose_chunks(plan, s);
+    EXPECT_EQ(s.branches[0].chunks, 1);
+    // A branch that cannot be chunked stays whole.
+    SchedulePlan whole = one_branch_plan(3, 1, 2, 1);
+    Schedule w;
+    w.segment_ms = {5, 4, 5};
+    w.branches.push_back(t);
+    choose_slots(whole, w);
+    choose_chunks(whole, w, 3);
+    EXPECT_EQ(w.branches[0].chunks, 1);
+}
+
+// ---- bitwise equality ----
+
+struct ChunkCase {
+    std::string variant;
+    int ep;
+    DispatchMode dispatch;
+};
+
+class BlockChunks : public ::testing::TestWithParam<ChunkCase> {};
+
+TEST_P(BlockChunks, EveryChunkCountIsBitwiseUnchunked) {
+    const ChunkCase& c = GetParam();
+    const BlockStackConfig config = eight_expert_variant(c.variant, c.dispatch);
+    const std::int64_t T = 8, H = config.backbone.hidden;
+    const auto errors = on_ranks(c.ep, [&](int r, Communicator* comm) {
+        auto device = make_device("cpu");
+        BlockStack stack(config, *device, T, comm);
+        testing::init_params(stack, 9, c.ep, r);
+        const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));
+        const auto gy = testing::make_input(T, H, 40 + static_cast<std::uint64_t>(r));
+        stack.set_expert_chunks(1);
+        const StackResult ref = testing::run_stack(stack, x, gy, false);
+        const int local = config.moe.num_experts / c.ep;
+        for (int chunks : {2, local}) {
+            stack.set_expert_chunks(chunks);
+            const int expect = c.ep > 1 ? chunks : 1;  // one rank: nothing to pipeline
+            for (const auto* s : {&stack.forward_schedule(), &stack.backward_schedule()})
+                for (const auto& b : s->branches)
+                    SCMOE_CHECK(b.chunks == expect, "scheduled " << b.chunks << " chunks, expected " << expect);
+            for (bool overlap : {false, true}) {
+                const std::string diff = testing::bitwise_diff(testing::run_stack(stack, x, gy, overlap), ref);
+                SCMOE_CHECK(diff.empty(), chunks << " chunks, overlap " << overlap << ": " << diff);
+            }
+        }
+        // Calibrated, forced and auto: the same bits.
+        stack.set_expert_chunks(local);
+        std::string diff = testing::bitwise_diff(testing::run_stack(stack, x, gy, true, true), ref);
+        SCMOE_CHECK(diff.empty(), "calibrated, " << local << " chunks: " << diff);
+        stack.set_expert_chunks(0);
+        diff = testing::bitwise_diff(testing::run_stack(stack, x, gy, true, true), ref);
+        SCMOE_CHECK(diff.empty(), "calibrated, auto chunks: " << diff);
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+std::vector<ChunkCase> chunk_cases() {
+    std::vector<ChunkCase> cases;
+    for (const std::string& v : block_variant_names()) {
+        cases.push_back({v, 2, DispatchMode::kDropless});
+        cases.push_back({v, 4, DispatchMode::kCapacity});
+    }
+    cases.push_back({"scmoe-pos2", 1, DispatchMode::kDropless});
+    cases.push_back({"top2", 1, DispatchMode::kCapacity});
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BlockChunks, ::testing::ValuesIn(chunk_cases()),
+                         [](const ::testing::TestParamInfo<ChunkCase>& p) {
+                             return testing::gtest_name(p.param.variant + "_ep" + std::to_string(p.param.ep) + "_" +
+                                                        dispatch_mode_name(p.param.dispatch));
+                         });
+
+TEST(BlockChunksErrors, BadChunkCountsAreRejected) {
+    auto device = make_device("cpu");
+    BlockStack stack(testing::small_variant("scmoe-pos2"), *device, 8);  // 4 experts, one rank
+    EXPECT_THROW(stack.set_expert_chunks(-1), Error);
+    try {
+        stack.set_expert_chunks(5);
+        FAIL() << "5 chunks of 4 experts went through";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("must be 0 (auto) or 1..4"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(stack.expert_chunks(), 0);
+    stack.set_expert_chunks(4);  // accepted; one rank runs it whole
+    EXPECT_EQ(stack.expert_chunks(), 4);
+}
+
+}  // namespace
+}  // namespace scmoe

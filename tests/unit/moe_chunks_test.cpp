@@ -1,0 +1,186 @@
+// MoeLayer chunked pipeline with in-process ranks: the forward and backward run as pieces of local
+// experts — exchanges on one stream, expert pieces on a second stream ordered by events, as the
+// scheduler runs them — give bitwise the outputs and every gradient of the unchunked stages, for
+// every chunk count, ep = 2 and 4, top-1/top-2, capacity/dropless, uneven and zero token counts.
+// Bad chunk counts are rejected before anything is enqueued.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "comm/local_communicator.h"
+#include "ep_reference.h"
+
+namespace scmoe {
+namespace {
+
+using testing::EpCase;
+
+struct Results {
+    std::vector<float> y, gx, grads;
+};
+
+// One forward + backward through the split-phase stages in `chunks` pieces; with two streams the
+// expert pieces run on the second one, each waiting for its exchange piece.
+Results run_pieces(MoeLayer& layer, Device& device, const MoeParamStore& params, MoeParamStore& grads,
+                   std::vector<float>& x, std::vector<float>& gy, std::int64_t T, int chunks, bool two_streams) {
+    const std::int64_t H = layer.config().hidden;
+    auto exchange = device.create_stream();
+    auto compute = device.create_stream();
+    Stream& a = *exchange;
+    Stream& b = two_streams ? *compute : *exchange;
+    std::vector<std::unique_ptr<Event>> sent, done;
+    for (int c = 0; c < chunks; ++c) {
+        sent.push_back(device.create_event());
+        done.push_back(device.create_event());
+    }
+    Results r;
+    r.y.resize(x.size());
+    r.gx.resize(x.size());
+    const MoeParams& p = params.view();
+    const MoeGrads& g = grads.view();
+    layer.route(testing::host_tensor(x, T, H), p, a);
+    layer.permute(a);
+    layer.dispatch_counts(a);
+    for (int c = 0; c < chunks; ++c) {
+        layer.dispatch_chunk(c, chunks, a);
+        sent[static_cast<std::size_t>(c)]->record(a);
+    }
+    for (int c = 0; c < chunks; ++c) {
+        b.wait(*sent[static_cast<std::size_t>(c)]);
+        layer.experts_chunk(p, c, chunks, b);
+        done[static_cast<std::size_t>(c)]->record(b);
+    }
+    for (int c = 0; c < chunks; ++c) {
+        a.wait(*done[static_cast<std::size_t>(c)]);
+        layer.collect_chunk(c, chunks, a);
+    }
+    layer.combine(testing::host_tensor(r.y, T, H), a);
+    layer.combine_backward(testing::host_tensor(gy, T, H), a);
+    for (int c = 0; c < chunks; ++c) {
+        layer.collect_backward_chunk(c, chunks, a);
+        sent[static_cast<std::size_t>(c)]->record(a);
+    }
+    for (int c = 0; c < chunks; ++c) {
+        b.wait(*sent[static_cast<std::size_t>(c)]);
+        layer.experts_backward_chunk(p, g, c, chunks, b);
+        done[static_cast<std::size_t>(c)]->record(b);
+    }
+    for (int c = 0; c < chunks; ++c) {
+        a.wait(*done[static_cast<std::size_t>(c)]);
+        layer.dispatch_backward_chunk(c, chunks, a);
+    }
+    layer.permute_backward(testing::host_tensor(r.gx, T, H), false, a);
+    layer.route_backward(p, g, testing::host_tensor(r.gx, T, H), a);
+    a.synchronize();
+    b.synchronize();
+    const auto* gd = static_cast<const float*>(grads.data());
+    r.grads.assign(gd, gd + grads.numel());
+    return r;
+}
+
+std::string bitwise(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+    if (a.size() != b.size()) return what + ": sizes differ";
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            return what + "[" + std::to_string(i) + "]: " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+    return "";
+}
+
+class MoeChunks : public ::testing::TestWithParam<EpCase> {};
+
+TEST_P(MoeChunks, EveryChunkCountIsBitwiseTheUnchunkedLayer) {
+    const EpCase& c = GetParam();
+    const MoeConfig config = testing::ep_config(c);
+    auto group = LocalGroup::create(c.ep, 60.0);
+    std::vector<std::string> errors(static_cast<std::size_t>(c.ep));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < c.ep; ++r) {
+        threads.emplace_back([&, r] {
+            try {
+                auto comm = group->communicator(r);
+                auto device = make_device("cpu");
+                const std::int64_t T = c.tokens[static_cast<std::size_t>(r)], H = config.hidden;
+                MoeLayer layer(config, *device, testing::max_tokens_of(c), comm.get());
+                MoeParamStore params(*device, config, DType::kF32, c.ep), grads(*device, config, DType::kF32, c.ep);
+                const std::vector<float> full = testing::full_params(config);
+                testing::slice_params(config, c.ep, r, {full.data()}, static_cast<float*>(params.data()));
+                std::vector<float> x(static_cast<std::size_t>(T * H)), gy(x.size());
+                testing::fill_uniform(x.data(), T * H, 1.0f, testing::input_seed(r));
+                testing::fill_uniform(gy.data(), T * H, 1.0f, testing::input_seed(r) + 1);
+                SCMOE_CHECK(layer.max_chunks() == layer.num_local_experts(), "max_chunks " << layer.max_chunks());
+                const Results ref = run_pieces(layer, *device, params, grads, x, gy, T, 1, false);
+                for (int chunks = 1; chunks <= layer.max_chunks(); ++chunks) {
+                    for (bool two : {false, true}) {
+                        const Results got = run_pieces(layer, *device, params, grads, x, gy, T, chunks, two);
+                        std::string e = bitwise(got.y, ref.y, "y");
+                        if (e.empty()) e = bitwise(got.gx, ref.gx, "grad_x");
+                        if (e.empty()) e = bitwise(got.grads, ref.grads, "grads");
+                        SCMOE_CHECK(e.empty(),
+                                    "chunks " << chunks << (two ? " (two streams)" : " (one stream)") << ": " << e);
+                    }
+                }
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+const auto kCap = DispatchMode::kCapacity;
+const auto kDropless = DispatchMode::kDropless;
+
+INSTANTIATE_TEST_SUITE_P(
+    Cpu, MoeChunks,
+    ::testing::Values(EpCase{"ep2_top2_dropless", 1, 2, 2, kDropless, {12, 9}, false},
+                      EpCase{"ep2_top1_capacity", 1, 2, 1, kCap, {12, 12}, false},
+                      EpCase{"ep4_top2_capacity_uneven", 1, 4, 2, kCap, {16, 3, 0, 7}, false},
+                      EpCase{"ep4_top1_dropless_zero_token_rank", 1, 4, 1, kDropless, {9, 0, 5, 13}, false}),
+    [](const ::testing::TestParamInfo<EpCase>& p) { return p.param.name; });
+
+TEST(MoeChunks, BadChunkCountsAreRejected) {
+    // One rank: nothing to pipeline, so only 1 chunk.
+    const MoeConfig config = testing::ep_config(EpCase{"one", 1, 1, 2, kDropless, {4}, false});
+    auto device = make_device("cpu");
+    auto stream = device->create_stream();
+    MoeLayer single(config, *device, 4);
+    EXPECT_EQ(single.max_chunks(), 1);
+    MoeParamStore params(*device, config, DType::kF32);
+    try {
+        single.experts_chunk(params.view(), 0, 2, *stream);
+        FAIL() << "2 chunks on one rank went through";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("chunks = 2 must be in [1, 1]"), std::string::npos) << e.what();
+    }
+    // Two ranks, 8 experts: 4 local experts, so 1..4 chunks; chunk indices in [0, chunks).
+    auto group = LocalGroup::create(2, 60.0);
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+        threads.emplace_back([&, r] {
+            auto comm = group->communicator(r);
+            auto dev = make_device("cpu");
+            auto s = dev->create_stream();
+            MoeLayer layer(config, *dev, 4, comm.get());
+            std::string& out = errors[static_cast<std::size_t>(r)];
+            auto expect_error = [&](const std::function<void()>& fn, const std::string& text) {
+                try {
+                    fn();
+                    out += "no error for '" + text + "'; ";
+                } catch (const Error& e) {
+                    if (std::string(e.what()).find(text) == std::string::npos) out += std::string(e.what()) + "; ";
+                }
+            };
+            expect_error([&] { layer.dispatch_chunk(0, 5, *s); }, "chunks = 5 must be in [1, 4]");
+            expect_error([&] { layer.collect_chunk(0, 0, *s); }, "chunks = 0 must be in [1, 4]");
+            expect_error([&] { layer.collect_backward_chunk(2, 2, *s); }, "chunk 2 of 2");
+            expect_error([&] { layer.dispatch_backward_chunk(-1, 2, *s); }, "chunk -1 of 2");
+        });
+    for (auto& t : threads) t.join();
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+}  // namespace
+}  // namespace scmoe
