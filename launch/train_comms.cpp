@@ -23,8 +23,8 @@ std::shared_ptr<Communicator> behind(std::shared_ptr<Communicator> c, const std:
 
 }  // namespace
 
-LocalTrainGroups::LocalTrainGroups(int world, int ep, std::optional<LinkModel> link)
-    : world_(world), ep_(ep), link_(std::move(link)) {
+LocalTrainGroups::LocalTrainGroups(int world, int ep, std::optional<LinkModel> link, LinkScope scope)
+    : world_(world), ep_(ep), link_(std::move(link)), scope_(scope) {
     models::ParallelLayout{world, 0, ep}.validate();
     world_group_ = LocalGroup::create(world);
     for (int g = 0; g < world / ep; ++g) ep_groups_.push_back(LocalGroup::create(ep));
@@ -35,10 +35,11 @@ RankComms LocalTrainGroups::rank_comms(int rank) {
     const models::ParallelLayout l{world_, rank, ep_};
     l.validate();
     RankComms r;
-    r.owned.push_back(behind(world_group_->communicator(rank), link_));
+    const std::optional<LinkModel> dense_link = scope_ == LinkScope::kAll ? link_ : std::nullopt;
+    r.owned.push_back(behind(world_group_->communicator(rank), dense_link));
     r.owned.push_back(behind(ep_groups_[static_cast<std::size_t>(l.ep_group())]->communicator(l.ep_rank()), link_));
     r.owned.push_back(
-        behind(expert_dp_groups_[static_cast<std::size_t>(l.ep_rank())]->communicator(l.ep_group()), link_));
+        behind(expert_dp_groups_[static_cast<std::size_t>(l.ep_rank())]->communicator(l.ep_group()), dense_link));
     return r;
 }
 
@@ -63,7 +64,7 @@ void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<vo
 
 #if SCMOE_WITH_MPI
 RankComms mpi_rank_comms(const models::ParallelLayout& layout, Device& device, [[maybe_unused]] int cuda_device,
-                         std::optional<LinkModel> link) {
+                         std::optional<LinkModel> link, LinkScope scope) {
     layout.validate();
     MPI_Comm ep_comm = MPI_COMM_NULL, expert_dp_comm = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, layout.ep_group(), layout.ep_rank(), &ep_comm);
@@ -80,9 +81,10 @@ RankComms mpi_rank_comms(const models::ParallelLayout& layout, Device& device, [
     };
     RankComms r;
     try {
-        r.owned.push_back(behind(make(MPI_COMM_WORLD), link));
+        const std::optional<LinkModel> dense_link = scope == LinkScope::kAll ? link : std::nullopt;
+        r.owned.push_back(behind(make(MPI_COMM_WORLD), dense_link));
         r.owned.push_back(behind(make(ep_comm), link));
-        r.owned.push_back(behind(make(expert_dp_comm), link));
+        r.owned.push_back(behind(make(expert_dp_comm), dense_link));
     } catch (...) {
         MPI_Comm_free(&ep_comm);
         MPI_Comm_free(&expert_dp_comm);

@@ -18,6 +18,10 @@ class Device;
 
 namespace scmoe::launch {
 
+// Which groups an emulated link slows down: only the expert-parallel group (the MoE all-to-all the
+// ScMoE overlap is about; the default) or every group (also the gradient all-reduce).
+enum class LinkScope { kExpertParallel, kAll };
+
 // A rank's communicators; comms() borrows them.
 struct RankComms {
     std::vector<std::shared_ptr<Communicator>> owned;  // world, ep, expert_dp
@@ -28,12 +32,13 @@ struct RankComms {
 // the rank threads, each of which calls rank_comms(rank) once.
 class LocalTrainGroups {
   public:
-    LocalTrainGroups(int world, int ep, std::optional<LinkModel> link);
+    LocalTrainGroups(int world, int ep, std::optional<LinkModel> link, LinkScope scope = LinkScope::kExpertParallel);
     RankComms rank_comms(int rank);
 
   private:
     int world_, ep_;
     std::optional<LinkModel> link_;
+    LinkScope scope_;
     std::shared_ptr<LocalGroup> world_group_;
     std::vector<std::shared_ptr<LocalGroup>> ep_groups_, expert_dp_groups_;
 };
@@ -47,7 +52,7 @@ void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<vo
 // Collective over MPI_COMM_WORLD: splits it into the groups of `layout` and wraps each in an
 // MpiCommunicator (CPU device) or an NcclCommunicator (CUDA device).
 RankComms mpi_rank_comms(const models::ParallelLayout& layout, Device& device, int cuda_device,
-                         std::optional<LinkModel> link);
+                         std::optional<LinkModel> link, LinkScope scope = LinkScope::kExpertParallel);
 #endif
 
 }  // namespace scmoe::launch

@@ -52,6 +52,7 @@ struct Args {
     std::string backend = "auto";
     std::optional<int> device;
     std::optional<LinkModel> link;
+    LinkScope link_scope = LinkScope::kExpertParallel;
     std::string metrics, trace, checkpoint_dir, resume;
     std::int64_t checkpoint_every = 0, stop_at = 0, log_every = 0;
     int keep = 2;
@@ -115,8 +116,10 @@ Args parse(int argc, char** argv) {
         ("backend", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))
         ("device", "GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK)",
          cxxopts::value<int>())
-        ("link", "Emulated link for every collective: pcie4, nvlink4, ib-ndr, 100gbe or gbps=X,latency_us=Y",
-         cxxopts::value<std::string>());
+        ("link", "Emulated link under the expert-parallel all-to-all: pcie4, nvlink4, ib-ndr, 100gbe or gbps=X,latency_us=Y",
+         cxxopts::value<std::string>())
+        ("link-all", "Put the emulated link under every collective, the gradient all-reduce too (default: only the "
+                     "expert-parallel all-to-all)");
     o.add_options("output")
         ("metrics", "JSON lines, one per step: step, loss, lr, tokens_per_s, step_ms, exposed_comm_pct, "
                     "dropped_tokens, ...", cxxopts::value<std::string>())
@@ -203,6 +206,10 @@ Args parse(int argc, char** argv) {
         } catch (const Error& e) {
             throw UsageError(std::string("--link: ") + e.what());
         }
+    }
+    if (r.count("link-all")) {
+        if (!a.link) throw UsageError("--link-all needs --link");
+        a.link_scope = LinkScope::kAll;
     }
     if (r.count("metrics")) a.metrics = r["metrics"].as<std::string>();
     if (r.count("trace")) a.trace = r["trace"].as<std::string>();
@@ -388,11 +395,13 @@ int run_in_process(const Args& args) {
     models::ParallelLayout{world, 0, ep}.validate();
     const std::string backend = device_choice(args);
     std::cout << "# scmoe-train: " << world << " in-process rank(s), dp " << world / ep << " x ep " << ep << ", backend "
-              << backend << (args.link ? ", link " + describe_link_model(*args.link) : std::string()) << std::endl;
+              << backend << (args.link ? ", link " + describe_link_model(*args.link) +
+                                    (args.link_scope == LinkScope::kAll ? " under every collective" : " under the expert-parallel a2a")
+                              : std::string()) << std::endl;
     std::vector<RunSummary> runs;
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
-        LocalTrainGroups groups(world, ep, args.link);
+        LocalTrainGroups groups(world, ep, args.link, args.link_scope);
         std::vector<RunSummary> results(static_cast<std::size_t>(world));
         run_local_ranks(groups, world, [&](int r, const RankComms& comms) {
             const LocalRank local = local_rank(args.device);
@@ -433,7 +442,7 @@ int run_mpi(const Args& args) {
         std::vector<RunSummary> runs;
         std::mutex print_mutex;
         for (const std::string& variant : args.variants) {
-            RankComms comms = mpi_rank_comms(layout, *device, local.value, args.link);
+            RankComms comms = mpi_rank_comms(layout, *device, local.value, args.link, args.link_scope);
             runs.push_back(run_variant(args, variant, variant == args.variants.front(), *device, layout, comms.comms(),
                                        print_mutex));
         }
