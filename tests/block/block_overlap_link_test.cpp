@@ -168,8 +168,9 @@ std::vector<int> auto_chunks(const std::string& variant, std::optional<LinkModel
 
 TEST(BlockChunksAuto, PipelinesWhenASlowLinkDominatesAndNotWithoutALink) {
     // Each all-to-all moves 100-200 KB per rank (48-96 capacity rows per expert of 512 bytes): at
-    // 10 MB/s 10-20 ms, several times the window's compute here.
-    const LinkModel slow{"slow", 0.01, 0.0};
+    // 4 MB/s 25-50 ms, several times the window's compute here even in a sanitizer (Debug) build,
+    // where the compute is a few times slower (at 10 MB/s Pos-2's forward window held it there).
+    const LinkModel slow{"slow", 0.004, 0.0};
     // Top-2 has no window, so its exchanges are exposed in both passes; Pos-2's forward window
     // (mlp0, attn1) is shorter than its exchanges. (Its backward window may hold them.)
     for (const std::string variant : {"top2", "scmoe-pos2"}) {
