@@ -53,12 +53,15 @@ struct BlockArgs {
 struct VariantResult {
     double fwd_ms = 0, train_ms = 0, backbone_ms = 0, a2a_ms = 0, serial_ms = 0, slot = -1, wrong = 0;
     double fwd_chunks = 0, bwd_chunks = 0;  // the first MoE branch's pipeline pieces (0: no MoE branch)
-    static constexpr int kPacked = 9;
+    double fwd_nolink_ms = 0, train_nolink_ms = 0;  // the same steps with the emulated link switched off
+    static constexpr int kPacked = 11;
     void pack(double* d) const {
         d[0] = fwd_ms, d[1] = train_ms, d[2] = backbone_ms, d[3] = a2a_ms, d[4] = serial_ms, d[5] = slot, d[6] = wrong;
-        d[7] = fwd_chunks, d[8] = bwd_chunks;
+        d[7] = fwd_chunks, d[8] = bwd_chunks, d[9] = fwd_nolink_ms, d[10] = train_nolink_ms;
     }
-    static VariantResult unpack(const double* d) { return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8]}; }
+    static VariantResult unpack(const double* d) {
+        return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10]};
+    }
 };
 
 struct RankOutput {
@@ -221,6 +224,16 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
         r.fwd_ms = mean_ms(common.iters, [&] { rs.step(false, true); });
         if (ep) ep->barrier(*stream), stream->synchronize();
         if (a.train) r.train_ms = mean_ms(common.iters, [&] { rs.step(true, true); });
+        if (wrapped) {
+            // The same schedule with the link off: what the step costs without its communication.
+            wrapped->set_model({"off", 1e9, 0.0});
+            ep->barrier(*stream), stream->synchronize();
+            r.fwd_nolink_ms = mean_ms(common.iters, [&] { rs.step(false, true); });
+            ep->barrier(*stream), stream->synchronize();
+            if (a.train) r.train_nolink_ms = mean_ms(common.iters, [&] { rs.step(true, true); });
+            wrapped->set_model(*link);
+            ep->barrier(*stream), stream->synchronize();
+        }
         if (common.check) {
             const std::size_t bytes = rs.out.bytes();
             rs.step(a.train, false);
@@ -357,7 +370,9 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
 int report_results(Report& report, const BlockArgs& a, const std::vector<RankOutput>& ranks) {
     for (const std::string& n : ranks.front().notes) report.note(n);
     report.note("times: the slowest rank's mean; backbone and a2a: measured op by op (serially) during calibration; "
-                "exposed = max(0, step - (serial - a2a)) / step; K = the first MoE branch's forward slot; chunks = its "
+                "exposed = max(0, step - (serial - a2a)) / step (includes the ranks' contention for the cores); "
+                "link_cost = max(0, step - step with the link off) / step (the same schedule; the link's time not "
+                "hidden); K = the first MoE branch's forward slot; chunks = its "
                 "pipeline pieces forward/backward (--chunks " + (a.chunks == 0 ? std::string("auto") : std::to_string(a.chunks)) + ")");
     report.note("check: outputs" + std::string(a.train ? " and input gradients" : "") +
                 " with overlap on vs off, bitwise (wrong = differing elements, all ranks)");
@@ -367,6 +382,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                         {"backbone_us", "backbone", "(us)", 10, 1},
                         {"a2a_us", "a2a", "(us)", 10, 1},
                         {"exposed_comm_pct", "exposed", "(%)", 7, 1},
+                        {"link_cost_pct", "link_cost", "(%)", 9, 1},
                         {"slot", "K", "", 3, 0},
                         {"chunks", "chunks", "", 6, 0},
                         {"speedup_vs_top2_fwd", "fwd_speedup", "(x)", 11, 3},
@@ -384,6 +400,8 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
             w.backbone_ms = std::max(w.backbone_ms, x.backbone_ms);
             w.a2a_ms = std::max(w.a2a_ms, x.a2a_ms);
             w.serial_ms = std::max(w.serial_ms, x.serial_ms);
+            w.fwd_nolink_ms = std::max(w.fwd_nolink_ms, x.fwd_nolink_ms);
+            w.train_nolink_ms = std::max(w.train_nolink_ms, x.train_nolink_ms);
             wrong += x.wrong;
         }
         w.slot = ranks.front().results[v].slot;
@@ -397,8 +415,10 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
         const VariantResult& w = worst[v];
         const double step = a.train ? w.train_ms : w.fwd_ms;
         const double exposed = std::max(0.0, step - (w.serial_ms - w.a2a_ms)) / step * 100.0;
+        const double nolink = a.train ? w.train_nolink_ms : w.fwd_nolink_ms;
+        const Cell link_cost = nolink > 0 ? Cell(std::max(0.0, step - nolink) / step * 100.0) : Cell();
         report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
-                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed,
+                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed, link_cost,
                         w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
                         w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +
                                                 (a.train ? "/" + std::to_string(static_cast<int>(w.bwd_chunks)) : ""))

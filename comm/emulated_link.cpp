@@ -137,9 +137,20 @@ EmulatedLink::EmulatedLink(std::shared_ptr<Communicator> inner, LinkModel model)
     SCMOE_CHECK(inner_ != nullptr, "EmulatedLink needs a communicator to wrap");
 }
 
-std::string EmulatedLink::name() const { return "link(" + describe_link_model(model_) + ") over " + inner_->name(); }
+std::string EmulatedLink::name() const { return "link(" + describe_link_model(model()) + ") over " + inner_->name(); }
 
-double EmulatedLink::modelled_us(LinkOp op, double bytes) const { return modelled_link_us(model_, op, bytes, size()); }
+LinkModel EmulatedLink::model() const {
+    std::scoped_lock lock(mu_);
+    return model_;
+}
+
+void EmulatedLink::set_model(LinkModel model) {
+    LinkModel m = checked(std::move(model));
+    std::scoped_lock lock(mu_);
+    model_ = std::move(m);
+}
+
+double EmulatedLink::modelled_us(LinkOp op, double bytes) const { return modelled_link_us(model(), op, bytes, size()); }
 
 std::shared_ptr<EmulatedLink::Pending> EmulatedLink::start(Stream& stream, std::function<double()> sent_bytes) {
     auto pending = std::make_shared<Pending>();

@@ -108,7 +108,10 @@ class EmulatedLink final : public Communicator {
     void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override;
     void barrier(Stream& stream) override;
 
-    const LinkModel& model() const { return model_; }
+    LinkModel model() const;
+    // Replaces the model for the ops that finish from now on (an op in flight may use either);
+    // benchmarks switch the link off and on to measure a step's time without its communication.
+    void set_model(LinkModel model);
     Communicator& inner() const { return *inner_; }
     // modelled_link_us(model(), op, bytes, size()).
     double modelled_us(LinkOp op, double bytes) const;
