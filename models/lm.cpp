@@ -252,10 +252,7 @@ void LanguageModel::enqueue_forward(bool overlap, Tracer* trace) {
     gemm({false, true, T, V, H, 1.0f, 0.0f, hn_, params_[0].data, logits_, dt, dt}, s);
 }
 
-void LanguageModel::forward(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens,
-                            bool overlap) {
-    upload_tokens(inputs, targets, tokens);
-    enqueue_forward(overlap, nullptr);
+void LanguageModel::enqueue_loss(std::optional<float> grad_scale, Stream& s) {
     CrossEntropyArgs ce;
     ce.tokens = tokens_;
     ce.vocab = config_.vocab;
@@ -263,7 +260,18 @@ void LanguageModel::forward(const std::int32_t* inputs, const std::int32_t* targ
     ce.logits = logits_;
     ce.targets = targets_;
     ce.loss = loss_;
-    cross_entropy(ce, stream());
+    if (grad_scale) {
+        ce.grad_logits = logits_;  // in place: the logits are not needed after their gradient
+        ce.grad_scale = *grad_scale;
+    }
+    cross_entropy(ce, s);
+}
+
+void LanguageModel::forward(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens,
+                            bool overlap) {
+    upload_tokens(inputs, targets, tokens);
+    enqueue_forward(overlap, nullptr);
+    enqueue_loss(std::nullopt, stream());
 }
 
 void LanguageModel::forward_backward(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens,
@@ -273,16 +281,7 @@ void LanguageModel::forward_backward(const std::int32_t* inputs, const std::int3
     Stream& s = stream();
     const std::int64_t V = config_.vocab, H = config_.backbone.hidden, T = tokens_;
     const DType dt = config_.backbone.dtype;
-    CrossEntropyArgs ce;
-    ce.tokens = T;
-    ce.vocab = V;
-    ce.dtype = dt;
-    ce.logits = logits_;
-    ce.targets = targets_;
-    ce.loss = loss_;
-    ce.grad_logits = logits_;  // in place: the logits are not needed after their gradient
-    ce.grad_scale = grad_scale;
-    cross_entropy(ce, s);
+    enqueue_loss(grad_scale, s);  // the logits become their gradient
     // Tied head: d hn = d logits . embed; d embed = d logits^T . hn (the embedding adds its part below).
     gemm({false, false, T, H, V, 1.0f, 0.0f, logits_, params_[0].data, grad_hn_, dt, dt}, s);
     gemm({true, false, V, H, T, 1.0f, 0.0f, logits_, hn_, grads_[0].data, dt, DType::kF32}, s);

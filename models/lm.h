@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,8 @@ class LanguageModel {
     void upload_tokens(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens);
     void embed(Stream& s);  // h0 = embed[ids] + pos
     void enqueue_forward(bool overlap, Tracer* trace);
+    // Per-token CE into loss_; with grad_scale, the logits are overwritten by their gradient.
+    void enqueue_loss(std::optional<float> grad_scale, Stream& s);
     Tensor act(void* p) const;
 
     LmConfig config_;
