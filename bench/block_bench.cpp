@@ -73,11 +73,8 @@ struct RankOutput {
 std::vector<double> mean_over_ranks(Communicator* comm, Device& device, Stream& stream, const std::vector<double>& v) {
     if (!comm || comm->size() == 1) return v;
     std::vector<float> f(v.begin(), v.end());
-    DeviceBuffer buf(device, f.size() * sizeof(float));
-    stream.copy(buf.data(), f.data(), f.size() * sizeof(float));
-    comm->all_reduce_sum(buf.data(), static_cast<std::int64_t>(f.size()), DType::kF32, stream);
-    stream.copy(f.data(), buf.data(), f.size() * sizeof(float));
-    stream.synchronize();
+    DeviceBuffer scratch(device, f.size() * sizeof(float));
+    all_reduce_sum_host(*comm, f.data(), static_cast<std::int64_t>(f.size()), scratch.data(), stream);
     std::vector<double> out(v.size());
     for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(f[i]) / comm->size();
     return out;

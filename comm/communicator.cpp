@@ -22,7 +22,24 @@ double parse_timeout() {
     return value;
 }
 
+template <class T>
+void all_reduce_sum_host(Communicator& comm, T* values, std::int64_t count, DType dtype, void* scratch, Stream& stream) {
+    const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
+    stream.copy(scratch, values, bytes);
+    comm.all_reduce_sum(scratch, count, dtype, stream);
+    stream.copy(values, scratch, bytes);
+    stream.synchronize();
+}
+
 }  // namespace
+
+void all_reduce_sum_host(Communicator& comm, float* values, std::int64_t count, void* scratch, Stream& stream) {
+    all_reduce_sum_host(comm, values, count, DType::kF32, scratch, stream);
+}
+
+void all_reduce_sum_host(Communicator& comm, std::int32_t* values, std::int64_t count, void* scratch, Stream& stream) {
+    all_reduce_sum_host(comm, values, count, DType::kI32, scratch, stream);
+}
 
 double comm_timeout_seconds() {
     static const double timeout_s = parse_timeout();

@@ -80,4 +80,11 @@ class Communicator {
     virtual void barrier(Stream& stream) = 0;
 };
 
+// Sums `count` host values (f32 or i32) element-wise over the group, in place, for small agreements
+// (a loss, a failure flag, measured times). `scratch` is stream memory of at least count elements
+// (the collective runs on it, since the device-buffer communicators need device memory).
+// Synchronizes `stream`; every rank gets the same result.
+void all_reduce_sum_host(Communicator& comm, float* values, std::int64_t count, void* scratch, Stream& stream);
+void all_reduce_sum_host(Communicator& comm, std::int32_t* values, std::int64_t count, void* scratch, Stream& stream);
+
 }  // namespace scmoe

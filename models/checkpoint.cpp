@@ -57,13 +57,10 @@ void write_text(const std::string& path, const std::string& text) { write_file_a
 // Every rank learns whether all ranks succeeded: a sum of failure flags over the world.
 bool all_ok(Communicator* world, bool ok, Device& device, Stream& stream) {
     if (!world || world->size() == 1) return ok;
-    DeviceBuffer buf(device, sizeof(std::int32_t));
-    std::int32_t flag = ok ? 0 : 1;
-    stream.copy(buf.data(), &flag, sizeof flag);
-    world->all_reduce_sum(buf.data(), 1, DType::kI32, stream);
-    stream.copy(&flag, buf.data(), sizeof flag);
-    stream.synchronize();
-    return flag == 0;
+    DeviceBuffer scratch(device, sizeof(std::int32_t));
+    std::int32_t failures = ok ? 0 : 1;
+    all_reduce_sum_host(*world, &failures, 1, scratch.data(), stream);
+    return failures == 0;
 }
 
 // Runs `fn`; then every rank agrees: a local error is rethrown, a peer's becomes a named error.

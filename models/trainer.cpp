@@ -60,12 +60,9 @@ std::vector<AdamW*> Trainer::optimizers() {
 
 std::vector<float> Trainer::world_sum(const std::vector<float>& values) {
     if (!comms_.world || comms_.world->size() == 1) return values;
-    Stream& s = model_->stream();
     std::vector<float> out = values;
-    s.copy(reduce_buffer_.data(), out.data(), out.size() * sizeof(float));
-    comms_.world->all_reduce_sum(reduce_buffer_.data(), static_cast<std::int64_t>(out.size()), DType::kF32, s);
-    s.copy(out.data(), reduce_buffer_.data(), out.size() * sizeof(float));
-    s.synchronize();
+    all_reduce_sum_host(*comms_.world, out.data(), static_cast<std::int64_t>(out.size()), reduce_buffer_.data(),
+                        model_->stream());
     return out;
 }
 

@@ -232,10 +232,7 @@ Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats, int fo
             agree_capacity_ = bytes;
         }
         std::vector<float> f(times.begin(), times.end());
-        backbone_.copy(agree_buffer_, f.data(), bytes);
-        agree_->all_reduce_sum(agree_buffer_, static_cast<std::int64_t>(f.size()), DType::kF32, backbone_);
-        backbone_.copy(f.data(), agree_buffer_, bytes);
-        backbone_.synchronize();
+        all_reduce_sum_host(*agree_, f.data(), static_cast<std::int64_t>(f.size()), agree_buffer_, backbone_);
         for (std::size_t i = 0; i < times.size(); ++i) times[i] = f[i] / static_cast<float>(agree_->size());
     }
     Schedule s;
