@@ -25,6 +25,7 @@
 #include "comm/mpi_communicator.h"
 #include "common.h"
 #include "kernels/error.h"
+#include "launch/local_rank.h"
 #include "multi_rank.h"
 #include "report.h"
 
@@ -73,7 +74,7 @@ A2aArgs read_a2a_args(const cxxopts::ParseResult& r) {
     a.sizes = size_sweep(begin, end, factor);
     a.ranks = r["ranks"].as<int>();
     if (a.ranks < 1) throw UsageError("--ranks must be >= 1");
-    a.mpi = r.count("mpi") > 0 || launched_by_mpirun();
+    a.mpi = r.count("mpi") > 0 || launch::launched_by_mpirun();
     a.link = read_link_options(r);
     return a;
 }
@@ -293,7 +294,7 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
 // Under mpirun: MPI is initialised here (MPI_THREAD_SERIALIZED, what MpiCommunicator needs) and
 // finalised on the way out. Rank 0 prints; every rank returns the same exit status.
 int run_mpi(CommonArgs common, const A2aArgs& args, const std::string& command) {
-    init_mpi_serialized();
+    launch::init_mpi_serialized();
     int status = kExitOk;
     int me = 0, n = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);

@@ -23,6 +23,7 @@
 #include "comm/local_communicator.h"
 #include "common.h"
 #include "kernels/error.h"
+#include "launch/local_rank.h"
 #include "moe/block_stack.h"
 #include "moe/trace.h"
 #include "multi_rank.h"
@@ -299,8 +300,8 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
         const auto names = block_variant_names();
         if (std::find(names.begin(), names.end(), v) == names.end()) throw UsageError("--variants: unknown variant '" + v + "'");
     }
-    a.mpi = launched_by_mpirun();
-    a.ranks = a.mpi ? mpirun_world_size() : r["ranks"].as<int>();
+    a.mpi = launch::launched_by_mpirun();
+    a.ranks = a.mpi ? launch::launcher_world_size() : r["ranks"].as<int>();
     if (a.ranks < 1) throw UsageError("--ranks must be >= 1");
     a.link = read_link_options(r);
     a.comm_share = r["comm-share"].as<double>();
@@ -457,7 +458,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
 
 #if SCMOE_WITH_MPI
 int run_mpi(CommonArgs common, const BlockArgs& a, const std::string& command) {
-    init_mpi_serialized();
+    launch::init_mpi_serialized();
     int status = kExitOk, me = 0, n = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &n);

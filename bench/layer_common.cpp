@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "launch/local_rank.h"
 #include "multi_rank.h"
 
 namespace scmoe::bench {
@@ -86,7 +87,7 @@ LayerBenchArgs read_layer_args(const cxxopts::ParseResult& r) {
     a.check_finite = check_finite == 1;
     a.seed = r["seed"].as<std::uint64_t>();
 
-    const int world = mpirun_world_size();
+    const int world = launch::launcher_world_size();
     a.mpi = world > 1;
     a.ep = a.mpi ? world : 1;
     if (r.count("ep")) {

@@ -20,6 +20,7 @@
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "kernels/error.h"
+#include "launch/local_rank.h"
 #include "layer_common.h"
 #include "layer_ep_rank.h"
 #include "multi_rank.h"
@@ -213,7 +214,7 @@ int run_local(const CommonArgs& common, const LayerBenchArgs& args, const std::s
 // Under mpirun: MPI is initialised here and finalised on the way out. Rank 0 prints; every rank
 // gets every rank's results (MPI_Allgather) and returns the same exit status.
 int run_mpi(CommonArgs common, const LayerBenchArgs& args, const std::string& command) {
-    init_mpi_serialized();
+    launch::init_mpi_serialized();
     int status = kExitOk;
     int me = 0, n = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);

@@ -48,26 +48,8 @@ nlohmann::ordered_json link_json(const std::optional<LinkModel>& link) {
     return {{"name", link->name}, {"gbps", link->gbps}, {"latency_us", link->latency_us}};
 }
 
-int mpirun_world_size() {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-        const char* value = std::getenv(name);
-        if (value != nullptr && std::atoi(value) > 0) return std::atoi(value);
-    }
-    return 0;
-}
-
-bool launched_by_mpirun() { return mpirun_world_size() > 1; }
 
 #if SCMOE_WITH_MPI
-
-void init_mpi_serialized() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-        int provided = 0;
-        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-    }
-}
 
 std::vector<std::string> mpi_rank_lines(const std::optional<LinkModel>& link) {
     int me = 0, n = 1;

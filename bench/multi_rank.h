@@ -26,10 +26,6 @@ std::optional<LinkModel> read_link_options(const cxxopts::ParseResult& result);
 // {"name", "gbps", "latency_us"}, or null without a link.
 nlohmann::ordered_json link_json(const std::optional<LinkModel>& link);
 
-// The world size mpirun announced (OMPI_COMM_WORLD_SIZE, else PMI_SIZE), 0 when neither is set.
-int mpirun_world_size();
-// True under mpirun with more than one process.
-bool launched_by_mpirun();
 
 // Runs `num_cases` cases on `num_ranks` in-process rank threads in lockstep: for case c every
 // thread r computes run_rank(r, c), then the calling thread gets on_case(c, results) with every
@@ -81,8 +77,6 @@ void run_ranks_in_lockstep(int num_ranks, std::size_t num_cases, const std::func
 }
 
 #if SCMOE_WITH_MPI
-// Initialises MPI at MPI_THREAD_SERIALIZED (what MpiCommunicator needs) unless it already is.
-void init_mpi_serialized();
 // "Rank r Pid p on host: mpi(rank r of n)[ behind link]" for every rank of MPI_COMM_WORLD, gathered
 // to rank 0 (the other ranks get an empty list). Collective.
 std::vector<std::string> mpi_rank_lines(const std::optional<LinkModel>& link);

@@ -4,6 +4,9 @@
 #include <string>
 
 #include "kernels/error.h"
+#if SCMOE_WITH_MPI
+#include <mpi.h>
+#endif
 
 namespace scmoe::launch {
 
@@ -27,5 +30,26 @@ LocalRank local_rank(std::optional<int> override_device) {
     }
     return {0, "default"};
 }
+
+int launcher_world_size() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+        const char* value = std::getenv(name);
+        if (value != nullptr && std::atoi(value) > 0) return std::atoi(value);
+    }
+    return 0;
+}
+
+bool launched_by_mpirun() { return launcher_world_size() > 1; }
+
+#if SCMOE_WITH_MPI
+void init_mpi_serialized() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+        int provided = 0;
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    }
+}
+#endif
 
 }  // namespace scmoe::launch

@@ -1,4 +1,5 @@
-// Which GPU a process uses: its rank among the processes of its node, from the launcher.
+// How a process was launched: the world size a launcher (mpirun, srun) announced, and which GPU the
+// process uses (its rank among the processes of its node). Shared by scmoe-train and scmoe-bench.
 #pragma once
 
 #include <optional>
@@ -15,5 +16,16 @@ struct LocalRank {
 // SLURM_LOCALID (srun), LOCAL_RANK (torchrun-style launchers) that is set; else 0. Throws
 // scmoe::Error when the variable that is used is not a non-negative integer.
 LocalRank local_rank(std::optional<int> override_device = std::nullopt);
+
+// The world size a launcher announced: OMPI_COMM_WORLD_SIZE (Open MPI's mpirun), else PMI_SIZE
+// (MPICH / srun --mpi=pmi2), else SLURM_STEP_NUM_TASKS (any srun step); 0 when none is set.
+int launcher_world_size();
+// True when a launcher started more than one process.
+bool launched_by_mpirun();
+
+#if SCMOE_WITH_MPI
+// Initialises MPI at MPI_THREAD_SERIALIZED (what MpiCommunicator needs) unless it already is.
+void init_mpi_serialized();
+#endif
 
 }  // namespace scmoe::launch

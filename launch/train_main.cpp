@@ -68,12 +68,6 @@ std::vector<std::string> split_list(const std::string& s) {
     return out;
 }
 
-int mpirun_world_size() {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
-        if (const char* v = std::getenv(name)) return std::atoi(v);
-    }
-    return 0;
-}
 
 Args parse(int argc, char** argv) {
     cxxopts::Options o("scmoe-train", "scmoe-train: train the ScMoE byte-level language model (dp x ep).\n"
@@ -192,7 +186,7 @@ Args parse(int argc, char** argv) {
     if (t.batch <= 0) throw UsageError("--batch must be > 0");
     a.ranks = r["ranks"].as<int>();
     if (a.ranks <= 0) throw UsageError("--ranks must be > 0");
-    a.mpi = mpirun_world_size() > 1;
+    a.mpi = launched_by_mpirun();
 #if !SCMOE_WITH_MPI
     if (a.mpi) throw UsageError("launched under mpirun, but this build has no MPI");
 #endif
@@ -417,8 +411,7 @@ int run_in_process(const Args& args) {
 
 #if SCMOE_WITH_MPI
 int run_mpi(const Args& args) {
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    init_mpi_serialized();
     int rank = 0, world = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
