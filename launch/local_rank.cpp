@@ -50,6 +50,17 @@ void init_mpi_serialized() {
         MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     }
 }
+
+bool init_mpi_multiple() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = 0;
+    if (!initialized)
+        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    else
+        MPI_Query_thread(&provided);
+    return provided >= MPI_THREAD_MULTIPLE;
+}
 #endif
 
 }  // namespace scmoe::launch

@@ -26,6 +26,10 @@ bool launched_by_mpirun();
 #if SCMOE_WITH_MPI
 // Initialises MPI at MPI_THREAD_SERIALIZED (what MpiCommunicator needs) unless it already is.
 void init_mpi_serialized();
+// Initialises MPI asking for MPI_THREAD_MULTIPLE unless it already is. True when the library allows
+// calls from several threads at once (two streams' collectives in flight together, e.g. the gradient
+// all-reduce overlapped with the expert-parallel all-to-all); false means one stream at a time.
+bool init_mpi_multiple();
 #endif
 
 }  // namespace scmoe::launch

@@ -103,6 +103,8 @@ Args parse(int argc, char** argv) {
         ("data", "Training text files, comma separated (default: the Debian license texts)",
          cxxopts::value<std::string>())
         ("no-overlap", "Run every op on one stream (same numerics, no overlap)")
+        ("no-grad-overlap", "Run the gradient all-reduce after the backward instead of overlapping each block's "
+                            "with the rest of it (same numerics)")
         ("no-calibrate", "Keep every expert FFN at its earliest slot instead of Eq. 11's");
     o.add_options("parallel")
         ("ranks", "In-process ranks (threads) when not under mpirun", cxxopts::value<int>()->default_value("1"))
@@ -181,6 +183,7 @@ Args parse(int argc, char** argv) {
     t.seed = r["seed"].as<std::uint64_t>();
     if (r.count("data")) t.data = split_list(r["data"].as<std::string>());
     t.overlap = !r.count("no-overlap");
+    t.overlap_grad_reduce = !r.count("no-grad-overlap");
     t.calibrate = !r.count("no-calibrate");
     if (t.steps <= 0) throw UsageError("--steps must be > 0");
     if (t.batch <= 0) throw UsageError("--batch must be > 0");
@@ -261,6 +264,9 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
         " windows on rank 0");
     say("# params: " + std::to_string(trainer.model().num_global_params()) + " in the model, " +
         std::to_string(trainer.model().num_params()) + " on each rank");
+    say(std::string("# overlap: ") + (config.overlap ? "ScMoE branches on their own stream" : "off (one stream)") +
+        "; gradient all-reduce " +
+        (config.overlap && config.overlap_grad_reduce ? "per block, overlapped with the backward" : "after the backward"));
     if (!args.resume.empty()) {
         std::string path = args.resume == "auto" ? args.checkpoint_dir : args.resume;
         const bool has = std::ifstream(path + "/latest").good() || std::ifstream(path + "/trainer_state.json").good();
@@ -410,13 +416,23 @@ int run_in_process(const Args& args) {
 }
 
 #if SCMOE_WITH_MPI
-int run_mpi(const Args& args) {
-    init_mpi_serialized();
+int run_mpi(const Args& launch_args) {
+    const bool mpi_multiple = init_mpi_multiple();
     int rank = 0, world = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     int status = 0;
+    Args args = launch_args;
     try {
+        if (device_choice(args) == "cpu" && !mpi_multiple && args.train.overlap_grad_reduce && args.train.overlap) {
+            // On CPU the collectives are MPI calls from the streams' threads; without
+            // MPI_THREAD_MULTIPLE only one stream may be inside MPI at a time.
+            args.train.overlap_grad_reduce = false;
+            if (rank == 0)
+                std::cout << "# the MPI library does not provide MPI_THREAD_MULTIPLE: the gradient all-reduce runs "
+                             "after the backward (--no-grad-overlap)"
+                          << std::endl;
+        }
         const int ep = args.ep > 0 ? args.ep : world;
         const models::ParallelLayout layout{world, rank, ep};
         layout.validate();

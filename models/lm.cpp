@@ -128,6 +128,13 @@ LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_
         }
         groups_.push_back(std::move(group));
     }
+    const int blocks = static_cast<int>(blocks_->config().blocks.size());
+    for (ParamGroup& g : groups_)
+        for (NamedTensor& t : g.tensors) {
+            if (t.name == "final_norm") t.grads_stage = 0;
+            else if (t.name.rfind("blocks.", 0) == 0) t.grads_stage = 1 + std::stoi(t.name.substr(7));
+            else t.grads_stage = blocks + 1;  // embed, pos
+        }
 
     // Workspace: token ids, activations [T, H], logits [T, V], per-token loss.
     const std::int64_t T = max_tokens;
@@ -275,7 +282,8 @@ void LanguageModel::forward(const std::int32_t* inputs, const std::int32_t* targ
 }
 
 void LanguageModel::forward_backward(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens,
-                                     float grad_scale, bool overlap, Tracer* trace) {
+                                     float grad_scale, bool overlap, Tracer* trace,
+                                     const GradsReadyFn& grads_ready) {
     upload_tokens(inputs, targets, tokens);
     enqueue_forward(overlap, trace);
     Stream& s = stream();
@@ -286,8 +294,11 @@ void LanguageModel::forward_backward(const std::int32_t* inputs, const std::int3
     gemm({false, false, T, H, V, 1.0f, 0.0f, logits_, params_[0].data, grad_hn_, dt, dt}, s);
     gemm({true, false, V, H, T, 1.0f, 0.0f, logits_, hn_, grads_[0].data, dt, DType::kF32}, s);
     final_norm_->backward(act(grad_hn_), params_[2], grads_[2], act(grad_hl_), false, s);
+    if (grads_ready) grads_ready(0, s);
     blocks_events_[2]->record(s);
-    blocks_->backward(act(grad_hl_), act(grad_h0_), overlap, trace);
+    BlockStack::GradsReadyFn block_ready;
+    if (grads_ready) block_ready = [&grads_ready](int b, Stream& bs) { grads_ready(1 + b, bs); };
+    blocks_->backward(act(grad_hl_), act(grad_h0_), overlap, trace, block_ready);
     blocks_events_[3]->record(s);
     EmbeddingBackwardArgs eb;
     eb.tokens = T;
@@ -301,6 +312,7 @@ void LanguageModel::forward_backward(const std::int32_t* inputs, const std::int3
     eb.accumulate_table = true;
     eb.grad_positions = grads_[1].as<float>();
     embedding_backward(eb, s);
+    if (grads_ready) grads_ready(num_grads_stages() - 1, s);
 }
 
 void LanguageModel::calibrate(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens) {

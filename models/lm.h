@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,7 @@ struct NamedTensor {
     std::int64_t offset = 0;
     bool expert = false;
     int first_expert = 0;
+    int grads_stage = 0;  // when its gradient is final in the backward (LanguageModel::GradsReadyFn)
 };
 
 // A flat parameter array (compute dtype) with its f32 gradient array of the same layout.
@@ -79,12 +81,22 @@ class LanguageModel {
     // Weights N(0, 0.02) (output projections scaled by 1/sqrt(2 layers)), norms 1. Synchronizes.
     void init_params(std::uint64_t seed);
 
+    // Stages of the backward at which gradients become final, for overlapping their all-reduce with
+    // the rest of the backward: 0 the head (final_norm), 1 + b block b (BlockStack::GradsReadyFn),
+    // blocks + 1 the embedding (embed, which the tied head also adds to, and pos). forward_backward
+    // calls the function once per stage as its gradients become final in stream order: work it
+    // enqueues on `s` sees them. The order is the same on every rank: head, the blocks as they
+    // complete, embedding.
+    using GradsReadyFn = std::function<void(int stage, Stream& s)>;
+    int num_grads_stages() const { return static_cast<int>(config_.block_stack().blocks.size()) + 2; }
+
     // Enqueues forward and backward of one batch: inputs/targets are [tokens] host token ids in
     // [0, vocab) (checked here; copied before the call returns), tokens a multiple of seq_len.
     // Gradients are written (not accumulated) into the groups' grads; grad_scale multiplies the CE
     // gradient (1 / tokens of the global batch for a mean loss). Read the loss with loss_sum().
     void forward_backward(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens,
-                          float grad_scale, bool overlap = true, Tracer* trace = nullptr);
+                          float grad_scale, bool overlap = true, Tracer* trace = nullptr,
+                          const GradsReadyFn& grads_ready = {});
     // Forward and loss only (evaluation).
     void forward(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens, bool overlap = true);
     // Chooses the blocks' expert slots from measured op times (BlockStack::calibrate) on this batch.

@@ -6,6 +6,7 @@
 #include "comm/communicator.h"
 #include "kernels/adamw.h"
 #include "kernels/error.h"
+#include "moe/trace.h"
 
 namespace scmoe::models {
 
@@ -36,32 +37,74 @@ void check_comm(Communicator* c, int size, int rank, const char* what) {
 }  // namespace
 
 GradientReducer::GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device)
-    : model_(model), layout_(layout), comms_(comms), device_(device) {
+    : model_(model), layout_(layout), comms_(comms), device_(device), stream_(device.create_stream()) {
     layout_.validate();
     check_comm(comms_.world, layout_.world, layout_.rank, "world");
     check_comm(comms_.ep, layout_.ep, layout_.ep_rank(), "expert-parallel");
     check_comm(comms_.expert_dp, layout_.dp(), layout_.ep_group(), "expert-data-parallel");
-    // Runs: maximal stretches of adjacent tensors of one kind, in group order (the same on every rank).
+    // Runs: maximal stretches of adjacent tensors of one kind and stage, in group order (the same
+    // on every rank).
     for (const ParamGroup& g : model_.param_groups()) {
         for (const NamedTensor& t : g.tensors) {
             std::int64_t n = 1;
             for (std::int64_t d : t.shape) n *= d;
             float* p = g.grads + t.offset;
-            if (!runs_.empty() && runs_.back().expert == t.expert && runs_.back().grads + runs_.back().count == p)
-                runs_.back().count += n;
+            Run* last = runs_.empty() ? nullptr : &runs_.back();
+            if (last && last->expert == t.expert && last->stage == t.grads_stage && last->grads + last->count == p)
+                last->count += n;
             else
-                runs_.push_back({p, n, t.expert});
+                runs_.push_back({p, n, t.expert, t.grads_stage});
         }
     }
+    const int stages = model_.num_grads_stages();
+    for (int i = 0; i < stages; ++i) stage_ready_.push_back(device.create_event());
+    done_ = device.create_event();
+    issued_.assign(static_cast<std::size_t>(stages), 0);
     scratch_ = DeviceBuffer(device, sum_of_squares_scratch_bytes() + runs_.size() * sizeof(float));
 }
 
-void GradientReducer::reduce() {
-    Stream& s = model_.stream();
+GradientReducer::~GradientReducer() {
+    try {
+        stream_->synchronize();
+    } catch (const std::exception&) {
+    }
+}
+
+void GradientReducer::reduce_stage(int stage, Stream& s) {
     for (const Run& r : runs_) {
+        if (r.stage != stage) continue;
         Communicator* c = r.expert ? comms_.expert_dp : comms_.world;
         if (c && c->size() > 1) c->all_reduce_sum(r.grads, r.count, DType::kF32, s);
     }
+}
+
+LanguageModel::GradsReadyFn GradientReducer::grads_ready(Tracer* trace) {
+    return [this, trace](int stage, Stream& s) {
+        SCMOE_CHECK(stage >= 0 && stage < static_cast<int>(issued_.size()),
+                    "GradientReducer: gradient stage " << stage << " of " << issued_.size());
+        ++issued_[static_cast<std::size_t>(stage)];
+        Event& ready = *stage_ready_[static_cast<std::size_t>(stage)];
+        ready.record(s);
+        stream_->wait(ready);
+        auto run = [this, stage](Stream& r) { reduce_stage(stage, r); };
+        if (trace)
+            trace->op("grad_allreduce[stage" + std::to_string(stage) + "]", "grad_reduce", *stream_, run);
+        else
+            run(*stream_);
+    };
+}
+
+void GradientReducer::finish() {
+    for (std::size_t i = 0; i < issued_.size(); ++i)
+        SCMOE_CHECK(issued_[i] == 1, "GradientReducer.finish: gradient stage " << i << " was reduced " << issued_[i]
+                                                                              << " times (expected once per backward)");
+    issued_.assign(issued_.size(), 0);
+    done_->record(*stream_);
+    model_.stream().wait(*done_);
+}
+
+void GradientReducer::reduce() {
+    for (int stage = 0; stage < static_cast<int>(issued_.size()); ++stage) reduce_stage(stage, model_.stream());
 }
 
 float GradientReducer::global_norm() {

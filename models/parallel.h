@@ -11,6 +11,7 @@
 // (an expert's gradient on a rank already sums what every rank of its ep group sent it).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,8 @@
 
 namespace scmoe {
 class Communicator;
-}
+class Tracer;
+}  // namespace scmoe
 
 namespace scmoe::models {
 
@@ -41,30 +43,61 @@ struct TrainComms {
     Communicator* expert_dp = nullptr;
 };
 
-// Sums the gradients of `model` as above (in place, on the model's stream; the 1/world is left to
-// the optimizer's grad_scale) and computes the global gradient norm of the result.
+// Sums the gradients of `model` as above (in place; the 1/world is left to the optimizer's
+// grad_scale) and computes the global gradient norm of the result.
+//
+// The all-reduces are grouped by backward stage (LanguageModel::GradsReadyFn): per stage, runs of
+// adjacent tensors of one kind (dense over world, expert over expert_dp). Two ways to issue them,
+// with the same calls (buffers, counts, communicators) and so bitwise the same sums:
+//   overlapped  pass grads_ready() to forward_backward: each stage's all-reduces start on the
+//               reducer's own stream as soon as that stage's gradients are final, while the rest of
+//               the backward runs; finish() makes the model's stream wait for them.
+//   after       reduce(): every stage's all-reduces on the model's stream once the backward is done.
+// Overlapped, the world communicator works on the reducer's stream while the expert-parallel one
+// works on the MoE stream: the two must be distinct communicators (they are in TrainComms), and
+// under MPI the library must allow calls from several threads (MPI_THREAD_MULTIPLE).
 class GradientReducer {
   public:
     GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device);
-    // Enqueues the all-reduces: runs of dense tensors over world, runs of expert tensors over expert_dp.
+    ~GradientReducer();
+    GradientReducer(const GradientReducer&) = delete;
+    GradientReducer& operator=(const GradientReducer&) = delete;
+
+    // For LanguageModel::forward_backward: starts each stage's all-reduces on the reducer's stream
+    // after the stage's gradients are final. Valid while the reducer lives; trace (optional) shows
+    // them on a "grad_reduce" lane.
+    LanguageModel::GradsReadyFn grads_ready(Tracer* trace = nullptr);
+    // After an overlapped forward_backward: the model's stream waits for every stage's all-reduces.
+    // Throws if a stage was not reduced exactly once.
+    void finish();
+    // The same all-reduces, enqueued on the model's stream after the backward (no overlap).
     void reduce();
     // L2 norm of the reduced (summed, not yet divided) gradients over the whole model, every tensor
     // counted once: dense tensors from this rank, expert tensors summed over the ep group.
     // Synchronizes; the same value on every rank.
     float global_norm();
+    // The stream the overlapped all-reduces run on.
+    Stream& stream() { return *stream_; }
 
   private:
     struct Run {
         float* grads;
         std::int64_t count;
         bool expert;
+        int stage;
     };
+    void reduce_stage(int stage, Stream& s);
+
     LanguageModel& model_;
     ParallelLayout layout_;
     TrainComms comms_;
     Device& device_;
     std::vector<Run> runs_;
-    DeviceBuffer scratch_;  // sum_of_squares scratch + one f32 for the ep-group sum
+    DeviceBuffer scratch_;  // sum_of_squares scratch + one f32 per run
+    std::unique_ptr<Stream> stream_;
+    std::vector<std::unique_ptr<Event>> stage_ready_;
+    std::unique_ptr<Event> done_;
+    std::vector<int> issued_;  // per stage, since the last finish()
 };
 
 }  // namespace scmoe::models

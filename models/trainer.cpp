@@ -85,12 +85,21 @@ StepMetrics Trainer::step() {
         t0 = Clock::now();  // the one-off calibration is not part of the step time
     }
     const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
+    const bool overlap_reduce = config_.overlap && config_.overlap_grad_reduce;
     model_->forward_backward(batch.inputs.data(), batch.targets.data(), tokens, 1.0f / static_cast<float>(tokens),
-                             config_.overlap, trace_);
+                             config_.overlap, trace_,
+                             overlap_reduce ? reducer_->grads_ready(trace_) : LanguageModel::GradsReadyFn{});
     Stream& s = model_->stream();
-    // The loss first, agreed over the world before anything is updated: a rank whose loss is not
-    // finite (or whose pass failed) makes every rank stop at this step instead of leaving its peers
-    // waiting in the gradient all-reduce.
+    // The gradient all-reduce: what of it outlasts the backward (overlapped) or all of it (not).
+    reduce_start_->record(s);
+    if (overlap_reduce)
+        reducer_->finish();
+    else
+        reducer_->reduce();
+    reduce_end_->record(s);
+    // The loss, agreed over the world before anything is updated: a rank whose loss is not finite
+    // (or whose loss could not be read) makes every rank stop at this step, each having made the
+    // same collective calls, instead of leaving its peers waiting.
     std::exception_ptr local_error;
     float local[3] = {std::nanf(""), 0.0f, 0.0f};
     try {
@@ -104,9 +113,6 @@ StepMetrics Trainer::step() {
     if (local_error) std::rethrow_exception(local_error);
     SCMOE_CHECK(std::isfinite(sums[0]), "step " << steps_done_ + 1 << ": the loss is not finite on another rank");
 
-    reduce_start_->record(s);
-    reducer_->reduce();
-    reduce_end_->record(s);
     const float norm = reducer_->global_norm() / static_cast<float>(layout_.world);
     SCMOE_CHECK(std::isfinite(norm), "step " << steps_done_ + 1 << ": the gradient norm is " << norm
                                              << " (diverged; lower the learning rate)");

@@ -5,7 +5,8 @@
 //
 // Per step, on every rank (all ranks call step() together; it is collective over the world):
 //   loss_r = mean CE of the rank's batch (+ router losses)   grads of loss_r (grad_scale 1/tokens)
-//   reduce: dense over the world, experts over their replicas; norm of the summed grads
+//   reduce: dense over the world, experts over their replicas (overlapped with the backward:
+//           each block's all-reduce starts once its gradients are final); norm of the summed grads
 //   scale  = clip_scale(norm / world, max_grad_norm) / world;   AdamW with lr(step)
 // The logged loss is the mean over ranks of loss_r without the router losses.
 #pragma once
@@ -37,6 +38,9 @@ struct TrainConfig {
     std::uint64_t seed = 1234;        // parameters and data order
     std::vector<std::string> data;    // files; empty: default_corpus()
     bool overlap = true;              // the ScMoE overlap (numerics identical either way)
+    // The gradient all-reduce overlapped with the backward (GradientReducer::grads_ready), each
+    // block's as soon as its gradients are final; only with `overlap`. Numerics identical either way.
+    bool overlap_grad_reduce = true;
     bool calibrate = true;            // measure op times once and choose the expert slots (Eq. 11)
 };
 
@@ -48,7 +52,8 @@ struct StepMetrics {
     float grad_norm = 0;         // of the mean gradient, before clipping
     double step_ms = 0;          // wall time of the step on this rank
     double tokens_per_s = 0;     // every rank's tokens / step time
-    double exposed_comm_pct = 0; // comm not hidden: blocks time beyond their compute + the gradient all-reduce
+    double exposed_comm_pct = 0; // comm not hidden: blocks time beyond their compute + the gradient
+                                 // all-reduce's time past the end of the backward
     std::int64_t dropped_tokens = 0;  // over every rank and MoE layer
 };
 

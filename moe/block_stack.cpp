@@ -260,14 +260,22 @@ void BlockStack::forward(const Tensor& input, Tensor output, bool overlap, Trace
     backbone_stream_->copy(output.data, h_.back(), output.bytes());
 }
 
-void BlockStack::backward(const Tensor& grad_output, Tensor grad_input, bool overlap, Tracer* trace) {
+void BlockStack::backward(const Tensor& grad_output, Tensor grad_input, bool overlap, Tracer* trace,
+                          const GradsReadyFn& grads_ready) {
     SCMOE_CHECK(plan_tokens_ >= 0, "BlockStack.backward: no forward to differentiate");
     check_tensor(grad_output, {plan_tokens_, config_.backbone.hidden}, config_.backbone.dtype,
                  "BlockStack.backward: grad_output");
     check_tensor(grad_input, {plan_tokens_, config_.backbone.hidden}, config_.backbone.dtype,
                  "BlockStack.backward: grad_input");
     backbone_stream_->copy(grad_h_.back(), grad_output.data, grad_output.bytes());
-    scheduler_->run(bwd_plan_, bwd_schedule_, overlap, trace);
+    LayerScheduler::IndexHook at_index;
+    if (grads_ready) {
+        at_index = [this, &grads_ready](int i, Stream& s) {
+            for (std::size_t b = grads_ready_index_.size(); b-- > 0;)
+                if (grads_ready_index_[b] == i) grads_ready(static_cast<int>(b), s);
+        };
+    }
+    scheduler_->run(bwd_plan_, bwd_schedule_, overlap, trace, at_index);
     backbone_stream_->copy(grad_input.data, grad_h_[0], grad_input.bytes());
 }
 

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,8 +107,17 @@ public:
     // streams; output is complete once synchronize() returns. Without calibrate(), every expert
     // FFN runs at its earliest slot.
     void forward(const Tensor& input, Tensor output, bool overlap = true, Tracer* trace = nullptr);
+    // Called while backward() enqueues, once per block, as soon as every gradient of block b is
+    // final in stream order: work enqueued on `backbone` there sees its backbone tensors (attention,
+    // MLP or MoE norms, the shortcut's norm included) and its MoE layer's (router, shared expert,
+    // experts) written. Blocks come in the order they complete, the same on every rank (roughly
+    // last to first; a Pos-2/3 block after the block its shortcut reads). For overlapping the
+    // gradient all-reduce with the rest of the backward.
+    using GradsReadyFn = std::function<void(int block, Stream& backbone)>;
+
     // grad_output -> grad_input (both [tokens, hidden]); parameter gradients written.
-    void backward(const Tensor& grad_output, Tensor grad_input, bool overlap = true, Tracer* trace = nullptr);
+    void backward(const Tensor& grad_output, Tensor grad_input, bool overlap = true, Tracer* trace = nullptr,
+                  const GradsReadyFn& grads_ready = {});
     void synchronize();
     Stream& stream() { return *backbone_stream_; }
 
@@ -132,6 +142,7 @@ private:
     std::vector<void*> h_, hmh_, grad_h_, grad_hmh_;  // [blocks + 1] / [blocks] residual-stream buffers
     std::int64_t plan_tokens_ = -1;
     SchedulePlan fwd_plan_, bwd_plan_;
+    std::vector<int> grads_ready_index_;  // [blocks]: the backward index where block b's gradients are final
     Schedule fwd_schedule_, bwd_schedule_;
     bool calibrated_ = false;
     int expert_chunks_ = 0;  // 0 = auto

@@ -6,6 +6,7 @@
 // branch's consume (also on the backbone stream), in the order of this plan, so the sums are the
 // same with overlap on and off. Branches are listed forward in block order and backward in reverse
 // block order, so at a shared index a branch's consume precedes the next branch's start.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,9 @@ void BlockStack::build_plans(std::int64_t T) {
                               }});
         after_attn[b] = static_cast<int>(g.segments.size());
     }
+    // A block's gradients are final after its attention backward (its MLP, norm_x and shared expert
+    // come before it) and after its MoE branch's consume (below).
+    grads_ready_index_ = after_attn;
     for (std::size_t i = n; i-- > 0;) {
         const std::size_t b = i;
         Block& k = *blocks_[b];
@@ -176,6 +180,7 @@ void BlockStack::build_plans(std::int64_t T) {
                           else
                               gated_add({T, H, dt, nullptr, k.grad_s, k.grad_x}, s);  // grad_x += routed path
                       }};
+        grads_ready_index_[b] = std::max(grads_ready_index_[b], br.join);  // norm_s, router, experts
         g.branches.push_back(std::move(br));
     }
     f.validate();

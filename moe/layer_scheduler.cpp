@@ -256,7 +256,8 @@ Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats, int fo
     return s;
 }
 
-void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, bool overlap, Tracer* trace) {
+void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, bool overlap, Tracer* trace,
+                         const IndexHook& at_index) {
     SCMOE_CHECK(schedule.branches.size() == plan.branches.size(),
                 "LayerScheduler.run: the schedule has " << schedule.branches.size() << " branches, the " << plan.name
                                                         << " plan " << plan.branches.size());
@@ -340,6 +341,7 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
                 issue(p.consume, p.name, backbone_, "backbone");
             }
         }
+        if (at_index) at_index(static_cast<int>(i), backbone_);
         if (i < ns) issue(plan.segments[i], "", backbone_, "backbone");
     }
 }

@@ -137,10 +137,17 @@ public:
     // the slots and chunks (forced_chunks as in choose_chunks). Synchronizes both streams.
     Schedule calibrate(const SchedulePlan& plan, int repeats = 2, int forced_chunks = 0);
 
+    // Called while run() enqueues a pass, once per index i = 0..segments in order, after the
+    // branches' consumes and expert slots at i and before segment i: work the hook enqueues on
+    // `backbone` there sees every op the plan orders before index i (on either stream), overlap
+    // on or off. (The gradient all-reduce of a block starts from here once its gradients are final.)
+    using IndexHook = std::function<void(int index, Stream& backbone)>;
+
     // Enqueues one pass. overlap: branches on the MoE stream with events (true) or everything on
     // the backbone stream in the same order (false). trace: optional timeline of every op.
     // Returns after enqueueing; the backbone stream's later work sees every result.
-    void run(const SchedulePlan& plan, const Schedule& schedule, bool overlap, Tracer* trace = nullptr);
+    void run(const SchedulePlan& plan, const Schedule& schedule, bool overlap, Tracer* trace = nullptr,
+             const IndexHook& at_index = {});
 
 private:
     Event& event(std::size_t i);

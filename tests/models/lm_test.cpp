@@ -3,6 +3,7 @@
 // (GradientReducer) equal to single-rank gradients.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include "models/lm.h"
 #include "models/lm_config.h"
 #include "models/parallel.h"
+#include "test_util.h"
 #include "train_test_util.h"
 
 namespace scmoe::models {
@@ -158,6 +160,72 @@ TEST(LmOverlap, OnAndOffAreBitwiseIdentical) {
         EXPECT_EQ(0, std::memcmp(grads[0][g].data(), grads[1][g].data(), grads[0][g].size() * sizeof(float))) << g;
 }
 
+// forward_backward announces each backward stage once, head first and embedding last, and at the
+// point it announces a stage every gradient of that stage is final: a copy enqueued there equals the
+// gradient after the pass (every gradient starts as NaN, so one announced before its write would
+// copy NaN). For every block layout and shortcut, overlap off (one stream: any misplaced announcement
+// shows deterministically) and on.
+class LmGradsReady : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(LmGradsReady, EachStageIsFinalWhenAnnounced) {
+    const auto& [variant, overlap] = GetParam();
+    auto device = make_device("cpu");
+    const std::int64_t T = 32;
+    LmConfig c = small_lm(variant);
+    c.layers = 4;
+    LanguageModel lm(c, *device, T);
+    lm.init_params(5);
+    std::vector<std::vector<float>> snapshot;
+    for (const ParamGroup& g : lm.param_groups()) {
+        std::fill(g.grads, g.grads + g.numel, std::nanf(""));
+        snapshot.emplace_back(static_cast<std::size_t>(g.numel), std::nanf(""));
+    }
+    std::vector<int> announced;
+    auto copy_stage = [&](int stage, Stream& s) {
+        announced.push_back(stage);
+        for (std::size_t gi = 0; gi < lm.param_groups().size(); ++gi) {
+            const ParamGroup& g = lm.param_groups()[gi];
+            for (const NamedTensor& t : g.tensors) {
+                if (t.grads_stage != stage) continue;
+                std::int64_t n = 1;
+                for (auto d : t.shape) n *= d;
+                s.copy(snapshot[gi].data() + t.offset, g.grads + t.offset, static_cast<std::size_t>(n) * sizeof(float));
+            }
+        }
+    };
+    const auto in = random_tokens(T, 21), tgt = random_tokens(T, 22);
+    lm.forward_backward(in.data(), tgt.data(), T, 1.0f / T, overlap, nullptr, copy_stage);
+    lm.loss_sum();  // synchronizes
+
+    const int stages = lm.num_grads_stages();
+    ASSERT_EQ(static_cast<int>(announced.size()), stages);
+    EXPECT_EQ(announced.front(), 0);
+    EXPECT_EQ(announced.back(), stages - 1);
+    std::vector<int> sorted = announced;
+    std::sort(sorted.begin(), sorted.end());
+    for (int i = 0; i < stages; ++i) EXPECT_EQ(sorted[static_cast<std::size_t>(i)], i) << "stage announced twice or never";
+    for (std::size_t gi = 0; gi < lm.param_groups().size(); ++gi) {
+        const ParamGroup& g = lm.param_groups()[gi];
+        for (const NamedTensor& t : g.tensors) {
+            std::int64_t n = 1;
+            for (auto d : t.shape) n *= d;
+            for (std::int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(g.grads[t.offset + i])) << t.name << " not written";
+            EXPECT_EQ(0, std::memcmp(snapshot[gi].data() + t.offset, g.grads + t.offset,
+                                     static_cast<std::size_t>(n) * sizeof(float)))
+                << t.name << " (stage " << t.grads_stage << ") changed after its stage was announced";
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LmGradsReady,
+                         ::testing::Combine(::testing::Values("top2", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3",
+                                                              "every-block-pos1"),
+                                            ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& p) {
+                             return testing::gtest_name(std::get<0>(p.param)) +
+                                    (std::get<1>(p.param) ? "_overlap" : "_serial");
+                         });
+
 TEST(LmInput, BadTokensAndSizesAreRejected) {
     auto device = make_device("cpu");
     LanguageModel lm(small_lm(), *device, 16);
@@ -256,6 +324,37 @@ TEST(LmDpEp, ReducedGradientsEqualSingleRankSums) {
                     << "rank " << rank << " " << mt.name;
             }
         }
+    });
+}
+
+// The gradient all-reduce overlapped with the backward (GradientReducer::grads_ready + finish)
+// gives bitwise the sums of the all-reduce after it (reduce), on world 4 = dp 2 x ep 2.
+TEST(LmDpEp, OverlappedReduceEqualsReduceAfterBackward) {
+    const int world = 4, ep = 2;
+    const std::int64_t T = 16;
+    LmConfig c = small_lm("scmoe-pos2");
+    c.layers = 4;
+    run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        LanguageModel lm(c, *device, T, comms.ep);
+        lm.init_params(9);
+        GradientReducer reducer(lm, {world, rank, ep}, comms, *device);
+        const auto in = random_tokens(T, 300 + static_cast<std::uint64_t>(rank));
+        const auto tgt = random_tokens(T, 400 + static_cast<std::uint64_t>(rank));
+        std::vector<std::vector<float>> after, overlapped;
+        lm.forward_backward(in.data(), tgt.data(), T, 1.0f / T);
+        reducer.reduce();
+        lm.loss_sum();
+        for (const ParamGroup& g : lm.param_groups()) after.push_back(group_values(g, true));
+        lm.forward_backward(in.data(), tgt.data(), T, 1.0f / T, true, nullptr, reducer.grads_ready());
+        reducer.finish();
+        lm.loss_sum();
+        for (const ParamGroup& g : lm.param_groups()) overlapped.push_back(group_values(g, true));
+        for (std::size_t g = 0; g < after.size(); ++g)
+            EXPECT_EQ(0, std::memcmp(after[g].data(), overlapped[g].data(), after[g].size() * sizeof(float)))
+                << "rank " << rank << " group " << lm.param_groups()[g].name;
+        // finish() without every stage announced once is an error, not a silent partial sum.
+        EXPECT_THROW(reducer.finish(), Error);
     });
 }
 
