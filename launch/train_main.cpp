@@ -187,6 +187,7 @@ Args parse(int argc, char** argv) {
     t.calibrate = !r.count("no-calibrate");
     if (t.steps <= 0) throw UsageError("--steps must be > 0");
     if (t.batch <= 0) throw UsageError("--batch must be > 0");
+    if (t.adamw.schedule.warmup_steps < 0) throw UsageError("--warmup must be >= 0");
     a.ranks = r["ranks"].as<int>();
     if (a.ranks <= 0) throw UsageError("--ranks must be > 0");
     a.mpi = launched_by_mpirun();
@@ -264,6 +265,10 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
         " windows on rank 0");
     say("# params: " + std::to_string(trainer.model().num_global_params()) + " in the model, " +
         std::to_string(trainer.model().num_params()) + " on each rank");
+    if (config.adamw.schedule.warmup_steps > config.steps)
+        say("# note: --warmup " + std::to_string(config.adamw.schedule.warmup_steps) + " is longer than the run (" +
+            std::to_string(config.steps) + " steps): the lr rises all the way and ends at " +
+            std::to_string(100 * config.steps / config.adamw.schedule.warmup_steps) + "% of its peak");
     say(std::string("# overlap: ") + (config.overlap ? "ScMoE branches on their own stream" : "off (one stream)") +
         "; gradient all-reduce " +
         (config.overlap && config.overlap_grad_reduce ? "per block, overlapped with the backward" : "after the backward"));

@@ -15,8 +15,7 @@ void LrSchedule::validate() const {
     SCMOE_CHECK(min_lr >= 0.0f && min_lr <= peak_lr,
                 "LrSchedule: min_lr must be in [0, peak_lr=" << peak_lr << "], got " << min_lr);
     SCMOE_CHECK(warmup_steps >= 0, "LrSchedule: warmup_steps must be >= 0, got " << warmup_steps);
-    SCMOE_CHECK(total_steps >= 1 && total_steps >= warmup_steps,
-                "LrSchedule: total_steps must be >= 1 and >= warmup_steps=" << warmup_steps << ", got " << total_steps);
+    SCMOE_CHECK(total_steps >= 1, "LrSchedule: total_steps must be >= 1, got " << total_steps);
 }
 
 float LrSchedule::lr(std::int64_t step) const {

@@ -21,11 +21,13 @@ namespace scmoe::models {
 // Learning rate by step: linear warmup from 0 (at step 0) to peak_lr (at step warmup_steps), then a
 // half cosine from peak_lr down to min_lr (at step total_steps), then min_lr. Steps are the 1-based
 // AdamW step numbers, so the first step taken already has lr(1) = peak_lr / warmup_steps > 0.
+// A run shorter than its warmup (total_steps < warmup_steps) ends inside it: the lr rises every step
+// and its last step has peak_lr * total_steps / warmup_steps.
 struct LrSchedule {
     float peak_lr = 3e-4f;          // finite, >= 0
     float min_lr = 0.0f;            // in [0, peak_lr]
     std::int64_t warmup_steps = 0;  // >= 0; 0: start at peak_lr
-    std::int64_t total_steps = 1;   // >= warmup_steps and >= 1
+    std::int64_t total_steps = 1;   // >= 1
 
     // Pure function of step (>= 0); throws scmoe::Error for an invalid schedule or a negative step.
     float lr(std::int64_t step) const;

@@ -20,7 +20,6 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
     SCMOE_CHECK(config_.model.moe.num_experts % layout_.ep == 0,
                 "experts = " << config_.model.moe.num_experts << " is not divisible by ep = " << layout_.ep);
     config_.adamw.schedule.total_steps = config_.steps;
-    config_.adamw.schedule.warmup_steps = std::min(config_.adamw.schedule.warmup_steps, config_.steps);
 
     std::vector<std::string> paths = config_.data;
     if (paths.empty()) {

@@ -228,15 +228,22 @@ TEST(LrSchedule, WarmupThenCosineToMin) {
     EXPECT_EQ(no_warmup.lr(100), 0.0f);
 }
 
+// A run shorter than its warmup ends inside it: no jump to the cosine's end at the last step.
+TEST(LrSchedule, RunShorterThanItsWarmupEndsInsideIt) {
+    LrSchedule s;
+    s.peak_lr = 1e-3f;
+    s.min_lr = 1e-4f;
+    s.warmup_steps = 5;
+    s.total_steps = 4;
+    for (std::int64_t t = 1; t <= 4; ++t) EXPECT_NEAR(s.lr(t), 1e-3f * static_cast<float>(t) / 5.0f, 1e-10f) << t;
+    EXPECT_FLOAT_EQ(s.lr(5), 1e-4f);  // past the end of the run
+}
+
 TEST(LrSchedule, RejectsInvalidSchedules) {
     LrSchedule s;
     EXPECT_THROW(s.lr(-1), Error);
     LrSchedule bad = s;
     bad.min_lr = 1.0f;  // above peak
-    EXPECT_THROW(bad.lr(0), Error);
-    bad = s;
-    bad.warmup_steps = 5;
-    bad.total_steps = 4;
     EXPECT_THROW(bad.lr(0), Error);
     bad = s;
     bad.total_steps = 0;
