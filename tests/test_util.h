@@ -1,9 +1,10 @@
-// Helpers shared by the CPU tests: deterministic random fills and a harness that runs an MoeLayer
-// on the CPU backend with host-visible buffers.
+// Helpers shared by the CPU tests: the CPU backend with a stream, deterministic random fills,
+// bitwise comparison and a harness that runs an MoeLayer on the CPU backend with host-visible buffers.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -22,20 +23,48 @@ inline std::string gtest_name(std::string s) {
     return s;
 }
 
+// An element count or index as a std::vector subscript.
+inline std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
 inline void fill_uniform(float* p, std::int64_t n, float scale, std::uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> dist(-scale, scale);
     for (std::int64_t i = 0; i < n; ++i) p[i] = dist(rng);
 }
 
+// n floats uniform in [-scale, scale): the values fill_uniform writes for the same seed.
+inline std::vector<float> random_floats(std::int64_t n, std::uint64_t seed, float scale = 1.0f) {
+    std::vector<float> v(sz(n));
+    fill_uniform(v.data(), n, scale, seed);
+    return v;
+}
+
+// n token ids (or targets) uniform in [0, vocab).
+inline std::vector<std::int32_t> random_ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<std::int32_t> dist(0, static_cast<std::int32_t>(vocab - 1));
+    std::vector<std::int32_t> v(sz(n));
+    for (auto& x : v) x = dist(rng);
+    return v;
+}
+
+// Same size and the same bits in every element (a NaN equals itself, -0 differs from +0).
+inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 inline Tensor host_tensor(std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
     return Tensor(v.data(), DType::kF32, {rows, cols});
 }
 
-// One MoE layer on the CPU backend with its parameters, gradients and I/O in host memory.
-struct CpuLayerHarness {
+// The CPU backend and one stream on it.
+struct Cpu {
     std::unique_ptr<Device> device = make_device("cpu");
     std::unique_ptr<Stream> stream = device->create_stream();
+};
+
+// One MoE layer on the CPU backend with its parameters, gradients and I/O in host memory.
+struct CpuLayerHarness : Cpu {
     MoeConfig config;
     std::int64_t tokens;
     MoeLayer layer;

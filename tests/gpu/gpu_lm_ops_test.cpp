@@ -22,26 +22,19 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
 #include "kernels/error.h"
+#include "test_util.h"
 
 namespace scmoe {
 namespace {
 
 using namespace gpu_testing;
+using testing::random_ids;
+using testing::sz;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-
 F maybe_round(F v, DType dtype) { return dtype == DType::kBF16 ? round_bf16(std::move(v)) : v; }
-
-I random_ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::uniform_int_distribution<std::int32_t> dist(0, static_cast<std::int32_t>(vocab - 1));
-    I v(sz(n));
-    for (auto& x : v) x = dist(rng);
-    return v;
-}
 
 // ---- Embedding --------------------------------------------------------------------------------
 

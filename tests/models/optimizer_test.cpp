@@ -8,31 +8,20 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <numbers>
-#include <random>
 #include <vector>
 
 #include "kernels/adamw.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/math.h"
+#include "test_util.h"
 
 namespace scmoe::models {
 namespace {
 
-struct Cpu {
-    std::unique_ptr<Device> device = make_device("cpu");
-    std::unique_ptr<Stream> stream = device->create_stream();
-};
-
-std::vector<float> random_vector(std::size_t n, float scale, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> dist(-scale, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = dist(rng);
-    return v;
-}
+using testing::Cpu;
+using testing::random_floats;
 
 // The AdamW update written out in double, independently of math::adamw_update.
 struct ReferenceAdamW {
@@ -105,8 +94,8 @@ TEST(AdamWOp, ThreeStepsMatchDoubleReference) {
 
 TEST(AdamWOp, GradScaleMultipliesTheGradient) {
     Cpu cpu;
-    const std::vector<float> init = random_vector(64, 1.0f, 1);
-    std::vector<float> g = random_vector(64, 1.0f, 2), g_half(64);
+    const std::vector<float> init = random_floats(64, 1);
+    std::vector<float> g = random_floats(64, 2), g_half(64);
     for (std::size_t i = 0; i < g.size(); ++i) g_half[i] = g[i] * 0.5f;  // exact
     std::vector<float> w1 = init, m1(64, 0.0f), v1(64, 0.0f), w2 = init, m2(64, 0.0f), v2(64, 0.0f);
     for (std::int64_t t = 1; t <= 2; ++t) {
@@ -132,8 +121,8 @@ TEST(AdamWOp, GradScaleMultipliesTheGradient) {
 
 TEST(AdamWOp, ParamCopyIsMasterRoundedToItsDtype) {
     Cpu cpu;
-    std::vector<float> g = random_vector(100, 1.0f, 3), master = random_vector(100, 2.0f, 4), m(100, 0.0f),
-                       v(100, 0.0f), param_f32(100, 0.0f);
+    std::vector<float> g = random_floats(100, 3), master = random_floats(100, 4, 2.0f), m(100, 0.0f), v(100, 0.0f),
+                       param_f32(100, 0.0f);
     std::vector<std::uint16_t> param_bf16(100, 0);
     AdamWArgs a = make_args(g, master, m, v);
     a.param = param_bf16.data();
@@ -186,7 +175,7 @@ TEST(AdamWOp, RejectsInvalidArguments) {
 TEST(SumOfSquares, MatchesDoubleAndIsDeterministic) {
     Cpu cpu;
     DeviceBuffer scratch(*cpu.device, sum_of_squares_scratch_bytes());
-    const std::vector<float> x = random_vector(100003, 3.0f, 5);
+    const std::vector<float> x = random_floats(100003, 5, 3.0f);
     double want = 0.0;
     for (float e : x) want += static_cast<double>(e) * e;
     float got = -1.0f, again = -2.0f, empty = -3.0f;
@@ -267,7 +256,7 @@ TEST(ClipScale, ScalesOnlyAboveTheMaximum) {
 
 TEST(GlobalGradNorm, MatchesDoubleReference) {
     Cpu cpu;
-    const std::vector<float> a = random_vector(1000, 1.0f, 6), b = random_vector(12345, 0.1f, 7), c = {3.0f, 4.0f};
+    const std::vector<float> a = random_floats(1000, 6), b = random_floats(12345, 7, 0.1f), c = {3.0f, 4.0f};
     double want = 0.0;
     for (const auto* vec : {&a, &b, &c}) {
         for (float x : *vec) want += static_cast<double>(x) * x;
@@ -289,7 +278,7 @@ TEST(AdamWOptimizer, MatchesTheOpAndCountsSteps) {
     Cpu cpu;
     const std::int64_t n = 37;
     DeviceBuffer params(*cpu.device, n * sizeof(float)), grads(*cpu.device, n * sizeof(float));
-    const std::vector<float> init = random_vector(n, 1.0f, 8), g = random_vector(n, 1.0f, 9);
+    const std::vector<float> init = random_floats(n, 8), g = random_floats(n, 9);
     std::memcpy(params.data(), init.data(), n * sizeof(float));
     std::memcpy(grads.data(), g.data(), n * sizeof(float));
     AdamWConfig config;
@@ -363,7 +352,7 @@ TEST(AdamWOptimizer, MinimizesAQuadratic) {
     // f(w) = 0.5 * sum_i a_i (w_i - c_i)^2 with curvatures spanning 3 decades; grad = a (w - c).
     Cpu cpu;
     const std::int64_t n = 16;
-    std::vector<float> a(n), c = random_vector(n, 2.0f, 10);
+    std::vector<float> a(n), c = random_floats(n, 10, 2.0f);
     for (std::int64_t i = 0; i < n; ++i) a[i] = std::pow(10.0f, -1.0f + 3.0f * static_cast<float>(i) / (n - 1));
     DeviceBuffer params(*cpu.device, n * sizeof(float)), grads(*cpu.device, n * sizeof(float));
     float* w = params.as<float>();

@@ -7,10 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,30 +15,16 @@
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/rmsnorm.h"
+#include "test_util.h"
 
 namespace scmoe {
 namespace {
 
 using F = std::vector<float>;
-
-std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-
-F random(std::int64_t n, std::uint64_t seed, float scale = 1.0f) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> dist(-scale, scale);
-    F v(sz(n));
-    for (float& x : v) x = dist(rng);
-    return v;
-}
-
-struct Cpu {
-    std::unique_ptr<Device> device = make_device("cpu");
-    std::unique_ptr<Stream> stream = device->create_stream();
-};
-
-bool bitwise_equal(const F& a, const F& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing::bitwise_equal;
+using testing::Cpu;
+using testing::random_floats;
+using testing::sz;
 
 // Largest |analytic - fd| / (atol + rtol * |fd|) over all elements: > 1 means the check fails.
 double worst_violation(const F& analytic, const std::vector<double>& fd, double atol, double rtol) {
@@ -116,7 +99,7 @@ TEST(BackboneRmsNorm, KnownRows) {
 TEST(BackboneRmsNorm, InPlaceForwardAndNullRstd) {
     Cpu c;
     const Norm n{5, 7, 1e-5f};
-    const F x = random(35, 1), w = random(7, 2);
+    const F x = random_floats(35, 1), w = random_floats(7, 2);
     const F want = n.forward(c, x, w);
     F inplace = x;
     rmsnorm_forward({n.tokens, n.hidden, n.eps, DType::kF32, inplace.data(), w.data(), inplace.data(), nullptr},
@@ -128,8 +111,8 @@ TEST(BackboneRmsNorm, InPlaceForwardAndNullRstd) {
 TEST(BackboneRmsNorm, GradientsMatchFiniteDifferences) {
     Cpu c;
     const Norm n{3, 8, 1e-2f};
-    F x = random(24, 3), w = random(8, 4, 2.0f);
-    const F gy = random(24, 5);
+    F x = random_floats(24, 3), w = random_floats(8, 4, 2.0f);
+    const F gy = random_floats(24, 5);
     F rstd, gx(24), gw(8);
     n.forward(c, x, w, &rstd);
     n.backward(c, x, w, rstd, gy, gx, gw, false);
@@ -151,7 +134,7 @@ TEST(BackboneRmsNorm, GradientsMatchFiniteDifferences) {
 TEST(BackboneRmsNorm, AccumulateAddsExactlyAndGradWeightIsOverwritten) {
     Cpu c;
     const Norm n{6, 10, 1e-5f};
-    const F x = random(60, 6), w = random(10, 7), gy = random(60, 8), base = random(60, 9);
+    const F x = random_floats(60, 6), w = random_floats(10, 7), gy = random_floats(60, 8), base = random_floats(60, 9);
     F rstd, fresh(60, std::numeric_limits<float>::quiet_NaN()), gw(10, 123.0f);
     n.forward(c, x, w, &rstd);
     n.backward(c, x, w, rstd, gy, fresh, gw, false);
@@ -244,7 +227,7 @@ void expect_near_all(const F& got, const F& want, float tol, const char* what) {
 TEST(BackboneAttention, SingleTokenReturnsV) {
     Cpu c;
     const Attn a{2, 1, 2, 3};
-    const F qkv = random(a.qkv_size(), 10);
+    const F qkv = random_floats(a.qkv_size(), 10);
     F out, lse;
     a.forward(*c.stream, qkv, out, lse);
     c.stream->synchronize();
@@ -279,7 +262,7 @@ TEST(BackboneAttention, TwoTokensByHand) {
 TEST(BackboneAttention, MatchesDoubleReferenceAcrossRowBlocks) {
     Cpu c;
     const Attn a{2, 70, 3, 5};  // seq 70 spans two 64-row blocks of the CPU implementation
-    const F qkv = random(a.qkv_size(), 11, 1.5f), go = random(a.out_size(), 12);
+    const F qkv = random_floats(a.qkv_size(), 11, 1.5f), go = random_floats(a.out_size(), 12);
     F out, lse, gqkv, want_out, want_lse, want_g;
     a.forward(*c.stream, qkv, out, lse);
     a.backward(*c.stream, qkv, out, lse, go, gqkv);
@@ -293,8 +276,8 @@ TEST(BackboneAttention, MatchesDoubleReferenceAcrossRowBlocks) {
 TEST(BackboneAttention, GradientsMatchFiniteDifferences) {
     Cpu c;
     const Attn a{2, 4, 2, 3};
-    F qkv = random(a.qkv_size(), 13, 1.5f);
-    const F go = random(a.out_size(), 14);
+    F qkv = random_floats(a.qkv_size(), 13, 1.5f);
+    const F go = random_floats(a.out_size(), 14);
     F out, lse, gqkv;
     a.forward(*c.stream, qkv, out, lse);
     a.backward(*c.stream, qkv, out, lse, go, gqkv);
@@ -314,7 +297,7 @@ TEST(BackboneAttention, GradientsMatchFiniteDifferences) {
 TEST(BackboneAttention, IsCausalAndSequencesAreIndependent) {
     Cpu c;
     const Attn a{2, 9, 2, 4};
-    const F qkv = random(a.qkv_size(), 15);
+    const F qkv = random_floats(a.qkv_size(), 15);
     F out, lse;
     a.forward(*c.stream, qkv, out, lse);
     c.stream->synchronize();
@@ -355,8 +338,9 @@ TEST(BackboneDeterminism, BitwiseAcrossRunsAndWithAnotherStreamBusy) {
     Cpu c;
     const Attn a{4, 130, 2, 16};
     const Norm n{a.rows(), 32, 1e-5f};
-    const F qkv = random(a.qkv_size(), 16), go = random(a.out_size(), 17);
-    const F x = random(n.tokens * n.hidden, 18), w = random(n.hidden, 19), gy = random(n.tokens * n.hidden, 20);
+    const F qkv = random_floats(a.qkv_size(), 16), go = random_floats(a.out_size(), 17);
+    const F x = random_floats(n.tokens * n.hidden, 18), w = random_floats(n.hidden, 19),
+            gy = random_floats(n.tokens * n.hidden, 20);
     auto run_all = [&](F& out, F& lse, F& gqkv, F& y, F& gx, F& gw) {
         a.forward(*c.stream, qkv, out, lse);
         a.backward(*c.stream, qkv, out, lse, go, gqkv);
@@ -372,7 +356,7 @@ TEST(BackboneDeterminism, BitwiseAcrossRunsAndWithAnotherStreamBusy) {
     // A second stream runs the same ops on other data concurrently.
     auto other = c.device->create_stream();
     const Attn big{8, 256, 4, 32};
-    const F big_qkv = random(big.qkv_size(), 21), big_go = random(big.out_size(), 22);
+    const F big_qkv = random_floats(big.qkv_size(), 21), big_go = random_floats(big.out_size(), 22);
     F big_out, big_lse, big_g;
     big.forward(*other, big_qkv, big_out, big_lse);
     big.backward(*other, big_qkv, big_out, big_lse, big_go, big_g);

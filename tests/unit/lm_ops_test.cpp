@@ -7,10 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,42 +15,21 @@
 #include "kernels/device.h"
 #include "kernels/embedding.h"
 #include "kernels/error.h"
+#include "test_util.h"
 
 namespace scmoe {
 namespace {
 
 using F = std::vector<float>;
 using I = std::vector<std::int32_t>;
+using testing::bitwise_equal;
+using testing::Cpu;
+using testing::random_floats;
+using testing::random_ids;
+using testing::sz;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-
-F random(std::int64_t n, std::uint64_t seed, float scale = 1.0f) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> dist(-scale, scale);
-    F v(sz(n));
-    for (float& x : v) x = dist(rng);
-    return v;
-}
-
-I random_ids(std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::uniform_int_distribution<std::int32_t> dist(0, static_cast<std::int32_t>(vocab - 1));
-    I v(sz(n));
-    for (auto& x : v) x = dist(rng);
-    return v;
-}
-
-struct Cpu {
-    std::unique_ptr<Device> device = make_device("cpu");
-    std::unique_ptr<Stream> stream = device->create_stream();
-};
-
-bool bitwise_equal(const F& a, const F& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // ---- Embedding --------------------------------------------------------------------------------
 
@@ -158,7 +134,7 @@ TEST(LmEmbedding, BackwardSumsTokensInIncreasingOrder) {
     // increasing t) is what the CUDA kernels follow too, so it must hold bit for bit.
     const Embed e{64, 8, 6, 16};
     const I ids = random_ids(e.tokens, e.vocab, 3);
-    const F grad_out = random(e.tokens * e.hidden, 4, 3.0f), base = random(e.vocab * e.hidden, 5);
+    const F grad_out = random_floats(e.tokens * e.hidden, 4, 3.0f), base = random_floats(e.vocab * e.hidden, 5);
     F want_table = base, want_positions(sz(e.seq_len * e.hidden), 0.0f);
     for (std::int64_t t = 0; t < e.tokens; ++t) {
         for (std::int64_t h = 0; h < e.hidden; ++h) {
@@ -252,7 +228,7 @@ void reference_cross_entropy(const Xent& x, const F& logits, const I& targets, s
 TEST(LmCrossEntropy, MatchesDoubleReference) {
     Cpu c;
     const Xent x{9, 300, 0.125f};
-    F logits = random(x.tokens * x.vocab, 11, 6.0f);
+    F logits = random_floats(x.tokens * x.vocab, 11, 6.0f);
     // Rows far from zero: without the max subtraction exp() would overflow or underflow to 0.
     for (std::int64_t v = 0; v < x.vocab; ++v) {
         logits[sz(1 * x.vocab + v)] += 1000.0f;
@@ -281,7 +257,7 @@ TEST(LmCrossEntropy, MatchesDoubleReference) {
 TEST(LmCrossEntropy, GradientMatchesFiniteDifferences) {
     Cpu c;
     const Xent x{3, 7, 0.5f};
-    F logits = random(x.tokens * x.vocab, 21, 2.0f);
+    F logits = random_floats(x.tokens * x.vocab, 21, 2.0f);
     const I targets = {4, 0, 6};
     // L = grad_scale * sum_t loss[t], the scalar whose gradient grad_logits is.
     auto total_loss = [&] {
@@ -317,7 +293,7 @@ TEST(LmCrossEntropy, GradientMatchesFiniteDifferences) {
 TEST(LmCrossEntropy, InPlaceAndLossOnlyMatchOutOfPlace) {
     Cpu c;
     const Xent x{17, 129, 1.0f / 17.0f};
-    const F logits = random(x.tokens * x.vocab, 31, 4.0f);
+    const F logits = random_floats(x.tokens * x.vocab, 31, 4.0f);
     const I targets = random_ids(x.tokens, x.vocab, 32);
     F grad;
     const F loss = x.run(c, logits, targets, &grad);
@@ -336,7 +312,7 @@ TEST(LmCrossEntropy, InPlaceAndLossOnlyMatchOutOfPlace) {
 TEST(LmCrossEntropy, NonFiniteLogitGivesNonFiniteLoss) {
     Cpu c;
     const Xent x{5, 6};
-    F logits = random(x.tokens * x.vocab, 41);
+    F logits = random_floats(x.tokens * x.vocab, 41);
     const I targets = {0, 1, 2, 3, 4};
     F clean_grad;
     const F clean = x.run(c, logits, targets, &clean_grad);

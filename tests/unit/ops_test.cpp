@@ -20,17 +20,8 @@ namespace scmoe {
 namespace {
 
 using F = std::vector<float>;
-
-struct Cpu {
-    std::unique_ptr<Device> device = make_device("cpu");
-    std::unique_ptr<Stream> stream = device->create_stream();
-};
-
-F random(std::int64_t n, std::uint64_t seed) {
-    F v(static_cast<std::size_t>(n));
-    testing::fill_uniform(v.data(), n, 1.0f, seed);
-    return v;
-}
+using testing::Cpu;
+using testing::random_floats;
 
 // C[m, n] = op(A) op(B), row-major, double accumulation.
 F naive_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const F& a, const F& b) {
@@ -59,7 +50,7 @@ TEST(CpuGemm, AllTransposesAndBeta) {
     const std::int64_t m = 7, n = 5, k = 9;
     for (bool ta : {false, true})
         for (bool tb : {false, true}) {
-            F a = random(m * k, 1), b = random(k * n, 2), c(static_cast<std::size_t>(m * n), 2.0f);
+            F a = random_floats(m * k, 1), b = random_floats(k * n, 2), c(static_cast<std::size_t>(m * n), 2.0f);
             gemm({ta, tb, m, n, k, 1.0f, 1.0f, a.data(), b.data(), c.data()}, *cpu.stream);
             cpu.stream->synchronize();
             F want = naive_gemm(ta, tb, m, n, k, a, b);
@@ -85,7 +76,7 @@ TEST_P(CpuGroupedGemm, EveryKindMatchesPerGroupLoops) {
     std::vector<std::int32_t> offsets(counts.size() + 1, 0);
     for (int g = 0; g < G; ++g) offsets[static_cast<std::size_t>(g + 1)] = offsets[static_cast<std::size_t>(g)] + counts[static_cast<std::size_t>(g)];
     const std::int64_t rows = offsets.back(), k = 6, n = 10;
-    const F a = random(rows * k, 3), w = random(G * k * n, 4), dy = random(rows * n, 5);
+    const F a = random_floats(rows * k, 3), w = random_floats(G * k * n, 4), dy = random_floats(rows * n, 5);
     F y(static_cast<std::size_t>(rows * n)), dx(static_cast<std::size_t>(rows * k)),
         dw(static_cast<std::size_t>(G * k * n), std::numeric_limits<float>::quiet_NaN());
     GroupedGemmArgs args;
@@ -143,8 +134,8 @@ TEST(CpuActivation, BackwardMatchesFiniteDifferencesOfTheSharedMath) {
     Cpu cpu;
     for (Activation act : {Activation::kSwiGLU, Activation::kGeLU}) {
         const std::int64_t rows = 3, ffn = 4, width = activation_input_width(act, ffn);
-        F h = random(rows * width, 6), go = random(rows * ffn, 7), out(static_cast<std::size_t>(rows * ffn)),
-          gh(static_cast<std::size_t>(rows * width));
+        F h = random_floats(rows * width, 6), go = random_floats(rows * ffn, 7),
+          out(static_cast<std::size_t>(rows * ffn)), gh(static_cast<std::size_t>(rows * width));
         activation_forward({act, rows, ffn, DType::kF32, h.data(), out.data()}, *cpu.stream);
         activation_backward({act, rows, ffn, DType::kF32, h.data(), go.data(), gh.data()}, *cpu.stream);
         cpu.stream->synchronize();
