@@ -55,7 +55,9 @@ struct TrainComms {
 //   after       reduce(): every stage's all-reduces on the model's stream once the backward is done.
 // Overlapped, the world communicator works on the reducer's stream while the expert-parallel one
 // works on the MoE stream: the two must be distinct communicators (they are in TrainComms), and
-// under MPI the library must allow calls from several threads (MPI_THREAD_MULTIPLE).
+// under MPI the library must allow calls from several threads (MPI_THREAD_MULTIPLE). On NCCL the two
+// communicators' kernels run at once; every rank issues them in the same order (the order of the
+// plan), which NCCL requires of concurrent communicators (not yet run on a GPU).
 class GradientReducer {
   public:
     GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device);
