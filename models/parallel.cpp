@@ -79,6 +79,7 @@ void GradientReducer::reduce_stage(int stage, Stream& s) {
 }
 
 LanguageModel::GradsReadyFn GradientReducer::grads_ready(Tracer* trace) {
+    issued_.assign(issued_.size(), 0);  // a new backward (an earlier one may have failed half way)
     return [this, trace](int stage, Stream& s) {
         SCMOE_CHECK(stage >= 0 && stage < static_cast<int>(issued_.size()),
                     "GradientReducer: gradient stage " << stage << " of " << issued_.size());

@@ -65,9 +65,9 @@ class GradientReducer {
     GradientReducer(const GradientReducer&) = delete;
     GradientReducer& operator=(const GradientReducer&) = delete;
 
-    // For LanguageModel::forward_backward: starts each stage's all-reduces on the reducer's stream
-    // after the stage's gradients are final. Valid while the reducer lives; trace (optional) shows
-    // them on a "grad_reduce" lane.
+    // For LanguageModel::forward_backward (one backward per call): starts each stage's all-reduces
+    // on the reducer's stream after the stage's gradients are final. Valid while the reducer lives;
+    // trace (optional) shows them on a "grad_reduce" lane.
     LanguageModel::GradsReadyFn grads_ready(Tracer* trace = nullptr);
     // After an overlapped forward_backward: the model's stream waits for every stage's all-reduces.
     // Throws if a stage was not reduced exactly once.

@@ -192,12 +192,17 @@ TEST(SumOfSquares, MatchesDoubleAndIsDeterministic) {
     EXPECT_THROW(sum_of_squares(x.data(), 4, &got, nullptr, *cpu.stream), Error);
 }
 
-TEST(LrSchedule, WarmupThenCosineToMin) {
+LrSchedule schedule(float peak, float min, std::int64_t warmup, std::int64_t total) {
     LrSchedule s;
-    s.peak_lr = 1e-3f;
-    s.min_lr = 1e-4f;
-    s.warmup_steps = 10;
-    s.total_steps = 110;
+    s.peak_lr = peak;
+    s.min_lr = min;
+    s.warmup_steps = warmup;
+    s.total_steps = total;
+    return s;
+}
+
+TEST(LrSchedule, WarmupThenCosineToMin) {
+    const LrSchedule s = schedule(1e-3f, 1e-4f, 10, 110);
     EXPECT_EQ(s.lr(0), 0.0f);                                            // warmup start
     EXPECT_NEAR(s.lr(1), 1e-4f, 1e-10f);                                 // first step taken
     EXPECT_NEAR(s.lr(5), 5e-4f, 1e-10f);                                 // halfway up
@@ -209,9 +214,7 @@ TEST(LrSchedule, WarmupThenCosineToMin) {
     for (std::int64_t t = 10; t < 110; ++t) EXPECT_GE(s.lr(t), s.lr(t + 1)) << t;  // monotone decay
     for (std::int64_t t = 0; t < 10; ++t) EXPECT_LT(s.lr(t), s.lr(t + 1)) << t;    // monotone warmup
 
-    LrSchedule no_warmup;
-    no_warmup.peak_lr = 2e-3f;
-    no_warmup.total_steps = 100;
+    const LrSchedule no_warmup = schedule(2e-3f, 0.0f, 0, 100);
     EXPECT_FLOAT_EQ(no_warmup.lr(0), 2e-3f);
     EXPECT_NEAR(no_warmup.lr(50), 1e-3f, 1e-9f);
     EXPECT_EQ(no_warmup.lr(100), 0.0f);
@@ -219,11 +222,7 @@ TEST(LrSchedule, WarmupThenCosineToMin) {
 
 // A run shorter than its warmup ends inside it: no jump to the cosine's end at the last step.
 TEST(LrSchedule, RunShorterThanItsWarmupEndsInsideIt) {
-    LrSchedule s;
-    s.peak_lr = 1e-3f;
-    s.min_lr = 1e-4f;
-    s.warmup_steps = 5;
-    s.total_steps = 4;
+    const LrSchedule s = schedule(1e-3f, 1e-4f, 5, 4);
     for (std::int64_t t = 1; t <= 4; ++t) EXPECT_NEAR(s.lr(t), 1e-3f * static_cast<float>(t) / 5.0f, 1e-10f) << t;
     EXPECT_FLOAT_EQ(s.lr(5), 1e-4f);  // past the end of the run
 }
