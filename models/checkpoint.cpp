@@ -38,12 +38,6 @@ std::string rank_file_name(int rank) {
     return buf;
 }
 
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
-    std::int64_t n = 1;
-    for (std::int64_t d : shape) n *= d;
-    return n;
-}
-
 std::string read_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     SCMOE_CHECK(in, path << ": cannot open");
@@ -92,7 +86,7 @@ std::vector<Slice> slices_of(const NamedTensor& t) {
     if (!t.expert) return {{t.name, t.shape, t.offset}};
     std::vector<Slice> out;
     const std::vector<std::int64_t> shape(t.shape.begin() + 1, t.shape.end());
-    const std::int64_t n = numel_of(shape);
+    const std::int64_t n = t.numel() / t.shape[0];
     for (std::int64_t e = 0; e < t.shape[0]; ++e)
         out.push_back({t.name + "." + std::to_string(t.first_expert + e), shape, t.offset + e * n});
     return out;

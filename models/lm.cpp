@@ -65,12 +65,6 @@ float init_std(const std::string& name, std::int64_t layers) {
     return 0.02f;
 }
 
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
-    std::int64_t n = 1;
-    for (std::int64_t d : shape) n *= d;
-    return n;
-}
-
 }  // namespace
 
 LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep)
@@ -166,7 +160,7 @@ std::int64_t LanguageModel::num_global_params() const {
     const int experts = config_.moe.num_experts;
     for (const ParamGroup& g : groups_)
         for (const NamedTensor& t : g.tensors)
-            n += t.expert ? numel_of(t.shape) / t.shape[0] * experts : numel_of(t.shape);
+            n += t.expert ? t.numel() / t.shape[0] * experts : t.numel();
     return n;
 }
 
@@ -176,7 +170,7 @@ double LanguageModel::train_flops_per_token() const {
     for (const ParamGroup& g : groups_)
         for (const NamedTensor& t : g.tensors) {
             if (t.name == "pos") continue;
-            const auto n = static_cast<double>(numel_of(t.shape));
+            const auto n = static_cast<double>(t.numel());
             params += t.expert ? n / static_cast<double>(t.shape[0]) * top_k : n;
         }
     return 6.0 * params + 6.0 * static_cast<double>(config_.layers * config_.backbone.hidden * config_.backbone.seq_len);
@@ -192,7 +186,7 @@ void LanguageModel::init_params(std::uint64_t seed) {
         for (const NamedTensor& t : g.tensors) {
             // The short name after the block prefix picks the init ("blocks.1.attn.wo" -> ".wo").
             const float std_dev = init_std(t.name, config_.layers);
-            const std::int64_t n = numel_of(t.shape);
+            const std::int64_t n = t.numel();
             const std::int64_t parts = t.expert ? t.shape[0] : 1;
             for (std::int64_t e = 0; e < parts; ++e) {
                 KeyedNormal rng(seed, t.name, static_cast<std::uint64_t>(t.expert ? t.first_expert + e : 0));

@@ -43,6 +43,12 @@ struct NamedTensor {
     bool expert = false;
     int first_expert = 0;
     int grads_stage = 0;  // when its gradient is final in the backward (LanguageModel::GradsReadyFn)
+
+    std::int64_t numel() const {  // elements: the product of shape
+        std::int64_t n = 1;
+        for (std::int64_t d : shape) n *= d;
+        return n;
+    }
 };
 
 // A flat parameter array (compute dtype) with its f32 gradient array of the same layout.

@@ -46,8 +46,7 @@ GradientReducer::GradientReducer(LanguageModel& model, const ParallelLayout& lay
     // on every rank).
     for (const ParamGroup& g : model_.param_groups()) {
         for (const NamedTensor& t : g.tensors) {
-            std::int64_t n = 1;
-            for (std::int64_t d : t.shape) n *= d;
+            const std::int64_t n = t.numel();
             float* p = g.grads + t.offset;
             Run* last = runs_.empty() ? nullptr : &runs_.back();
             if (last && last->expert == t.expert && last->stage == t.grads_stage && last->grads + last->count == p)

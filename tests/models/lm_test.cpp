@@ -113,8 +113,7 @@ TEST(LmGradcheck, EveryGroupAgainstFiniteDifferences) {
         const ParamGroup& g = lm.param_groups()[gi];
         auto* p = static_cast<float*>(g.params);
         for (const NamedTensor& t : g.tensors) {
-            std::int64_t n = 1;
-            for (auto d : t.shape) n *= d;
+            const std::int64_t n = t.numel();
             for (int k = 0; k < 3; ++k) {
                 std::int64_t i = t.offset + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(n));
                 if (t.name == "embed") i = t.offset + in[static_cast<std::size_t>(k)] * c.backbone.hidden + k;
@@ -187,8 +186,7 @@ TEST_P(LmGradsReady, EachStageIsFinalWhenAnnounced) {
             const ParamGroup& g = lm.param_groups()[gi];
             for (const NamedTensor& t : g.tensors) {
                 if (t.grads_stage != stage) continue;
-                std::int64_t n = 1;
-                for (auto d : t.shape) n *= d;
+                const std::int64_t n = t.numel();
                 s.copy(snapshot[gi].data() + t.offset, g.grads + t.offset, static_cast<std::size_t>(n) * sizeof(float));
             }
         }
@@ -207,8 +205,7 @@ TEST_P(LmGradsReady, EachStageIsFinalWhenAnnounced) {
     for (std::size_t gi = 0; gi < lm.param_groups().size(); ++gi) {
         const ParamGroup& g = lm.param_groups()[gi];
         for (const NamedTensor& t : g.tensors) {
-            std::int64_t n = 1;
-            for (auto d : t.shape) n *= d;
+            const std::int64_t n = t.numel();
             for (std::int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(g.grads[t.offset + i])) << t.name << " not written";
             EXPECT_EQ(0, std::memcmp(snapshot[gi].data() + t.offset, g.grads + t.offset,
                                      static_cast<std::size_t>(n) * sizeof(float)))
@@ -296,8 +293,7 @@ TEST(LmDpEp, ReducedGradientsEqualSingleRankSums) {
                 const NamedTensor& mt = mine.tensors[t];
                 const NamedTensor& rt = theirs.tensors[t];
                 ASSERT_EQ(mt.name, rt.name);
-                std::int64_t n = 1;
-                for (auto d : mt.shape) n *= d;
+                const std::int64_t n = mt.numel();
                 // An expert tensor's slice starts at its first expert in the reference's layout.
                 const std::int64_t ref_offset = rt.offset + (mt.expert ? mt.first_expert * (n / mt.shape[0]) : 0);
                 double worst = 0, scale = 1e-3;
@@ -315,8 +311,7 @@ TEST(LmDpEp, ReducedGradientsEqualSingleRankSums) {
             const auto q = group_values(ref.param_groups()[g], false);
             for (std::size_t t = 0; t < lm.param_groups()[g].tensors.size(); ++t) {
                 const NamedTensor& mt = lm.param_groups()[g].tensors[t];
-                std::int64_t n = 1;
-                for (auto d : mt.shape) n *= d;
+                const std::int64_t n = mt.numel();
                 const std::int64_t ref_offset = ref.param_groups()[g].tensors[t].offset +
                                                 (mt.expert ? mt.first_expert * (n / mt.shape[0]) : 0);
                 EXPECT_EQ(0, std::memcmp(p.data() + mt.offset, q.data() + ref_offset,
