@@ -42,25 +42,25 @@ int launcher_world_size() {
 bool launched_by_mpirun() { return launcher_world_size() > 1; }
 
 #if SCMOE_WITH_MPI
-void init_mpi_serialized() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-        int provided = 0;
-        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-    }
-}
+namespace {
 
-bool init_mpi_multiple() {
+// Initialises MPI asking for `level` unless it already is; the thread level MPI provides.
+int init_mpi_at(int level) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     int provided = 0;
     if (!initialized)
-        MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+        MPI_Init_thread(nullptr, nullptr, level, &provided);
     else
         MPI_Query_thread(&provided);
-    return provided >= MPI_THREAD_MULTIPLE;
+    return provided;
 }
+
+}  // namespace
+
+void init_mpi_serialized() { init_mpi_at(MPI_THREAD_SERIALIZED); }
+
+bool init_mpi_multiple() { return init_mpi_at(MPI_THREAD_MULTIPLE) >= MPI_THREAD_MULTIPLE; }
 #endif
 
 }  // namespace scmoe::launch

@@ -122,12 +122,11 @@ LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_
         }
         groups_.push_back(std::move(group));
     }
-    const int blocks = static_cast<int>(blocks_->config().blocks.size());
     for (ParamGroup& g : groups_)
         for (NamedTensor& t : g.tensors) {
             if (t.name == "final_norm") t.grads_stage = 0;
             else if (t.name.rfind("blocks.", 0) == 0) t.grads_stage = 1 + std::stoi(t.name.substr(7));
-            else t.grads_stage = blocks + 1;  // embed, pos
+            else t.grads_stage = num_grads_stages() - 1;  // embed, pos
         }
 
     // Workspace: token ids, activations [T, H], logits [T, V], per-token loss.

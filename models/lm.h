@@ -94,7 +94,7 @@ class LanguageModel {
     // enqueues on `s` sees them. The order is the same on every rank: head, the blocks as they
     // complete, embedding.
     using GradsReadyFn = std::function<void(int stage, Stream& s)>;
-    int num_grads_stages() const { return static_cast<int>(config_.block_stack().blocks.size()) + 2; }
+    int num_grads_stages() const { return static_cast<int>(blocks_->config().blocks.size()) + 2; }
 
     // Enqueues forward and backward of one batch: inputs/targets are [tokens] host token ids in
     // [0, vocab) (checked here; copied before the call returns), tokens a multiple of seq_len.

@@ -78,8 +78,6 @@ class GradientReducer {
     // counted once: dense tensors from this rank, expert tensors summed over the ep group.
     // Synchronizes; the same value on every rank.
     float global_norm();
-    // The stream the overlapped all-reduces run on.
-    Stream& stream() { return *stream_; }
 
   private:
     struct Run {
