@@ -151,31 +151,39 @@ TEST(EmulatedLinkFourRanks, OtherCollectivesExactAndModelled) {
     auto errors = run_linked_ranks(n, link_model, [&](int r, EmulatedLink& link, Device& device, Stream& stream) {
         constexpr std::int64_t kCount = 1000;
         std::vector<std::int32_t> sum(kCount), gathered(n * kCount), bcast(kCount);
-        for (std::int64_t i = 0; i < kCount; ++i) {
-            sum[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(r * 1000 + i);
-            gathered[static_cast<std::size_t>(r * kCount + i)] = static_cast<std::int32_t>(r * 1000 + i);
-            bcast[static_cast<std::size_t>(i)] = r == 2 ? static_cast<std::int32_t>(i * 3) : -1;
-        }
-        auto t0 = device.create_event();
-        auto t1 = device.create_event();
-        link.inner().barrier(stream);
-        t0->record(stream);
-        link.all_reduce_sum(sum.data(), kCount, DType::kI32, stream);
-        link.all_gather(gathered.data() + r * kCount, kCount, gathered.data(), DType::kI32, stream);
-        link.broadcast(bcast.data(), kCount, DType::kI32, 2, stream);
-        link.barrier(stream);
-        t1->record(stream);
-        stream.synchronize();
         const double bytes = kCount * 4.0;
         const double model_us = link.modelled_us(LinkOp::kAllReduceSum, bytes) +
                                 link.modelled_us(LinkOp::kAllGather, n * bytes) +
                                 link.modelled_us(LinkOp::kBroadcast, bytes) + link.modelled_us(LinkOp::kBarrier, 0.0);
         EXPECT_DOUBLE_EQ(model_us, 4 * 2000.0 + (2 * 0.75 * bytes + 0.75 * n * bytes + bytes) / 500.0);
-        const double measured_us = 1000.0 * t1->elapsed_ms_since(*t0);
-        EXPECT_GE(measured_us, model_us);
-        // One run of 4 ranks on possibly 2 busy cores, maybe under a sanitizer: a loose bound that
-        // still catches a doubled hold (the tight one, best of several runs, is above).
-        EXPECT_LE(measured_us, model_us * 1.9 + 5000.0);
+        // Three runs from fresh inputs: every one holds at least the modelled time, the best at most
+        // the bound below; the data and counters checked after are the last run's.
+        double best_us = 1e30;
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            for (std::int64_t i = 0; i < kCount; ++i) {
+                sum[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(r * 1000 + i);
+                gathered[static_cast<std::size_t>(r * kCount + i)] = static_cast<std::int32_t>(r * 1000 + i);
+                bcast[static_cast<std::size_t>(i)] = r == 2 ? static_cast<std::int32_t>(i * 3) : -1;
+            }
+            auto t0 = device.create_event();
+            auto t1 = device.create_event();
+            link.inner().barrier(stream);
+            stream.synchronize();
+            link.reset_counters();
+            t0->record(stream);
+            link.all_reduce_sum(sum.data(), kCount, DType::kI32, stream);
+            link.all_gather(gathered.data() + r * kCount, kCount, gathered.data(), DType::kI32, stream);
+            link.broadcast(bcast.data(), kCount, DType::kI32, 2, stream);
+            link.barrier(stream);
+            t1->record(stream);
+            stream.synchronize();
+            const double measured_us = 1000.0 * t1->elapsed_ms_since(*t0);
+            EXPECT_GE(measured_us, model_us) << "run " << attempt;
+            best_us = std::min(best_us, measured_us);
+        }
+        // 4 ranks on possibly 2 busy cores, maybe under a sanitizer: a loose bound that still
+        // catches a doubled hold (the tight one, best of several runs, is above).
+        EXPECT_LE(best_us, model_us * 1.9 + 5000.0);
         EXPECT_EQ(link.counters().ops, 4);
         EXPECT_EQ(link.counters(LinkOp::kBarrier).ops, 1);
         std::int64_t bad = 0;
