@@ -3,10 +3,17 @@
 // (in-process threads, or processes under mpirun) behind an optional emulated link.
 //
 // Per variant: forward time, train-step (forward + backward) time, the backbone compute and a2a
-// times measured op by op during calibration (serially, a synchronize after every op), the exposed
-// comm share = max(0, step - (serial - a2a)) / step, the chosen expert slots K and pipeline chunks
-// (--chunks: auto or forced), and the speedup vs top-2. Times are the slowest rank's mean. --comm-share X first measures the top-2 MoE layer on
-// this machine and sets the link bandwidth so its a2a takes the fraction X of the MoE layer time.
+// times measured op by op during calibration (serially, a synchronize after every op), the chosen
+// expert slots K and pipeline chunks (--chunks: auto or forced), the speedup vs top-2, and three
+// measures of the communication left on the critical path:
+//   exposed        from traces of -n further steps (each after a barrier): the time in which an
+//                  all-to-all runs and no compute runs on the rank (summarize_overlap) / step span;
+//   beyond_serial  max(0, step - (serial - a2a)) / step: the step beyond its compute measured op by
+//                  op (this also counts the ranks' contention for shared cores);
+//   link_cost      max(0, step - the same step with the emulated link off) / step.
+// Times are the slowest rank's mean, exposed the largest rank's. --comm-share X first measures the
+// top-2 MoE layer on this machine and sets the link bandwidth so its a2a takes the fraction X of the
+// MoE layer time.
 // Check (#wrong): outputs (and input gradients with --mode train) of overlap on vs off, bitwise.
 #include <unistd.h>
 
@@ -55,13 +62,16 @@ struct VariantResult {
     double fwd_ms = 0, train_ms = 0, backbone_ms = 0, a2a_ms = 0, serial_ms = 0, slot = -1, wrong = 0;
     double fwd_chunks = 0, bwd_chunks = 0;  // the first MoE branch's pipeline pieces (0: no MoE branch)
     double fwd_nolink_ms = 0, train_nolink_ms = 0;  // the same steps with the emulated link switched off
-    static constexpr int kPacked = 11;
+    double exposed_us = 0, traced_us = 0;  // traced steps: exposed communication and span, summed
+    static constexpr int kPacked = 13;
     void pack(double* d) const {
         d[0] = fwd_ms, d[1] = train_ms, d[2] = backbone_ms, d[3] = a2a_ms, d[4] = serial_ms, d[5] = slot, d[6] = wrong;
         d[7] = fwd_chunks, d[8] = bwd_chunks, d[9] = fwd_nolink_ms, d[10] = train_nolink_ms;
+        d[11] = exposed_us, d[12] = traced_us;
     }
+    double exposed_pct() const { return traced_us > 0 ? 100.0 * exposed_us / traced_us : 0.0; }
     static VariantResult unpack(const double* d) {
-        return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10]};
+        return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12]};
     }
 };
 
@@ -246,12 +256,18 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
                 if (a.train) r.wrong += std::memcmp(&gx_off[i], &gx_on[i], es) != 0;
             }
         }
-        if (!a.trace.empty()) {
+        // Exposed communication from traced steps, each started together on every rank; the first
+        // one is the --trace file.
+        for (int i = 0; i < common.iters; ++i) {
+            if (ep) ep->barrier(*stream), stream->synchronize();
             Tracer trace(*device, rank);
             trace.set_pass(a.train ? "train step" : "forward");
             rs.step(a.train, true, &trace);
             trace.collect();
-            trace.write(a.trace + "." + name + ".rank" + std::to_string(rank) + ".json");
+            const OverlapSummary o = summarize_overlap(trace.entries());
+            r.exposed_us += o.exposed_us;
+            r.traced_us += o.span_us;
+            if (i == 0 && !a.trace.empty()) trace.write(a.trace + "." + name + ".rank" + std::to_string(rank) + ".json");
         }
         out.results.push_back(r);
     }
@@ -368,9 +384,10 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
 int report_results(Report& report, const BlockArgs& a, const std::vector<RankOutput>& ranks) {
     for (const std::string& n : ranks.front().notes) report.note(n);
     report.note("times: the slowest rank's mean; backbone and a2a: measured op by op (serially) during calibration; "
-                "exposed = max(0, step - (serial - a2a)) / step (includes the ranks' contention for the cores); "
-                "link_cost = max(0, step - step with the link off) / step (the same schedule; the link's time not "
-                "hidden); K = the first MoE branch's forward slot; chunks = its "
+                "exposed = time with an a2a running and no compute running, over traced steps (the largest rank's "
+                "share of the step); beyond_serial = max(0, step - (serial - a2a)) / step (includes the ranks' "
+                "contention for the cores); link_cost = max(0, step - step with the link off) / step (the same "
+                "schedule; the link's time not hidden); K = the first MoE branch's forward slot; chunks = its "
                 "pipeline pieces forward/backward (--chunks " + (a.chunks == 0 ? std::string("auto") : std::to_string(a.chunks)) + ")");
     report.note("check: outputs" + std::string(a.train ? " and input gradients" : "") +
                 " with overlap on vs off, bitwise (wrong = differing elements, all ranks)");
@@ -380,6 +397,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                         {"backbone_us", "backbone", "(us)", 10, 1},
                         {"a2a_us", "a2a", "(us)", 10, 1},
                         {"exposed_comm_pct", "exposed", "(%)", 7, 1},
+                        {"beyond_serial_pct", "beyond_serial", "(%)", 13, 1},
                         {"link_cost_pct", "link_cost", "(%)", 9, 1},
                         {"slot", "K", "", 3, 0},
                         {"chunks", "chunks", "", 6, 0},
@@ -400,6 +418,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
             w.serial_ms = std::max(w.serial_ms, x.serial_ms);
             w.fwd_nolink_ms = std::max(w.fwd_nolink_ms, x.fwd_nolink_ms);
             w.train_nolink_ms = std::max(w.train_nolink_ms, x.train_nolink_ms);
+            if (x.exposed_pct() >= w.exposed_pct()) w.exposed_us = x.exposed_us, w.traced_us = x.traced_us;
             wrong += x.wrong;
         }
         w.slot = ranks.front().results[v].slot;
@@ -412,11 +431,11 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
     for (std::size_t v = 0; v < nv; ++v) {
         const VariantResult& w = worst[v];
         const double step = a.train ? w.train_ms : w.fwd_ms;
-        const double exposed = std::max(0.0, step - (w.serial_ms - w.a2a_ms)) / step * 100.0;
+        const double beyond_serial = std::max(0.0, step - (w.serial_ms - w.a2a_ms)) / step * 100.0;
         const double nolink = a.train ? w.train_nolink_ms : w.fwd_nolink_ms;
         const Cell link_cost = nolink > 0 ? Cell(std::max(0.0, step - nolink) / step * 100.0) : Cell();
         report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
-                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed, link_cost,
+                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, w.exposed_pct(), beyond_serial, link_cost,
                         w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
                         w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +
                                                 (a.train ? "/" + std::to_string(static_cast<int>(w.bwd_chunks)) : ""))

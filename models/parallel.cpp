@@ -88,7 +88,7 @@ LanguageModel::GradsReadyFn GradientReducer::grads_ready(Tracer* trace) {
         stream_->wait(ready);
         auto run = [this, stage](Stream& r) { reduce_stage(stage, r); };
         if (trace)
-            trace->op("grad_allreduce[stage" + std::to_string(stage) + "]", "grad_reduce", *stream_, run);
+            trace->op("grad_allreduce[stage" + std::to_string(stage) + "]", "grad_reduce", *stream_, run, true);
         else
             run(*stream_);
     };

@@ -266,7 +266,7 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
     auto issue = [&](const ScheduleOp& op, const std::string& owner, Stream& stream, const char* lane) {
         if (!op.run) return;
         if (trace)
-            trace->op(owner.empty() ? op.name : op.name + "[" + owner + "]", lane, stream, op.run);
+            trace->op(owner.empty() ? op.name : op.name + "[" + owner + "]", lane, stream, op.run, op.comm);
         else
             op.run(stream);
     };

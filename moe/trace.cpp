@@ -1,8 +1,10 @@
 #include "moe/trace.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <utility>
 
 #include "kernels/error.h"
 
@@ -18,7 +20,7 @@ Event& Tracer::next_event() {
 }
 
 void Tracer::op(const std::string& name, const std::string& lane, Stream& stream,
-                const std::function<void(Stream&)>& fn) {
+                const std::function<void(Stream&)>& fn, bool comm) {
     if (!base_recorded_) {
         base_->record(stream);
         base_recorded_ = true;
@@ -28,7 +30,7 @@ void Tracer::op(const std::string& name, const std::string& lane, Stream& stream
     fn(stream);
     const std::size_t end = pool_used_;
     next_event().record(stream);
-    pending_.push_back({name, lane, pass_, start, end});
+    pending_.push_back({name, lane, pass_, start, end, comm});
 }
 
 void Tracer::collect() {
@@ -37,6 +39,7 @@ void Tracer::collect() {
         e.name = p.name;
         e.lane = p.lane;
         e.pass = p.pass;
+        e.comm = p.comm;
         e.start_us = 1000.0 * pool_[p.start_event]->elapsed_ms_since(*base_);
         e.duration_us = 1000.0 * pool_[p.end_event]->elapsed_ms_since(*pool_[p.start_event]);
         entries_.push_back(std::move(e));
@@ -46,6 +49,40 @@ void Tracer::collect() {
 }
 
 namespace {
+
+using Intervals = std::vector<std::pair<double, double>>;
+
+// Sorted, disjoint union of [start, end) intervals.
+Intervals merged(Intervals v) {
+    std::sort(v.begin(), v.end());
+    Intervals out;
+    for (const auto& [a, b] : v) {
+        if (!out.empty() && a <= out.back().second)
+            out.back().second = std::max(out.back().second, b);
+        else
+            out.emplace_back(a, b);
+    }
+    return out;
+}
+
+double total(const Intervals& v) {
+    double t = 0;
+    for (const auto& [a, b] : v) t += b - a;
+    return t;
+}
+
+// Length of the intersection of two sorted, disjoint unions.
+double overlap(const Intervals& x, const Intervals& y) {
+    double t = 0;
+    for (std::size_t i = 0, j = 0; i < x.size() && j < y.size();) {
+        t += std::max(0.0, std::min(x[i].second, y[j].second) - std::max(x[i].first, y[j].first));
+        if (x[i].second < y[j].second)
+            ++i;
+        else
+            ++j;
+    }
+    return t;
+}
 
 std::string quoted(const std::string& s) {
     std::string out = "\"";
@@ -57,6 +94,24 @@ std::string quoted(const std::string& s) {
 }
 
 }  // namespace
+
+OverlapSummary summarize_overlap(const std::vector<TraceEntry>& entries) {
+    OverlapSummary o;
+    if (entries.empty()) return o;
+    Intervals comm, compute;
+    double first = entries.front().start_us, last = first;
+    for (const TraceEntry& e : entries) {
+        (e.comm ? comm : compute).emplace_back(e.start_us, e.start_us + e.duration_us);
+        first = std::min(first, e.start_us);
+        last = std::max(last, e.start_us + e.duration_us);
+    }
+    comm = merged(std::move(comm));
+    compute = merged(std::move(compute));
+    o.span_us = last - first;
+    o.comm_us = total(comm);
+    o.exposed_us = o.comm_us - overlap(comm, compute);
+    return o;
+}
 
 void Tracer::write(const std::string& path) const {
     std::map<std::string, int> lane_ids;
@@ -74,7 +129,7 @@ void Tracer::write(const std::string& path) const {
     for (const TraceEntry& e : entries_) {
         std::snprintf(buf, sizeof buf, "\"ts\": %.3f, \"dur\": %.3f", e.start_us, e.duration_us);
         out << ",\n{\"name\": " << quoted(e.name) << ", \"cat\": " << quoted(e.pass) << ", \"ph\": \"X\", \"pid\": " << pid
-            << ", \"tid\": " << lane_ids.at(e.lane) << ", " << buf << "}";
+            << ", \"tid\": " << lane_ids.at(e.lane) << ", " << buf << (e.comm ? ", \"args\": {\"comm\": true}}" : "}");
     }
     out << "\n]}\n";
     SCMOE_CHECK(out.good(), "Tracer: writing " << path << " failed");

@@ -8,6 +8,7 @@
 //   ... synchronize the streams ...
 //   trace.collect();            // turns the recorded events into entries; reuses the events
 //   trace.write("trace.rank0.json");
+//   OverlapSummary o = summarize_overlap(trace.entries());   // exposed communication
 #pragma once
 
 #include <functional>
@@ -24,7 +25,20 @@ struct TraceEntry {
     std::string lane;  // stream role, e.g. "backbone", "moe"
     std::string pass;  // "forward", "backward", "calibrate", ...
     double start_us = 0, duration_us = 0;  // from the tracer's first recorded op
+    bool comm = false;                     // communication (an all-to-all, an all-reduce), else compute
 };
+
+// How a timeline's communication overlaps its compute (the definition of profilers such as
+// Holistic Trace Analysis): exposed communication is the time during which some communication
+// entry runs and no compute entry runs, on any lane. Waiting for peers inside a collective counts
+// as communication; time in which nothing runs (a thread waking up) counts as neither.
+struct OverlapSummary {
+    double span_us = 0;     // first entry's start to last entry's end
+    double comm_us = 0;     // union of the communication entries
+    double exposed_us = 0;  // part of comm_us not covered by the union of the compute entries
+    double exposed_pct() const { return span_us > 0 ? 100.0 * exposed_us / span_us : 0.0; }
+};
+OverlapSummary summarize_overlap(const std::vector<TraceEntry>& entries);
 
 class Tracer {
 public:
@@ -34,21 +48,23 @@ public:
     Tracer(const Tracer&) = delete;
     Tracer& operator=(const Tracer&) = delete;
 
-    // Enqueues fn(stream) between two events recorded on `stream`.
+    // Enqueues fn(stream) between two events recorded on `stream`; comm marks communication.
     void op(const std::string& name, const std::string& lane, Stream& stream,
-            const std::function<void(Stream&)>& fn);
+            const std::function<void(Stream&)>& fn, bool comm = false);
     // Labels the ops recorded from now on (default "run").
     void set_pass(std::string pass) { pass_ = std::move(pass); }
     // After all traced work has completed: converts the recorded events into entries.
     void collect();
     const std::vector<TraceEntry>& entries() const { return entries_; }
-    // Chrome trace JSON: one "X" event per entry, pid = rank, one thread row per lane.
+    // Chrome trace JSON: one "X" event per entry, pid = rank, one thread row per lane;
+    // communication entries carry "args": {"comm": true}.
     void write(const std::string& path) const;
 
 private:
     struct Pending {
         std::string name, lane, pass;
         std::size_t start_event, end_event;
+        bool comm;
     };
     Event& next_event();
 

@@ -204,10 +204,16 @@ TEST(BlockTrace, ShowsBothStreamsAndEveryBranchOp) {
     stack.synchronize();
     trace.collect();
     std::map<std::string, std::string> lane_of;
+    std::map<std::string, bool> comm_of;
     for (const TraceEntry& e : trace.entries()) {
         lane_of[e.name] = e.lane;
+        comm_of[e.name] = e.comm;
         EXPECT_GE(e.duration_us, 0.0) << e.name;
     }
+    for (const char* a2a : {"dispatch[moe1]", "collect[moe1]", "collect_bwd[moe1]", "dispatch_bwd[moe1]"})
+        EXPECT_TRUE(comm_of.at(a2a)) << a2a;
+    for (const char* compute : {"gate[moe1]", "experts[moe1]", "mlp0", "attn_bwd0", "combine[moe1]"})
+        EXPECT_FALSE(comm_of.at(compute)) << compute;
     EXPECT_EQ(lane_of["dispatch[moe1]"], "moe");
     EXPECT_EQ(lane_of["collect[moe1]"], "moe");
     EXPECT_EQ(lane_of["experts[moe1]"], "backbone");
@@ -221,7 +227,36 @@ TEST(BlockTrace, ShowsBothStreamsAndEveryBranchOp) {
     text << in.rdbuf();
     EXPECT_NE(text.str().find("\"traceEvents\""), std::string::npos);
     EXPECT_NE(text.str().find("\"name\": \"dispatch[moe1]\""), std::string::npos);
+    EXPECT_NE(text.str().find("\"args\": {\"comm\": true}"), std::string::npos);
     std::remove(path.c_str());
+}
+
+TraceEntry entry(const char* lane, double start, double end, bool comm) {
+    TraceEntry e;
+    e.name = comm ? "a2a" : "op";
+    e.lane = lane;
+    e.start_us = start;
+    e.duration_us = end - start;
+    e.comm = comm;
+    return e;
+}
+
+TEST(TraceOverlap, ExposedIsCommunicationWithNoComputeRunning) {
+    // backbone: compute [0,10) [12,15) [40,50); moe: comm [5,20) [18,22) [30,35), compute [21,23).
+    const std::vector<TraceEntry> entries = {
+        entry("moe", 5, 20, true),          entry("backbone", 0, 10, false), entry("moe", 18, 22, true),
+        entry("backbone", 12, 15, false),   entry("moe", 30, 35, true),      entry("moe", 21, 23, false),
+        entry("backbone", 40, 50, false)};
+    const OverlapSummary o = summarize_overlap(entries);
+    EXPECT_DOUBLE_EQ(o.span_us, 50.0);
+    EXPECT_DOUBLE_EQ(o.comm_us, 22.0);  // [5,22) and [30,35)
+    // Covered by compute: [5,10), [12,15), [21,22) = 9 us.
+    EXPECT_DOUBLE_EQ(o.exposed_us, 13.0);
+    EXPECT_DOUBLE_EQ(o.exposed_pct(), 26.0);
+    // No communication, or communication entirely under compute: nothing exposed.
+    EXPECT_DOUBLE_EQ(summarize_overlap({entry("backbone", 0, 10, false)}).exposed_us, 0.0);
+    EXPECT_DOUBLE_EQ(summarize_overlap({entry("backbone", 0, 10, false), entry("moe", 2, 9, true)}).exposed_us, 0.0);
+    EXPECT_DOUBLE_EQ(summarize_overlap({}).exposed_pct(), 0.0);
 }
 
 }  // namespace
