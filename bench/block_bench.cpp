@@ -7,11 +7,13 @@
 // expert slots K and pipeline chunks (--chunks: auto or forced), the speedup vs top-2, and three
 // measures of the communication left on the critical path:
 //   exposed        from traces of -n further steps (each after a barrier): the time in which an
-//                  all-to-all runs and no compute runs on the rank (summarize_overlap) / step span;
+//                  all-to-all runs and no compute runs on a rank (summarize_overlap) / its step span;
 //   beyond_serial  max(0, step - (serial - a2a)) / step: the step beyond its compute measured op by
 //                  op (this also counts the ranks' contention for shared cores);
 //   link_cost      max(0, step - the same step with the emulated link off) / step.
-// Times are the slowest rank's mean, exposed the largest rank's. --comm-share X first measures the
+// The variants' timed steps are interleaved, each started after a barrier. Times are the slowest
+// rank's mean; exposed is the mean over the ranks, exposed_max the largest rank's share.
+// --comm-share X first measures the
 // top-2 MoE layer on this machine and sets the link bandwidth so its a2a takes the fraction X of the
 // MoE layer time.
 // Check (#wrong): outputs (and input gradients with --mode train) of overlap on vs off, bitwise.
@@ -199,9 +201,18 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
     std::unique_ptr<EmulatedLink> wrapped;
     if (comm && link) wrapped = std::make_unique<EmulatedLink>(*comm, *link);
     Communicator* ep = wrapped ? wrapped.get() : comm;
-    for (const std::string& name : a.variants) {
+    auto barrier = [&] {
+        if (ep) ep->barrier(*stream), stream->synchronize();
+    };
+    // Every variant's stack, calibrated (slots and chunks chosen) one after the other.
+    const std::size_t nv = a.variants.size();
+    std::vector<std::unique_ptr<RankStack>> stacks;
+    std::vector<VariantResult> results(nv);
+    for (std::size_t v = 0; v < nv; ++v) {
+        const std::string& name = a.variants[v];
         const BlockStackConfig c = variant_config(a, name, device->compute_dtype());
-        RankStack rs(c, *device, *stream, a.tokens, ep, rank, a.chunks);
+        stacks.push_back(std::make_unique<RankStack>(c, *device, *stream, a.tokens, ep, rank, a.chunks));
+        RankStack& rs = *stacks.back();
         rs.stack->calibrate(rs.t(rs.x), rs.t(rs.gy), 2);
         if (rank == 0) {
             std::string text = rs.stack->describe_schedule();
@@ -211,7 +222,7 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
                 out.notes.push_back(name + ": " + text.substr(p, q - p));
             }
         }
-        VariantResult r;
+        VariantResult& r = results[v];
         const Schedule& f = rs.stack->forward_schedule();
         const Schedule& b = rs.stack->backward_schedule();
         r.slot = f.branches.empty() ? -1 : f.branches.front().slot;
@@ -228,21 +239,43 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
             r.serial_ms += b.serial_ms();
         }
         for (int i = 0; i < common.warmup; ++i) rs.step(a.train, true);
-        if (ep) ep->barrier(*stream), stream->synchronize();
-        r.fwd_ms = mean_ms(common.iters, [&] { rs.step(false, true); });
-        if (ep) ep->barrier(*stream), stream->synchronize();
-        if (a.train) r.train_ms = mean_ms(common.iters, [&] { rs.step(true, true); });
-        if (wrapped) {
-            // The same schedule with the link off: what the step costs without its communication.
-            wrapped->set_model({"off", 1e9, 0.0});
-            ep->barrier(*stream), stream->synchronize();
-            r.fwd_nolink_ms = mean_ms(common.iters, [&] { rs.step(false, true); });
-            ep->barrier(*stream), stream->synchronize();
-            if (a.train) r.train_nolink_ms = mean_ms(common.iters, [&] { rs.step(true, true); });
-            wrapped->set_model(*link);
-            ep->barrier(*stream), stream->synchronize();
+    }
+    // Timed steps, the variants interleaved (a change in the machine's load hits every variant
+    // alike) and each step started together on every rank: the mean over the steps of each.
+    auto timed = [&](bool train, double VariantResult::*field) {
+        for (int i = 0; i < common.iters; ++i)
+            for (std::size_t v = 0; v < nv; ++v) {
+                barrier();
+                results[v].*field += mean_ms(1, [&] { stacks[v]->step(train, true); }) / common.iters;
+            }
+    };
+    timed(false, &VariantResult::fwd_ms);
+    if (a.train) timed(true, &VariantResult::train_ms);
+    if (wrapped) {
+        // The same schedules with the link off: what the steps cost without their communication.
+        wrapped->set_model({"off", 1e9, 0.0});
+        timed(false, &VariantResult::fwd_nolink_ms);
+        if (a.train) timed(true, &VariantResult::train_nolink_ms);
+        wrapped->set_model(*link);
+    }
+    // Exposed communication from traced steps (interleaved the same way); the first one of each
+    // variant is its --trace file.
+    for (int i = 0; i < common.iters; ++i)
+        for (std::size_t v = 0; v < nv; ++v) {
+            barrier();
+            Tracer trace(*device, rank);
+            trace.set_pass(a.train ? "train step" : "forward");
+            stacks[v]->step(a.train, true, &trace);
+            trace.collect();
+            const OverlapSummary o = summarize_overlap(trace.entries());
+            results[v].exposed_us += o.exposed_us;
+            results[v].traced_us += o.span_us;
+            if (i == 0 && !a.trace.empty())
+                trace.write(a.trace + "." + a.variants[v] + ".rank" + std::to_string(rank) + ".json");
         }
-        if (common.check) {
+    if (common.check) {
+        for (std::size_t v = 0; v < nv; ++v) {
+            RankStack& rs = *stacks[v];
             const std::size_t bytes = rs.out.bytes();
             rs.step(a.train, false);
             const auto out_off = download_bytes(rs.stack->stream(), rs.out.data(), bytes);
@@ -250,27 +283,14 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
             rs.step(a.train, true);
             const auto out_on = download_bytes(rs.stack->stream(), rs.out.data(), bytes);
             const auto gx_on = download_bytes(rs.stack->stream(), rs.gx.data(), bytes);
-            const std::size_t es = dtype_size(c.backbone.dtype);
+            const std::size_t es = dtype_size(rs.stack->config().backbone.dtype);
             for (std::size_t i = 0; i < bytes; i += es) {
-                r.wrong += std::memcmp(&out_off[i], &out_on[i], es) != 0;
-                if (a.train) r.wrong += std::memcmp(&gx_off[i], &gx_on[i], es) != 0;
+                results[v].wrong += std::memcmp(&out_off[i], &out_on[i], es) != 0;
+                if (a.train) results[v].wrong += std::memcmp(&gx_off[i], &gx_on[i], es) != 0;
             }
         }
-        // Exposed communication from traced steps, each started together on every rank; the first
-        // one is the --trace file.
-        for (int i = 0; i < common.iters; ++i) {
-            if (ep) ep->barrier(*stream), stream->synchronize();
-            Tracer trace(*device, rank);
-            trace.set_pass(a.train ? "train step" : "forward");
-            rs.step(a.train, true, &trace);
-            trace.collect();
-            const OverlapSummary o = summarize_overlap(trace.entries());
-            r.exposed_us += o.exposed_us;
-            r.traced_us += o.span_us;
-            if (i == 0 && !a.trace.empty()) trace.write(a.trace + "." + name + ".rank" + std::to_string(rank) + ".json");
-        }
-        out.results.push_back(r);
     }
+    out.results = std::move(results);
     return out;
 }
 
@@ -383,9 +403,10 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
 // The table from every rank's results: times are the slowest rank's, #wrong the sum.
 int report_results(Report& report, const BlockArgs& a, const std::vector<RankOutput>& ranks) {
     for (const std::string& n : ranks.front().notes) report.note(n);
-    report.note("times: the slowest rank's mean; backbone and a2a: measured op by op (serially) during calibration; "
-                "exposed = time with an a2a running and no compute running, over traced steps (the largest rank's "
-                "share of the step); beyond_serial = max(0, step - (serial - a2a)) / step (includes the ranks' "
+    report.note("times: the slowest rank's mean over the timed steps (the variants interleaved step by step, each "
+                "step started after a barrier); backbone and a2a: measured op by op (serially) during calibration; "
+                "exposed = time with an a2a running and no compute running, as a share of the traced steps (the "
+                "mean over the ranks; exposed_max: the largest rank's); beyond_serial = max(0, step - (serial - a2a)) / step (includes the ranks' "
                 "contention for the cores); link_cost = max(0, step - step with the link off) / step (the same "
                 "schedule; the link's time not hidden); K = the first MoE branch's forward slot; chunks = its "
                 "pipeline pieces forward/backward (--chunks " + (a.chunks == 0 ? std::string("auto") : std::to_string(a.chunks)) + ")");
@@ -397,6 +418,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                         {"backbone_us", "backbone", "(us)", 10, 1},
                         {"a2a_us", "a2a", "(us)", 10, 1},
                         {"exposed_comm_pct", "exposed", "(%)", 7, 1},
+                        {"exposed_comm_max_rank_pct", "exposed_max", "(%)", 11, 1},
                         {"beyond_serial_pct", "beyond_serial", "(%)", 13, 1},
                         {"link_cost_pct", "link_cost", "(%)", 9, 1},
                         {"slot", "K", "", 3, 0},
@@ -406,6 +428,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                         {"wrong", "#wrong", "", 6, 0}});
     const std::size_t nv = a.variants.size();
     std::vector<VariantResult> worst(nv);
+    std::vector<double> exposed_mean(nv), exposed_max(nv);  // over the ranks
     for (std::size_t v = 0; v < nv; ++v) {
         VariantResult& w = worst[v];
         double wrong = 0;
@@ -418,7 +441,8 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
             w.serial_ms = std::max(w.serial_ms, x.serial_ms);
             w.fwd_nolink_ms = std::max(w.fwd_nolink_ms, x.fwd_nolink_ms);
             w.train_nolink_ms = std::max(w.train_nolink_ms, x.train_nolink_ms);
-            if (x.exposed_pct() >= w.exposed_pct()) w.exposed_us = x.exposed_us, w.traced_us = x.traced_us;
+            exposed_mean[v] += x.exposed_pct() / static_cast<double>(ranks.size());
+            exposed_max[v] = std::max(exposed_max[v], x.exposed_pct());
             wrong += x.wrong;
         }
         w.slot = ranks.front().results[v].slot;
@@ -435,7 +459,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
         const double nolink = a.train ? w.train_nolink_ms : w.fwd_nolink_ms;
         const Cell link_cost = nolink > 0 ? Cell(std::max(0.0, step - nolink) / step * 100.0) : Cell();
         report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
-                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, w.exposed_pct(), beyond_serial, link_cost,
+                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed_mean[v], exposed_max[v], beyond_serial, link_cost,
                         w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
                         w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +
                                                 (a.train ? "/" + std::to_string(static_cast<int>(w.bwd_chunks)) : ""))
