@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numbers>
 
 #include "comm/communicator.h"
@@ -13,6 +14,7 @@
 #include "kernels/math.h"
 #include "kernels/workspace.h"
 #include "moe/params.h"
+#include "moe/trace.h"
 
 namespace scmoe::models {
 namespace {
@@ -84,7 +86,6 @@ LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_
     params_ = ParamSet(device, specs, dt);
     grads_ = ParamSet(device, specs, DType::kF32);
     final_norm_ = std::make_unique<NormSublayer>(config_.backbone, device, max_tokens);
-    for (auto& e : blocks_events_) e = device.create_event();
 
     // Parameter groups: the LM's own, the blocks' backbone, one per MoE layer.
     auto add_set = [&](const std::string& name, const ParamSet& p, const ParamSet& g) {
@@ -240,16 +241,28 @@ void LanguageModel::embed(Stream& s) {
     embedding_forward(e, s);
 }
 
+namespace {
+
+// Enqueues fn on s, as an op of `trace` on the "backbone" lane when there is one.
+void traced(Tracer* trace, const char* name, Stream& s, const std::function<void(Stream&)>& fn) {
+    if (trace)
+        trace->op(name, "backbone", s, fn);
+    else
+        fn(s);
+}
+
+}  // namespace
+
 void LanguageModel::enqueue_forward(bool overlap, Tracer* trace) {
     Stream& s = stream();
     const std::int64_t V = config_.vocab, H = config_.backbone.hidden, T = tokens_;
     const DType dt = config_.backbone.dtype;
-    embed(s);
-    blocks_events_[0]->record(s);
+    traced(trace, "embed", s, [&](Stream& st) { embed(st); });
     blocks_->forward(act(h0_), act(hl_), overlap, trace);
-    blocks_events_[1]->record(s);
-    final_norm_->forward(act(hl_), params_[2], act(hn_), s);
-    gemm({false, true, T, V, H, 1.0f, 0.0f, hn_, params_[0].data, logits_, dt, dt}, s);
+    traced(trace, "head", s, [&](Stream& st) {
+        final_norm_->forward(act(hl_), params_[2], act(hn_), st);
+        gemm({false, true, T, V, H, 1.0f, 0.0f, hn_, params_[0].data, logits_, dt, dt}, st);
+    });
 }
 
 void LanguageModel::enqueue_loss(std::optional<float> grad_scale, Stream& s) {
@@ -282,17 +295,17 @@ void LanguageModel::forward_backward(const std::int32_t* inputs, const std::int3
     Stream& s = stream();
     const std::int64_t V = config_.vocab, H = config_.backbone.hidden, T = tokens_;
     const DType dt = config_.backbone.dtype;
-    enqueue_loss(grad_scale, s);  // the logits become their gradient
-    // Tied head: d hn = d logits . embed; d embed = d logits^T . hn (the embedding adds its part below).
-    gemm({false, false, T, H, V, 1.0f, 0.0f, logits_, params_[0].data, grad_hn_, dt, dt}, s);
-    gemm({true, false, V, H, T, 1.0f, 0.0f, logits_, hn_, grads_[0].data, dt, DType::kF32}, s);
-    final_norm_->backward(act(grad_hn_), params_[2], grads_[2], act(grad_hl_), false, s);
+    traced(trace, "loss_head_bwd", s, [&](Stream& st) {
+        enqueue_loss(grad_scale, st);  // the logits become their gradient
+        // Tied head: d hn = d logits . embed; d embed = d logits^T . hn (the embedding adds its part below).
+        gemm({false, false, T, H, V, 1.0f, 0.0f, logits_, params_[0].data, grad_hn_, dt, dt}, st);
+        gemm({true, false, V, H, T, 1.0f, 0.0f, logits_, hn_, grads_[0].data, dt, DType::kF32}, st);
+        final_norm_->backward(act(grad_hn_), params_[2], grads_[2], act(grad_hl_), false, st);
+    });
     if (grads_ready) grads_ready(0, s);
-    blocks_events_[2]->record(s);
     BlockStack::GradsReadyFn block_ready;
     if (grads_ready) block_ready = [&grads_ready](int b, Stream& bs) { grads_ready(1 + b, bs); };
     blocks_->backward(act(grad_hl_), act(grad_h0_), overlap, trace, block_ready);
-    blocks_events_[3]->record(s);
     EmbeddingBackwardArgs eb;
     eb.tokens = T;
     eb.hidden = H;
@@ -304,7 +317,7 @@ void LanguageModel::forward_backward(const std::int32_t* inputs, const std::int3
     eb.grad_table = grads_[0].as<float>();
     eb.accumulate_table = true;
     eb.grad_positions = grads_[1].as<float>();
-    embedding_backward(eb, s);
+    traced(trace, "embed_bwd", s, [&](Stream& st) { embedding_backward(eb, st); });
     if (grads_ready) grads_ready(num_grads_stages() - 1, s);
 }
 
@@ -328,12 +341,6 @@ double LanguageModel::loss_sum() {
         sum += host_loss_[t];
     }
     return sum;
-}
-
-double LanguageModel::blocks_ms() {
-    blocks_->synchronize();
-    return static_cast<double>(blocks_events_[1]->elapsed_ms_since(*blocks_events_[0])) +
-           static_cast<double>(blocks_events_[3]->elapsed_ms_since(*blocks_events_[2]));
 }
 
 double LanguageModel::router_loss() { return blocks_->router_loss(); }

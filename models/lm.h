@@ -100,6 +100,8 @@ class LanguageModel {
     // [0, vocab) (checked here; copied before the call returns), tokens a multiple of seq_len.
     // Gradients are written (not accumulated) into the groups' grads; grad_scale multiplies the CE
     // gradient (1 / tokens of the global batch for a mean loss). Read the loss with loss_sum().
+    // trace (optional) records every op: the blocks' (both streams), embed, head, loss_head_bwd,
+    // embed_bwd.
     void forward_backward(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens,
                           float grad_scale, bool overlap = true, Tracer* trace = nullptr,
                           const GradsReadyFn& grads_ready = {});
@@ -114,9 +116,6 @@ class LanguageModel {
     // The MoE layers' weighted aux + z losses and dropped assignments of the last forward (synchronizes).
     double router_loss();
     std::int64_t dropped_tokens();
-    // Wall time (ms) of the blocks' forward + backward in the last forward_backward, from events
-    // on the backbone stream (synchronizes).
-    double blocks_ms();
 
   private:
     void upload_tokens(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens);
@@ -138,7 +137,6 @@ class LanguageModel {
     void *h0_ = nullptr, *hl_ = nullptr, *hn_ = nullptr, *logits_ = nullptr, *grad_hn_ = nullptr,
          *grad_hl_ = nullptr, *grad_h0_ = nullptr;
     float* loss_ = nullptr;
-    std::unique_ptr<Event> blocks_events_[4];  // forward start/end, backward start/end
     std::vector<std::int32_t> host_ids_, host_targets_;
     std::vector<float> host_loss_;
     std::int64_t tokens_ = 0;

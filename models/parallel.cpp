@@ -1,5 +1,6 @@
 #include "models/parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -69,12 +70,20 @@ GradientReducer::~GradientReducer() {
     }
 }
 
-void GradientReducer::reduce_stage(int stage, Stream& s) {
-    for (const Run& r : runs_) {
-        if (r.stage != stage) continue;
-        Communicator* c = r.expert ? comms_.expert_dp : comms_.world;
-        if (c && c->size() > 1) c->all_reduce_sum(r.grads, r.count, DType::kF32, s);
-    }
+void GradientReducer::reduce_stage(int stage, Stream& s, Tracer* trace, const char* lane) {
+    auto comm_of = [this](const Run& x) {
+        Communicator* c = x.expert ? comms_.expert_dp : comms_.world;
+        return c && c->size() > 1 ? c : nullptr;
+    };
+    auto run = [this, stage, comm_of](Stream& r) {
+        for (const Run& x : runs_)
+            if (Communicator* c = x.stage == stage ? comm_of(x) : nullptr) c->all_reduce_sum(x.grads, x.count, DType::kF32, r);
+    };
+    const bool any = std::any_of(runs_.begin(), runs_.end(), [&](const Run& x) { return x.stage == stage && comm_of(x); });
+    if (trace && any)  // a stage with nothing to send (one rank) leaves no entry
+        trace->op("grad_allreduce[stage" + std::to_string(stage) + "]", lane, s, run, true);
+    else
+        run(s);
 }
 
 LanguageModel::GradsReadyFn GradientReducer::grads_ready(Tracer* trace) {
@@ -86,11 +95,7 @@ LanguageModel::GradsReadyFn GradientReducer::grads_ready(Tracer* trace) {
         Event& ready = *stage_ready_[static_cast<std::size_t>(stage)];
         ready.record(s);
         stream_->wait(ready);
-        auto run = [this, stage](Stream& r) { reduce_stage(stage, r); };
-        if (trace)
-            trace->op("grad_allreduce[stage" + std::to_string(stage) + "]", "grad_reduce", *stream_, run, true);
-        else
-            run(*stream_);
+        reduce_stage(stage, *stream_, trace, "grad_reduce");
     };
 }
 
@@ -103,8 +108,9 @@ void GradientReducer::finish() {
     model_.stream().wait(*done_);
 }
 
-void GradientReducer::reduce() {
-    for (int stage = 0; stage < static_cast<int>(issued_.size()); ++stage) reduce_stage(stage, model_.stream());
+void GradientReducer::reduce(Tracer* trace) {
+    for (int stage = 0; stage < static_cast<int>(issued_.size()); ++stage)
+        reduce_stage(stage, model_.stream(), trace, "backbone");
 }
 
 float GradientReducer::global_norm() {

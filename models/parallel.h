@@ -72,8 +72,9 @@ class GradientReducer {
     // After an overlapped forward_backward: the model's stream waits for every stage's all-reduces.
     // Throws if a stage was not reduced exactly once.
     void finish();
-    // The same all-reduces, enqueued on the model's stream after the backward (no overlap).
-    void reduce();
+    // The same all-reduces, enqueued on the model's stream after the backward (no overlap); trace
+    // (optional) shows them on the "backbone" lane.
+    void reduce(Tracer* trace = nullptr);
     // L2 norm of the reduced (summed, not yet divided) gradients over the whole model, every tensor
     // counted once: dense tensors from this rank, expert tensors summed over the ep group.
     // Synchronizes; the same value on every rank.
@@ -86,7 +87,8 @@ class GradientReducer {
         bool expert;
         int stage;
     };
-    void reduce_stage(int stage, Stream& s);
+    // Enqueues stage's all-reduces on s, as a traced op on `lane` when there is a trace.
+    void reduce_stage(int stage, Stream& s, Tracer* trace, const char* lane);
 
     LanguageModel& model_;
     ParallelLayout layout_;

@@ -6,6 +6,7 @@
 #include "comm/communicator.h"
 #include "kernels/error.h"
 #include "models/checkpoint.h"
+#include "moe/trace.h"
 
 namespace scmoe::models {
 
@@ -44,8 +45,7 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
         adamw_.push_back(std::make_unique<AdamW>(device, g.params, g.dtype, g.numel, config_.adamw, model_->stream()));
     reducer_ = std::make_unique<GradientReducer>(*model_, layout_, comms_, device);
     reduce_buffer_ = DeviceBuffer(device, 8 * sizeof(float));
-    reduce_start_ = device.create_event();
-    reduce_end_ = device.create_event();
+    step_trace_ = std::make_unique<Tracer>(device, layout_.rank);
     model_->blocks().synchronize();
 }
 
@@ -68,9 +68,6 @@ std::vector<float> Trainer::world_sum(const std::vector<float>& values) {
 void Trainer::calibrate_once(const ByteBatcher::Batch& batch) {
     const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
     model_->calibrate(batch.inputs.data(), batch.targets.data(), tokens);
-    const Schedule& f = model_->blocks().forward_schedule();
-    const Schedule& b = model_->blocks().backward_schedule();
-    blocks_compute_ms_ = f.serial_ms() - f.comm_ms() + b.serial_ms() - b.comm_ms();
     schedule_description_ = model_->blocks().describe_schedule();
     calibrated_ = true;
 }
@@ -85,17 +82,18 @@ StepMetrics Trainer::step() {
     }
     const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
     const bool overlap_reduce = config_.overlap && config_.overlap_grad_reduce;
+    // Every op of the step is traced (the caller's tracer or the trainer's own): exposed_comm_pct.
+    Tracer& trace = trace_ ? *trace_ : *step_trace_;
+    if (!trace_) step_trace_->clear();
+    const std::size_t first_entry = trace.entries().size();
     model_->forward_backward(batch.inputs.data(), batch.targets.data(), tokens, 1.0f / static_cast<float>(tokens),
-                             config_.overlap, trace_,
-                             overlap_reduce ? reducer_->grads_ready(trace_) : LanguageModel::GradsReadyFn{});
+                             config_.overlap, &trace,
+                             overlap_reduce ? reducer_->grads_ready(&trace) : LanguageModel::GradsReadyFn{});
     Stream& s = model_->stream();
-    // The gradient all-reduce: what of it outlasts the backward (overlapped) or all of it (not).
-    reduce_start_->record(s);
     if (overlap_reduce)
         reducer_->finish();
     else
-        reducer_->reduce();
-    reduce_end_->record(s);
+        reducer_->reduce(&trace);
     // The loss, agreed over the world before anything is updated: a rank whose loss is not finite
     // (or whose loss could not be read) makes every rank stop at this step, each having made the
     // same collective calls, instead of leaving its peers waiting.
@@ -118,8 +116,7 @@ StepMetrics Trainer::step() {
     const float scale = clip_scale(norm, config_.max_grad_norm) / static_cast<float>(layout_.world);
     float lr = 0;
     for (std::size_t g = 0; g < adamw_.size(); ++g) lr = adamw_[g]->step(model_->param_groups()[g].grads, scale, s);
-    const double blocks_ms = model_->blocks_ms();  // synchronizes
-    const double reduce_ms = reduce_end_->elapsed_ms_since(*reduce_start_);
+    model_->blocks().synchronize();
     const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 
     ++steps_done_;
@@ -132,8 +129,10 @@ StepMetrics Trainer::step() {
     m.grad_norm = norm;
     m.step_ms = step_ms;
     m.tokens_per_s = static_cast<double>(tokens) * layout_.world / (step_ms / 1000.0);
-    const double hidden_beyond = blocks_compute_ms_ >= 0 ? std::max(0.0, blocks_ms - blocks_compute_ms_) : 0.0;
-    m.exposed_comm_pct = std::min(100.0, (hidden_beyond + reduce_ms) / step_ms * 100.0);
+    trace.collect();
+    const std::vector<TraceEntry> step_entries(trace.entries().begin() + static_cast<std::ptrdiff_t>(first_entry),
+                                               trace.entries().end());
+    m.exposed_comm_pct = std::min(100.0, summarize_overlap(step_entries).exposed_us / 1000.0 / step_ms * 100.0);
     return m;
 }
 

@@ -52,8 +52,9 @@ struct StepMetrics {
     float grad_norm = 0;         // of the mean gradient, before clipping
     double step_ms = 0;          // wall time of the step on this rank
     double tokens_per_s = 0;     // every rank's tokens / step time
-    double exposed_comm_pct = 0; // comm not hidden: blocks time beyond their compute + the gradient
-                                 // all-reduce's time past the end of the backward
+    double exposed_comm_pct = 0; // of step_ms: the time in the step's trace in which communication
+                                 // (an all-to-all, a gradient all-reduce) runs and no compute runs
+                                 // (summarize_overlap); the loss agreement is not traced
     std::int64_t dropped_tokens = 0;  // over every rank and MoE layer
 };
 
@@ -83,6 +84,7 @@ class Trainer {
     std::string data_description() const { return data_description_; }
     // The chosen expert slots (after the first step's calibration), for the log.
     std::string schedule_description() const { return schedule_description_; }
+    // Records the next steps' ops into `trace` (nullptr: the trainer's own tracer, cleared every step).
     void set_trace(Tracer* trace) { trace_ = trace; }
 
   private:
@@ -100,10 +102,9 @@ class Trainer {
     std::vector<std::unique_ptr<AdamW>> adamw_;
     std::unique_ptr<GradientReducer> reducer_;
     DeviceBuffer reduce_buffer_;
-    std::unique_ptr<Event> reduce_start_, reduce_end_;
+    std::unique_ptr<Tracer> step_trace_;  // every step's ops, for exposed_comm_pct
     std::int64_t steps_done_ = 0;
     bool calibrated_ = false;
-    double blocks_compute_ms_ = -1;  // serial compute of the blocks' fwd + bwd, from calibration
     Tracer* trace_ = nullptr;
 };
 

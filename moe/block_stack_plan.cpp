@@ -82,9 +82,11 @@ void BlockStack::build_plans(std::int64_t T) {
                       k.moe->route(a(shortcut ? k.s : k.x), mp, s);
                       k.moe->permute(s);
                   }};
-        br.send = {"dispatch", [&k](Stream& s) { k.moe->dispatch(s); }, true};
         br.expert = {"experts", [&k, &mp](Stream& s) { k.moe->experts(mp, s); }};
-        br.receive = {"collect", [&k](Stream& s) { k.moe->collect(s); }, true};
+        if (k.moe->ep_size() > 1) {  // one rank exchanges nothing: no all-to-all ops (nor trace entries)
+            br.send = {"dispatch", [&k](Stream& s) { k.moe->dispatch(s); }, true};
+            br.receive = {"collect", [&k](Stream& s) { k.moe->collect(s); }, true};
+        }
         br.max_chunks = k.moe->max_chunks();
         br.send_chunks = {"dispatch", [&k](int c, int pieces, Stream& s) {
                               if (c == 0) k.moe->dispatch_counts(s);
@@ -158,9 +160,11 @@ void BlockStack::build_plans(std::int64_t T) {
             case ShortcutSource::kPos3: br.join = after_attn[b - 1], target = grad_h_[b - 1]; break;
         }
         br.pre = {"combine_bwd", [this, &k, a, b](Stream& s) { k.moe->combine_backward(a(grad_h_[b + 1]), s); }};
-        br.send = {"collect_bwd", [&k](Stream& s) { k.moe->collect_backward(s); }, true};
         br.expert = {"experts_bwd", [&k, &mp, &mg](Stream& s) { k.moe->experts_backward(mp, mg, s); }};
-        br.receive = {"dispatch_bwd", [&k](Stream& s) { k.moe->dispatch_backward(s); }, true};
+        if (k.moe->ep_size() > 1) {
+            br.send = {"collect_bwd", [&k](Stream& s) { k.moe->collect_backward(s); }, true};
+            br.receive = {"dispatch_bwd", [&k](Stream& s) { k.moe->dispatch_backward(s); }, true};
+        }
         br.max_chunks = k.moe->max_chunks();
         br.send_chunks = {"collect_bwd", [&k](int c, int pieces, Stream& s) { k.moe->collect_backward_chunk(c, pieces, s); },
                           true};

@@ -48,6 +48,13 @@ void Tracer::collect() {
     pool_used_ = 0;
 }
 
+void Tracer::clear() {
+    pending_.clear();  // ops of a step that failed half way are dropped with the rest
+    pool_used_ = 0;
+    entries_.clear();
+    base_recorded_ = false;
+}
+
 namespace {
 
 using Intervals = std::vector<std::pair<double, double>>;

@@ -55,6 +55,9 @@ public:
     void set_pass(std::string pass) { pass_ = std::move(pass); }
     // After all traced work has completed: converts the recorded events into entries.
     void collect();
+    // Drops the entries and any ops not collected; the next op starts a new timeline. Reuses the
+    // events (the streams must be done with them: synchronize first).
+    void clear();
     const std::vector<TraceEntry>& entries() const { return entries_; }
     // Chrome trace JSON: one "X" event per entry, pid = rank, one thread row per lane;
     // communication entries carry "args": {"comm": true}.

@@ -4,6 +4,7 @@
 // overlapped branch surface without a hang; the trace shows both streams.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -188,24 +189,51 @@ TEST(BlockStackErrors, BadShapesAndConfigs) {
     EXPECT_THROW(block_variant("top3", testing::small_backbone(), testing::small_moe()), Error);
 }
 
-TEST(BlockTrace, ShowsBothStreamsAndEveryBranchOp) {
-    auto device = make_device("cpu");
-    const BlockStackConfig config = testing::small_variant("scmoe-pos2");
+// Traces of one step on two ranks: every op on its stream's lane, the all-to-alls marked as
+// communication. One rank exchanges nothing: no all-to-all entries at all.
+std::vector<TraceEntry> traced_step(const BlockStackConfig& config, int ranks) {
     const std::int64_t T = 8, H = config.backbone.hidden;
-    BlockStack stack(config, *device, T);
-    testing::init_params(stack, 5);
-    auto x = testing::make_input(T, H, 1), gy = testing::make_input(T, H, 2);
-    std::vector<float> out(x.size()), gx(x.size());
-    Tracer trace(*device, 0);
-    trace.set_pass("forward");
-    stack.forward(testing::host_tensor(x, T, H), testing::host_tensor(out, T, H), true, &trace);
-    trace.set_pass("backward");
-    stack.backward(testing::host_tensor(gy, T, H), testing::host_tensor(gx, T, H), true, &trace);
-    stack.synchronize();
-    trace.collect();
+    std::vector<TraceEntry> rank0;
+    auto run = [&](int r, Communicator* comm) {
+        auto device = make_device("cpu");
+        BlockStack stack(config, *device, T, comm);
+        testing::init_params(stack, 5, ranks, r);
+        auto x = testing::make_input(T, H, 1), gy = testing::make_input(T, H, 2);
+        std::vector<float> out(x.size()), gx(x.size());
+        Tracer trace(*device, r);
+        trace.set_pass("forward");
+        stack.forward(testing::host_tensor(x, T, H), testing::host_tensor(out, T, H), true, &trace);
+        trace.set_pass("backward");
+        stack.backward(testing::host_tensor(gy, T, H), testing::host_tensor(gx, T, H), true, &trace);
+        stack.synchronize();
+        trace.collect();
+        if (r == 0) {
+            rank0 = trace.entries();
+            const std::string path = ::testing::TempDir() + "scmoe_trace_test.json";
+            trace.write(path);
+            std::ifstream in(path);
+            std::stringstream text;
+            text << in.rdbuf();
+            EXPECT_NE(text.str().find("\"traceEvents\""), std::string::npos);
+            EXPECT_NE(text.str().find("\"name\": \"experts[moe1]\""), std::string::npos);
+            EXPECT_EQ(text.str().find("\"args\": {\"comm\": true}") != std::string::npos, ranks > 1);
+            std::remove(path.c_str());
+        }
+    };
+    if (ranks == 1) {
+        run(0, nullptr);
+    } else {
+        const auto errors = on_local_ranks(ranks, [&](int r, Communicator& comm) { run(r, &comm); });
+        for (const std::string& e : errors) EXPECT_EQ(e, "");
+    }
+    return rank0;
+}
+
+TEST(BlockTrace, ShowsBothStreamsAndEveryBranchOp) {
+    const BlockStackConfig config = testing::small_variant("scmoe-pos2");
     std::map<std::string, std::string> lane_of;
     std::map<std::string, bool> comm_of;
-    for (const TraceEntry& e : trace.entries()) {
+    for (const TraceEntry& e : traced_step(config, 2)) {
         lane_of[e.name] = e.lane;
         comm_of[e.name] = e.comm;
         EXPECT_GE(e.duration_us, 0.0) << e.name;
@@ -220,15 +248,9 @@ TEST(BlockTrace, ShowsBothStreamsAndEveryBranchOp) {
     EXPECT_EQ(lane_of["mlp0"], "backbone");
     EXPECT_EQ(lane_of["dispatch_bwd[moe1]"], "moe");
     EXPECT_EQ(lane_of["attn_bwd0"], "backbone");
-    const std::string path = ::testing::TempDir() + "scmoe_trace_test.json";
-    trace.write(path);
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    EXPECT_NE(text.str().find("\"traceEvents\""), std::string::npos);
-    EXPECT_NE(text.str().find("\"name\": \"dispatch[moe1]\""), std::string::npos);
-    EXPECT_NE(text.str().find("\"args\": {\"comm\": true}"), std::string::npos);
-    std::remove(path.c_str());
+    const std::vector<TraceEntry> single = traced_step(config, 1);
+    EXPECT_TRUE(std::any_of(single.begin(), single.end(), [](const TraceEntry& e) { return e.name == "experts[moe1]"; }));
+    for (const TraceEntry& e : single) EXPECT_FALSE(e.comm) << e.name << ": one rank has no all-to-all";
 }
 
 TraceEntry entry(const char* lane, double start, double end, bool comm) {

@@ -167,6 +167,35 @@ TEST(Trainer, GradAllReduceStartsDuringTheBackward) {
                                               << block0_bwd_start << " us";
 }
 
+// exposed_comm_pct is the step's traced communication with no compute beside it: exactly none on
+// one rank (no communication at all); with the gradient all-reduce after the backward behind a link
+// that holds every call 20 ms, at least one call's 20 ms per step (nothing computes while the
+// all-reduces run, one stage after another on the model's stream).
+TEST(Trainer, ExposedCommIsTracedCommunicationWithNothingComputing) {
+    TrainConfig config = small_training(3);
+    {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {1, 0, 1}, {});
+        for (int i = 0; i < 2; ++i) EXPECT_EQ(t.step().exposed_comm_pct, 0.0) << "step " << i + 1;
+    }
+    config.overlap_grad_reduce = false;
+    const double latency_ms = 20;
+    std::vector<double> exposed_ms(2), step_ms(2);
+    launch::LocalTrainGroups groups(2, 1, LinkModel{"test", 1000.0, 1000.0 * latency_ms}, launch::LinkScope::kAll);
+    launch::run_local_ranks(groups, 2, [&](int rank, const launch::RankComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {2, rank, 1}, comms.comms());
+        t.step();
+        const StepMetrics m = t.step();
+        exposed_ms[static_cast<std::size_t>(rank)] = m.exposed_comm_pct / 100.0 * m.step_ms;
+        step_ms[static_cast<std::size_t>(rank)] = m.step_ms;
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+        EXPECT_GE(exposed_ms[r], latency_ms) << "rank " << r << ": step " << step_ms[r] << " ms";
+        EXPECT_LT(exposed_ms[r], step_ms[r]) << "rank " << r;
+    }
+}
+
 TEST(Trainer, RefusesACheckpointOfAnotherConfigOrWorld) {
     const TrainConfig config = small_training(4);
     const fs::path dir = fresh_dir("refuse");
