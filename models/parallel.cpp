@@ -50,10 +50,12 @@ GradientReducer::GradientReducer(LanguageModel& model, const ParallelLayout& lay
             const std::int64_t n = t.numel();
             float* p = g.grads + t.offset;
             Run* last = runs_.empty() ? nullptr : &runs_.back();
-            if (last && last->expert == t.expert && last->stage == t.grads_stage && last->grads + last->count == p)
+            if (last && last->expert == t.expert && last->stage == t.grads_stage && last->grads + last->count == p) {
                 last->count += n;
-            else
-                runs_.push_back({p, n, t.expert, t.grads_stage});
+            } else {
+                Communicator* c = t.expert ? comms_.expert_dp : comms_.world;
+                runs_.push_back({p, n, t.expert, t.grads_stage, c && c->size() > 1 ? c : nullptr});
+            }
         }
     }
     const int stages = model_.num_grads_stages();
@@ -71,16 +73,13 @@ GradientReducer::~GradientReducer() {
 }
 
 void GradientReducer::reduce_stage(int stage, Stream& s, Tracer* trace, const char* lane) {
-    auto comm_of = [this](const Run& x) {
-        Communicator* c = x.expert ? comms_.expert_dp : comms_.world;
-        return c && c->size() > 1 ? c : nullptr;
-    };
-    auto run = [this, stage, comm_of](Stream& r) {
+    auto run = [this, stage](Stream& r) {
         for (const Run& x : runs_)
-            if (Communicator* c = x.stage == stage ? comm_of(x) : nullptr) c->all_reduce_sum(x.grads, x.count, DType::kF32, r);
+            if (x.stage == stage && x.comm) x.comm->all_reduce_sum(x.grads, x.count, DType::kF32, r);
     };
-    const bool any = std::any_of(runs_.begin(), runs_.end(), [&](const Run& x) { return x.stage == stage && comm_of(x); });
-    if (trace && any)  // a stage with nothing to send (one rank) leaves no entry
+    const bool sends =
+        std::any_of(runs_.begin(), runs_.end(), [stage](const Run& x) { return x.stage == stage && x.comm; });
+    if (trace && sends)  // a stage with nothing to send (one rank) leaves no entry
         trace->op("grad_allreduce[stage" + std::to_string(stage) + "]", lane, s, run, true);
     else
         run(s);

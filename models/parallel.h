@@ -86,6 +86,7 @@ class GradientReducer {
         std::int64_t count;
         bool expert;
         int stage;
+        Communicator* comm;  // what it is summed over (expert_dp or world); nullptr: nothing to send
     };
     // Enqueues stage's all-reduces on s, as a traced op on `lane` when there is a trace.
     void reduce_stage(int stage, Stream& s, Tracer* trace, const char* lane);

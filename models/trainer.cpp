@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <span>
 
 #include "comm/communicator.h"
 #include "kernels/error.h"
@@ -130,8 +131,7 @@ StepMetrics Trainer::step() {
     m.step_ms = step_ms;
     m.tokens_per_s = static_cast<double>(tokens) * layout_.world / (step_ms / 1000.0);
     trace.collect();
-    const std::vector<TraceEntry> step_entries(trace.entries().begin() + static_cast<std::ptrdiff_t>(first_entry),
-                                               trace.entries().end());
+    const std::span<const TraceEntry> step_entries = std::span(trace.entries()).subspan(first_entry);
     m.exposed_comm_pct = std::min(100.0, summarize_overlap(step_entries).exposed_us / 1000.0 / step_ms * 100.0);
     return m;
 }

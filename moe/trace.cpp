@@ -102,7 +102,7 @@ std::string quoted(const std::string& s) {
 
 }  // namespace
 
-OverlapSummary summarize_overlap(const std::vector<TraceEntry>& entries) {
+OverlapSummary summarize_overlap(std::span<const TraceEntry> entries) {
     OverlapSummary o;
     if (entries.empty()) return o;
     Intervals comm, compute;

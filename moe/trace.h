@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,7 @@ struct OverlapSummary {
     double exposed_us = 0;  // part of comm_us not covered by the union of the compute entries
     double exposed_pct() const { return span_us > 0 ? 100.0 * exposed_us / span_us : 0.0; }
 };
-OverlapSummary summarize_overlap(const std::vector<TraceEntry>& entries);
+OverlapSummary summarize_overlap(std::span<const TraceEntry> entries);
 
 class Tracer {
 public:

@@ -276,8 +276,9 @@ TEST(TraceOverlap, ExposedIsCommunicationWithNoComputeRunning) {
     EXPECT_DOUBLE_EQ(o.exposed_us, 13.0);
     EXPECT_DOUBLE_EQ(o.exposed_pct(), 26.0);
     // No communication, or communication entirely under compute: nothing exposed.
-    EXPECT_DOUBLE_EQ(summarize_overlap({entry("backbone", 0, 10, false)}).exposed_us, 0.0);
-    EXPECT_DOUBLE_EQ(summarize_overlap({entry("backbone", 0, 10, false), entry("moe", 2, 9, true)}).exposed_us, 0.0);
+    EXPECT_DOUBLE_EQ(summarize_overlap(std::vector<TraceEntry>{entry("backbone", 0, 10, false)}).exposed_us, 0.0);
+    const std::vector<TraceEntry> covered = {entry("backbone", 0, 10, false), entry("moe", 2, 9, true)};
+    EXPECT_DOUBLE_EQ(summarize_overlap(covered).exposed_us, 0.0);
     EXPECT_DOUBLE_EQ(summarize_overlap({}).exposed_pct(), 0.0);
 }
 
