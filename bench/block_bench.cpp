@@ -13,9 +13,8 @@
 //   link_cost      max(0, step - the same step with the emulated link off) / step.
 // The variants' timed steps are interleaved, each started after a barrier. Times are the slowest
 // rank's mean; exposed is the mean over the ranks, exposed_max the largest rank's share.
-// --comm-share X first measures the
-// top-2 MoE layer on this machine and sets the link bandwidth so its a2a takes the fraction X of the
-// MoE layer time.
+// --comm-share X first measures the top-2 MoE layer on this machine and sets the link bandwidth so
+// its a2a takes the fraction X of the MoE layer time.
 // Check (#wrong): outputs (and input gradients with --mode train) of overlap on vs off, bitwise.
 #include <unistd.h>
 
@@ -143,10 +142,10 @@ struct RankStack {
     }
 };
 
-double mean_ms(int iters, const std::function<void()>& fn) {
+double elapsed_ms(const std::function<void()>& fn) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) fn();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+    fn();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 double ms_of(const Schedule& s, double Schedule::Branch::*field) {
@@ -246,7 +245,7 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
         for (int i = 0; i < common.iters; ++i)
             for (std::size_t v = 0; v < nv; ++v) {
                 barrier();
-                results[v].*field += mean_ms(1, [&] { stacks[v]->step(train, true); }) / common.iters;
+                results[v].*field += elapsed_ms([&] { stacks[v]->step(train, true); }) / common.iters;
             }
     };
     timed(false, &VariantResult::fwd_ms);
@@ -260,11 +259,12 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
     }
     // Exposed communication from traced steps (interleaved the same way); the first one of each
     // variant is its --trace file.
+    Tracer trace(*device, rank);
+    trace.set_pass(a.train ? "train step" : "forward");
     for (int i = 0; i < common.iters; ++i)
         for (std::size_t v = 0; v < nv; ++v) {
             barrier();
-            Tracer trace(*device, rank);
-            trace.set_pass(a.train ? "train step" : "forward");
+            trace.clear();
             stacks[v]->step(a.train, true, &trace);
             trace.collect();
             const OverlapSummary o = summarize_overlap(trace.entries());
@@ -406,10 +406,11 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
     report.note("times: the slowest rank's mean over the timed steps (the variants interleaved step by step, each "
                 "step started after a barrier); backbone and a2a: measured op by op (serially) during calibration; "
                 "exposed = time with an a2a running and no compute running, as a share of the traced steps (the "
-                "mean over the ranks; exposed_max: the largest rank's); beyond_serial = max(0, step - (serial - a2a)) / step (includes the ranks' "
-                "contention for the cores); link_cost = max(0, step - step with the link off) / step (the same "
-                "schedule; the link's time not hidden); K = the first MoE branch's forward slot; chunks = its "
-                "pipeline pieces forward/backward (--chunks " + (a.chunks == 0 ? std::string("auto") : std::to_string(a.chunks)) + ")");
+                "mean over the ranks; exposed_max: the largest rank's); beyond_serial = max(0, step - (serial - "
+                "a2a)) / step (includes the ranks' contention for the cores); link_cost = max(0, step - step with "
+                "the link off) / step (the same schedule; the link's time not hidden); K = the first MoE branch's "
+                "forward slot; chunks = its pipeline pieces forward/backward (--chunks " +
+                (a.chunks == 0 ? std::string("auto") : std::to_string(a.chunks)) + ")");
     report.note("check: outputs" + std::string(a.train ? " and input gradients" : "") +
                 " with overlap on vs off, bitwise (wrong = differing elements, all ranks)");
     report.begin_table({{"variant", "variant", "", 16, 0},
@@ -459,7 +460,8 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
         const double nolink = a.train ? w.train_nolink_ms : w.fwd_nolink_ms;
         const Cell link_cost = nolink > 0 ? Cell(std::max(0.0, step - nolink) / step * 100.0) : Cell();
         report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
-                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed_mean[v], exposed_max[v], beyond_serial, link_cost,
+                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed_mean[v], exposed_max[v], beyond_serial,
+                        link_cost,
                         w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
                         w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +
                                                 (a.train ? "/" + std::to_string(static_cast<int>(w.bwd_chunks)) : ""))
