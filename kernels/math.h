@@ -121,6 +121,13 @@ SCMOE_HOST_DEVICE std::uint64_t splitmix64(std::uint64_t x) {
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
+// The seed of one forward's gate noise from the config's seed, a stream (e.g. the rank) and a step:
+// each component passes through the bijective splitmix64 before the next is mixed in, so no
+// arithmetic relation between (stream, step) pairs (stream + 1 vs step + 1, swapped values, ...)
+// makes two keys equal.
+SCMOE_HOST_DEVICE std::uint64_t noise_key(std::uint64_t seed, std::uint64_t stream, std::uint64_t step) {
+    return splitmix64(splitmix64(splitmix64(seed) ^ stream) ^ step);
+}
 SCMOE_HOST_DEVICE float normal_sample(std::uint64_t seed, std::uint64_t index) {
     std::uint64_t r = splitmix64(seed ^ splitmix64(index));
     // Two 24-bit uniforms in (0, 1], Box-Muller.

@@ -6,8 +6,10 @@
 // Aux loss (Switch/GShard): aux = E * sum_e f_e * P_e, f_e = share of the T*k assignments routed to
 //   e (not differentiable), P_e = mean_t p[t, e].
 // z-loss (ST-MoE): z = mean_t logsumexp(logits_t)^2.
-// With noise_std > 0 the logits get noise_std * N(0, 1) added (counter-based, reproducible from
-// noise_seed) before softmax; losses and gradients are taken on the noisy logits.
+// With noise_std > 0 the logits get noise_std * N(0, 1) added before softmax; losses and gradients
+// are taken on the noisy logits. The noise is counter-based: logit (t, e) gets
+//   noise_std * math::normal_sample(math::noise_key(noise_seed, noise_stream, noise_step), t * E + e)
+// (kernels/math.h), the same bits on every backend; a new (stream, step) gives independent noise.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,8 @@ struct RouterForwardArgs {
     int top_k = 1;
     float noise_std = 0.0f;
     std::uint64_t noise_seed = 0;
+    std::uint64_t noise_stream = 0;  // e.g. the rank: ranks draw different noise
+    std::uint64_t noise_step = 0;    // e.g. the training step: every step draws fresh noise
     const float* logits = nullptr;     // [tokens, experts] f32
     float* probs = nullptr;            // [tokens, experts] f32 out: softmax (saved for backward)
     float* logsumexp = nullptr;        // [tokens] f32 out (saved for backward)

@@ -86,6 +86,11 @@ class LanguageModel {
     // each tensor (and each expert) draws from its own stream keyed by its name and global index.
     // Weights N(0, 0.02) (output projections scaled by 1/sqrt(2 layers)), norms 1. Synchronizes.
     void init_params(std::uint64_t seed);
+    // Sets the gate-noise key of every MoE layer for the next forward (BlockStack::set_noise_key):
+    // with noise_std > 0, training noise is a function of (noise_seed, step, stream), so calling it
+    // with (step, rank) before each step gives fresh noise per step and per rank and a resumed run
+    // the noise of an uninterrupted one. Without calls, each forward advances the step by one.
+    void set_noise_key(std::uint64_t step, std::uint64_t stream) { blocks_->set_noise_key(step, stream); }
 
     // Stages of the backward at which gradients become final, for overlapping their all-reduce with
     // the rest of the backward: 0 the head (final_norm), 1 + b block b (BlockStack::GradsReadyFn),

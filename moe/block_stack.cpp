@@ -148,6 +148,7 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
     }
     backbone_params_ = ParamSet(device, specs, config_.backbone.dtype);
     backbone_grads_ = ParamSet(device, specs, DType::kF32);
+    set_noise_key(0, static_cast<std::uint64_t>(ep ? ep->rank() : 0));
 
     // Residual stream and MoE activations, each [max_tokens, hidden].
     const std::size_t slab = static_cast<std::size_t>(std::max<std::int64_t>(max_tokens, 1) * config_.backbone.hidden) *
@@ -192,6 +193,11 @@ std::vector<MoeLayer*> BlockStack::moe_layers() {
     for (auto& b : blocks_)
         if (b->moe) out.push_back(b->moe.get());
     return out;
+}
+
+void BlockStack::set_noise_key(std::uint64_t step, std::uint64_t stream) {
+    const std::vector<MoeLayer*> layers = moe_layers();
+    for (std::size_t m = 0; m < layers.size(); ++m) layers[m]->set_noise_key(step, stream * layers.size() + m);
 }
 
 Tensor BlockStack::act(void* base, std::int64_t tokens) const {

@@ -86,6 +86,12 @@ public:
     const std::vector<std::unique_ptr<MoeParamStore>>& moe_params() const { return moe_params_; }
     const std::vector<std::unique_ptr<MoeParamStore>>& moe_grads() const { return moe_grads_; }
     std::vector<MoeLayer*> moe_layers();
+    // Sets the gate-noise key of every MoE layer (MoeLayer::set_noise_key): the m-th MoE layer in
+    // block order gets (step, stream * number of MoE layers + m), so the layers draw different noise
+    // and (config noise_seed, step, stream) reproduces all of it. A trainer calls it before each
+    // step's forward with (step, rank). The constructor sets (0, the ep rank); after that each layer's
+    // step advances by one per training forward (calibrate() runs forwards too).
+    void set_noise_key(std::uint64_t step, std::uint64_t stream);
 
     // Measures the ops of a forward and a backward pass on `input`/`grad_output` (values matter not)
     // and chooses every branch's expert slot (Eq. 11) and chunks; a collective over `ep`. Runs both

@@ -45,6 +45,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
         ep_size_ = ep_->size();
         ep_rank_ = ep_->rank();
     }
+    noise_stream_ = static_cast<std::uint64_t>(ep_rank_);
     const std::size_t need = workspace_bytes(config_, max_tokens_, ep_size_);
     if (!workspace) {
         owned_workspace_ = DeviceBuffer(device, need);
@@ -94,6 +95,9 @@ void MoeLayer::forward(const Tensor& x, const Tensor& shortcut, const MoeParams&
     const std::int64_t T = x.ndim == 2 ? x.dim(0) : -1;
     check_tensor(x, {T, config_.hidden}, config_.dtype, "MoeLayer.forward: x");
     if (shortcut.defined()) check_tensor(shortcut, {T, config_.hidden}, config_.dtype, "MoeLayer.forward: shortcut");
+    SCMOE_CHECK(T <= max_tokens_, "MoeLayer.forward: " << (shortcut.defined() ? "x and shortcut have " : "x has ") << T
+                                                        << " tokens (" << describe(x) << ") > max_tokens = "
+                                                        << max_tokens_ << ", the most this layer was built for");
     check_tensor(y, {T, config_.hidden}, config_.dtype, "MoeLayer.forward: y");
     route(shortcut.defined() ? shortcut : x, params, stream);
     x_ = x;
@@ -103,18 +107,23 @@ void MoeLayer::forward(const Tensor& x, const Tensor& shortcut, const MoeParams&
     collect(stream);
     combine(y, stream);
     if (config_.shared_expert) shared_expert(x, params, y, stream);
+    separate_shortcut_ = shortcut.defined();  // what the caller passed, even if it is x's buffer
 }
 
 void MoeLayer::route(const Tensor& s, const MoeParams& params, Stream& stream) {
     const std::int64_t T = s.ndim == 2 ? s.dim(0) : -1;
-    SCMOE_CHECK(T >= 0 && T <= max_tokens_, "MoeLayer.route: shortcut has " << describe(s) << "; expected [tokens <= "
-                                                                            << max_tokens_ << ", " << config_.hidden
-                                                                            << "]");
-    check_tensor(s, {T, config_.hidden}, config_.dtype, "MoeLayer.route: shortcut");
+    const char* what = "MoeLayer.route: routed input (shortcut, or x)";
+    SCMOE_CHECK(T >= 0, what << ": expected [tokens, " << config_.hidden << "] " << dtype_name(config_.dtype)
+                             << ", got " << describe(s));
+    SCMOE_CHECK(T <= max_tokens_, what << " " << describe(s) << " has " << T << " tokens > max_tokens = "
+                                       << max_tokens_ << ", the most this layer was built for");
+    check_tensor(s, {T, config_.hidden}, config_.dtype, what);
     check_moe_params(config_, params, config_.dtype, "MoeParams", ep_size_);
     tokens_ = T;
     shortcut_ = s;
     x_ = s;
+    forward_started_ = true;
+    separate_shortcut_ = false;  // until shared_expert sees an x other than s (or forward() says so)
     capacity_ = config_.dispatch == DispatchMode::kCapacity
                     ? expert_capacity(T, config_.num_experts, config_.top_k, config_.capacity_factor)
                     : 0;
@@ -131,6 +140,8 @@ void MoeLayer::route(const Tensor& s, const MoeParams& params, Stream& stream) {
     r.top_k = K;
     r.noise_std = training_ ? config_.noise_std : 0.0f;
     r.noise_seed = config_.noise_seed;
+    r.noise_stream = noise_stream_;
+    r.noise_step = noise_step_;
     r.logits = b.logits;
     r.probs = b.probs;
     r.logsumexp = b.logsumexp;
@@ -139,6 +150,7 @@ void MoeLayer::route(const Tensor& s, const MoeParams& params, Stream& stream) {
     r.expert_fraction = b.expert_fraction;
     r.losses = b.losses;
     router_forward(r, stream);
+    if (training_) ++noise_step_;  // the next training forward draws fresh noise
     if (!forced_index_.empty()) {
         SCMOE_CHECK(static_cast<std::int64_t>(forced_index_.size()) == T * K,
                     "MoeLayer.route: forced routing holds " << forced_index_.size() << " choices; this forward has "
@@ -249,6 +261,7 @@ void MoeLayer::shared_expert_compute(const Tensor& x, const MoeParams& params, S
     check_tensor(x, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.shared_expert: x");
     if (x.data != shortcut_.data) check_finite(x, 1, "input x of forward", stream);
     x_ = x;
+    separate_shortcut_ = x.data != shortcut_.data;
     Buffers& b = *buf_;
     const std::int64_t T = tokens_, H = config_.hidden, Fs = config_.shared_ffn_width();
     const std::int64_t Is = activation_input_width(config_.activation, Fs);

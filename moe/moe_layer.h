@@ -93,6 +93,20 @@ public:
     GroupedGemmProvider grouped_gemm_provider() const { return provider_; }
     // Training mode adds gate noise (noise_std > 0); eval mode does not. Default: training.
     void set_training(bool training) { training_ = training; }
+    // The key of the gate noise: a training forward adds noise_std * N(0, 1) drawn from
+    // (config.noise_seed, stream, step, token, expert) (kernels/router.h), reproducible bit for bit
+    // from those five on every backend. This call sets the step of the next training forward and the
+    // stream of every later one. The step advances by one after each training forward's route, so
+    // successive forwards draw fresh noise even if this is never called; eval forwards draw none and
+    // leave it. Defaults: step 0, stream = ep_rank() (ranks draw different noise). A trainer sets it
+    // each step, e.g. (step, rank): fresh noise per step and per data-parallel replica, and a resumed
+    // run draws exactly the noise of an uninterrupted one.
+    void set_noise_key(std::uint64_t step, std::uint64_t stream) {
+        noise_step_ = step;
+        noise_stream_ = stream;
+    }
+    std::uint64_t noise_step() const { return noise_step_; }  // the step the next training forward uses
+    std::uint64_t noise_stream() const { return noise_stream_; }
 
     // ---- forward ----
     // x, shortcut, y: [tokens, hidden] in config.dtype; shortcut may be an undefined Tensor (= x).
@@ -134,7 +148,16 @@ public:
     // ---- backward ----
     // grad_y: [tokens, hidden]. Gradients are written (not accumulated) into grads (f32) and grad_x.
     // With a separate shortcut, its gradient goes to grad_shortcut (defined) and grad_x gets only
-    // the shared-expert part (zeros without one); with no shortcut, grad_shortcut must be undefined.
+    // the shared-expert part (zeros without one; grad_x may then be undefined); with no shortcut,
+    // grad_shortcut must be undefined and grad_x gets the whole input gradient. Anything else throws
+    // scmoe::Error before anything is enqueued: grad_shortcut given after a forward without a
+    // shortcut, grad_shortcut undefined after one with a shortcut, or no forward yet. (A forward has
+    // a shortcut when forward() was given a defined one, or, for the staged forward, when
+    // shared_expert's x is not route's input.) The backward stages also throw with no forward yet.
+    // The gradients are those of  <y, grad_y> + aux_loss_coef * aux + z_loss_coef * z  (MoeStats):
+    // the router losses' terms are already in, scaled by their coefficients, in grads.gate_w and in
+    // the routed input's gradient (grad_shortcut, or grad_x without a shortcut), the only tensors
+    // they depend on (through the gate logits; route_backward adds them).
     void backward(const Tensor& grad_y, const MoeParams& params, const MoeGrads& grads, Tensor grad_x,
                   Tensor grad_shortcut, Stream& stream);
 
@@ -170,6 +193,7 @@ private:
     struct Buffers;
     struct HostScratch;
     void check_finite(const Tensor& t, int slot, const char* what, Stream& stream);
+    void require_forward(const char* what) const;  // throws unless a forward has run
     void check_config_across_ranks();
     std::int64_t rows() const;           // token-side permuted rows of the pass in flight
     std::int64_t expert_rows() const;    // bound on the expert-side rows of the pass in flight
@@ -201,6 +225,7 @@ private:
     void* host_scratch_ = nullptr;  // pinned: non-finite counts, stats, exchange counts
     GroupedGemmProvider provider_ = GroupedGemmProvider::kAuto;
     bool training_ = true;
+    std::uint64_t noise_step_ = 0, noise_stream_ = 0;  // noise_stream_ = ep_rank_ at construction
     std::vector<std::int32_t> forced_index_;
     std::vector<float> forced_weight_;
 
@@ -208,6 +233,8 @@ private:
     std::int64_t tokens_ = 0;
     std::int64_t capacity_ = 0;
     Tensor x_, shortcut_;
+    bool forward_started_ = false;  // a route() has run: backward has activations to differentiate
+    bool separate_shortcut_ = false;  // the forward routed on a shortcut other than x (backward's rule)
     int table_chunks_ = 0;  // chunk count the uploaded pack/unpack tables were built for (0 = none)
 };
 

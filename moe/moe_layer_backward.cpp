@@ -10,17 +10,30 @@
 
 namespace scmoe {
 
+void MoeLayer::require_forward(const char* what) const {
+    SCMOE_CHECK(forward_started_, what << ": called with no forward in flight; run forward (or the forward stages, "
+                                          "from route) first");
+}
+
 void MoeLayer::backward(const Tensor& grad_y, const MoeParams& params, const MoeGrads& grads, Tensor grad_x,
                         Tensor grad_shortcut, Stream& stream) {
-    const bool separate_shortcut = shortcut_.data != x_.data || !config_.shared_expert;
-    SCMOE_CHECK(grad_x.defined() || grad_shortcut.defined(), "MoeLayer.backward: neither grad_x nor grad_shortcut given");
-    check_moe_params(config_, grads, DType::kF32, "MoeGrads", ep_size_);
-    // Where the routed path's gradient goes: grad_shortcut, or grad_x when the shortcut is x itself.
-    Tensor grad_s = grad_shortcut.defined() ? grad_shortcut : grad_x;
-    if (!separate_shortcut) {
-        SCMOE_CHECK(!grad_shortcut.defined(),
-                    "MoeLayer.backward: forward ran without a separate shortcut, so grad_shortcut must be undefined");
+    require_forward("MoeLayer.backward");
+    // The routed path's gradient goes to grad_shortcut after a forward with a shortcut, else to grad_x.
+    if (separate_shortcut_) {
+        SCMOE_CHECK(grad_shortcut.defined(), "MoeLayer.backward: the forward routed on a separate shortcut, so "
+                                             "grad_shortcut must be given (the routed path's gradient goes there)");
+    } else {
+        SCMOE_CHECK(!grad_shortcut.defined(), "MoeLayer.backward: the forward had no shortcut (it routed on x), so "
+                                              "grad_shortcut must be undefined; the whole gradient goes to grad_x");
     }
+    // x feeds the output through the routed path when it is the routed input, or the shared expert.
+    SCMOE_CHECK(grad_x.defined() || (separate_shortcut_ && !config_.shared_expert),
+                "MoeLayer.backward: grad_x is undefined, but x feeds the layer's output");
+    if (grad_x.defined()) check_tensor(grad_x, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad_x");
+    if (grad_shortcut.defined())
+        check_tensor(grad_shortcut, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad_shortcut");
+    check_moe_params(config_, grads, DType::kF32, "MoeGrads", ep_size_);
+    Tensor grad_s = separate_shortcut_ ? grad_shortcut : grad_x;
     combine_backward(grad_y, stream);
     collect_backward(stream);
     experts_backward(params, grads, stream);
@@ -37,6 +50,7 @@ void MoeLayer::backward(const Tensor& grad_y, const MoeParams& params, const Moe
 }
 
 void MoeLayer::combine_backward(const Tensor& grad_y, Stream& stream) {
+    require_forward("MoeLayer.combine_backward");
     check_tensor(grad_y, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad_y");
     check_finite(grad_y, 2, "grad_y of backward", stream);
     CombineBackwardArgs a;
@@ -113,6 +127,7 @@ void MoeLayer::experts_backward_range(const MoeParams& params, const MoeGrads& g
 }
 
 void MoeLayer::permute_backward(Tensor grad_s, bool accumulate, Stream& stream) {
+    require_forward("MoeLayer.permute_backward");
     check_tensor(grad_s, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad of the shortcut");
     PermuteBackwardArgs a;
     a.tokens = tokens_;
@@ -127,6 +142,7 @@ void MoeLayer::permute_backward(Tensor grad_s, bool accumulate, Stream& stream) 
 }
 
 void MoeLayer::route_backward(const MoeParams& params, const MoeGrads& grads, Tensor grad_s, Stream& stream) {
+    require_forward("MoeLayer.route_backward");
     SCMOE_CHECK(forced_index_.empty(), "MoeLayer.route_backward: forced routing is on (force_routing); the router "
                                        "has no gradient for a forced choice");
     Buffers& b = *buf_;
@@ -153,6 +169,7 @@ void MoeLayer::route_backward(const MoeParams& params, const MoeGrads& grads, Te
 
 void MoeLayer::shared_expert_backward(const Tensor& grad_y, const MoeParams& params, const MoeGrads& grads,
                                       Tensor grad_x, bool accumulate, Stream& stream) {
+    require_forward("MoeLayer.shared_expert_backward");
     check_tensor(grad_x, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad_x");
     Buffers& b = *buf_;
     const std::int64_t T = tokens_, H = config_.hidden, Fs = config_.shared_ffn_width();

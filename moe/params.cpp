@@ -1,6 +1,10 @@
 #include "moe/params.h"
 
+#include <memory>
+
 #include "kernels/error.h"
+#include "kernels/math.h"
+#include "moe/keyed_normal.h"
 
 namespace scmoe {
 
@@ -50,15 +54,19 @@ void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dt
     }
 }
 
-MoeParamStore::MoeParamStore(Device& device, const MoeConfig& config, DType dtype, int ep_size) {
+MoeParamStore::MoeParamStore(Device& device, const MoeConfig& config, DType dtype, int ep_size)
+    : dtype_(dtype), ep_size_(ep_size) {
     config.validate();
-    const auto specs = moe_param_specs(config, ep_size);
-    for (const ParamSpec& s : specs) numel_ += s.numel();
+    specs_ = moe_param_specs(config, ep_size);
+    for (const ParamSpec& s : specs_) numel_ += s.numel();
     buffer_ = DeviceBuffer(device, static_cast<std::size_t>(numel_) * dtype_size(dtype));
+    const std::unique_ptr<Stream> stream = device.create_stream();
+    stream->fill_zero(buffer_.data(), buffer_.bytes());
+    stream->synchronize();
     auto* base = static_cast<char*>(buffer_.data());
     std::size_t offset = 0;
     Tensor* t = view_.begin();
-    for (const ParamSpec& s : specs) {
+    for (const ParamSpec& s : specs_) {
         if (!s.shape.empty()) {
             t->data = base + offset;
             t->dtype = dtype;
@@ -67,6 +75,32 @@ MoeParamStore::MoeParamStore(Device& device, const MoeConfig& config, DType dtyp
             offset += static_cast<std::size_t>(s.numel()) * dtype_size(dtype);
         }
         ++t;
+    }
+}
+
+void MoeParamStore::init(std::uint64_t seed, Stream& stream, int ep_rank) {
+    SCMOE_CHECK(ep_rank >= 0 && ep_rank < ep_size_,
+                "MoeParamStore.init: ep_rank = " << ep_rank << " outside the store's " << ep_size_ << " rank(s)");
+    std::vector<float> host(static_cast<std::size_t>(numel_));
+    float* out = host.data();
+    for (const ParamSpec& s : specs_) {
+        if (s.shape.empty()) continue;
+        const bool expert = s.name == "expert_w1" || s.name == "expert_w2";
+        const std::int64_t parts = expert ? s.shape[0] : 1, per_part = s.numel() / parts;
+        for (std::int64_t e = 0; e < parts; ++e) {
+            KeyedNormal rng(seed, s.name, static_cast<std::uint64_t>(expert ? ep_rank * parts + e : 0));
+            for (std::int64_t i = 0; i < per_part; ++i) *out++ = kInitStd * rng.next();
+        }
+    }
+    if (dtype_ == DType::kBF16) {
+        std::vector<std::uint16_t> bits(host.size());
+        for (std::size_t i = 0; i < host.size(); ++i) bits[i] = math::f32_to_bf16_bits(host[i]);
+        stream.copy(buffer_.data(), bits.data(), bits.size() * sizeof(std::uint16_t));
+        stream.synchronize();  // before `bits` goes
+    } else {
+        SCMOE_CHECK(dtype_ == DType::kF32, "MoeParamStore.init: dtype " << dtype_name(dtype_) << " is not f32 or bf16");
+        stream.copy(buffer_.data(), host.data(), host.size() * sizeof(float));
+        stream.synchronize();  // before `host` goes
     }
 }
 

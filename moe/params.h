@@ -46,19 +46,35 @@ std::vector<ParamSpec> moe_param_specs(const MoeConfig& config, int ep_size = 1)
 void check_moe_params(const MoeConfig& config, const MoeParams& params, DType dtype, const char* what,
                       int ep_size = 1);
 
-// One allocation holding all parameters (or gradients) of a layer.
+// One allocation holding all parameters (or gradients) of a layer, in moe_param_specs order.
 class MoeParamStore {
 public:
+    // The standard deviation init() draws with: the LanguageModel's weight init (models/lm.h).
+    static constexpr float kInitStd = 0.02f;
+
+    // Allocates the store on `device` and zero-fills it there (a stream-ordered memset on a stream
+    // of the device, synchronized before the constructor returns), so a fresh store reads zeros.
     MoeParamStore(Device& device, const MoeConfig& config, DType dtype, int ep_size = 1);
     const MoeParams& view() const { return view_; }
     void* data() const { return buffer_.data(); }
     std::int64_t numel() const { return numel_; }
     std::size_t bytes() const { return buffer_.bytes(); }
 
+    // Fills every tensor with independent N(0, kInitStd^2) draws, keyed (KeyedNormal,
+    // moe/keyed_normal.h) by seed, the parameter's name ("gate_w", ...) and, for expert_w1/w2, the
+    // global expert index: the same seed gives the same values on every backend and for every
+    // expert-parallel size, ep_rank (in [0, ep_size)) picking this rank's experts [ep_rank * El,
+    // (ep_rank + 1) * El). The values are uploaded in the store's dtype (bf16 rounded to nearest
+    // even) through `stream`, which is synchronized before the call returns.
+    void init(std::uint64_t seed, Stream& stream, int ep_rank = 0);
+
 private:
     DeviceBuffer buffer_;
     MoeParams view_;
     std::int64_t numel_ = 0;
+    DType dtype_;
+    int ep_size_;
+    std::vector<ParamSpec> specs_;
 };
 
 }  // namespace scmoe

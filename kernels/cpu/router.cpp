@@ -13,13 +13,14 @@ void router_forward(const RouterForwardArgs& a) {
     SCMOE_CHECK(E >= K, "router: top_k " << K << " exceeds num_experts " << E);
     std::vector<double> routed(static_cast<std::size_t>(E), 0.0), mean_prob(static_cast<std::size_t>(E), 0.0);
     double z_sum = 0.0;
+    const std::uint64_t noise_key = math::noise_key(a.noise_seed, a.noise_stream, a.noise_step);
     for (std::int64_t t = 0; t < a.tokens; ++t) {
         const float* logit = a.logits + t * E;
         float* p = a.probs + t * E;
         for (int e = 0; e < E; ++e) {
             float v = logit[e];
             if (a.noise_std > 0.0f)
-                v += a.noise_std * math::normal_sample(a.noise_seed, static_cast<std::uint64_t>(t * E + e));
+                v += a.noise_std * math::normal_sample(noise_key, static_cast<std::uint64_t>(t * E + e));
             p[e] = v;
         }
         int best[2];

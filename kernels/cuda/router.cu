@@ -20,10 +20,11 @@ __global__ void router_token_kernel(RouterForwardArgs a) {
     const int E = a.num_experts, K = a.top_k;
     const float* logit = a.logits + t * E;
     float* p = a.probs + t * E;
+    const std::uint64_t noise_key = math::noise_key(a.noise_seed, a.noise_stream, a.noise_step);
     for (int e = 0; e < E; ++e) {
         float v = logit[e];
         if (a.noise_std > 0.0f)
-            v += a.noise_std * math::normal_sample(a.noise_seed, static_cast<std::uint64_t>(t * E + e));
+            v += a.noise_std * math::normal_sample(noise_key, static_cast<std::uint64_t>(t * E + e));
         p[e] = v;
     }
     int best[2];

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <utility>
 
 #include "models/lm.h"
 #include "models/lm_config.h"
@@ -351,6 +353,45 @@ TEST(LmDpEp, OverlappedReduceEqualsReduceAfterBackward) {
         // finish() without every stage announced once is an error, not a silent partial sum.
         EXPECT_THROW(reducer.finish(), Error);
     });
+}
+
+// With a noisy gate, the training noise is a function of the key set before the pass: the same
+// (step, stream) reproduces a pass bitwise, another step or stream changes it, a pass without a key
+// takes the next step, and the stack's MoE layers draw from different streams.
+TEST(LmNoise, StepAndStreamKeyTheGateNoise) {
+    auto device = make_device("cpu");
+    const std::int64_t T = 16;
+    LmConfig c = small_lm("every-block-pos1");
+    c.moe.noise_std = 1.0f;
+    LanguageModel lm(c, *device, T);
+    lm.init_params(5);
+    const auto in = random_tokens(T, 21), tgt = random_tokens(T, 22);
+    struct Pass {
+        double loss, router_loss;
+        std::vector<std::vector<float>> grads;
+        bool operator==(const Pass& o) const {
+            if (loss != o.loss || router_loss != o.router_loss || grads.size() != o.grads.size()) return false;
+            for (std::size_t g = 0; g < grads.size(); ++g)
+                if (std::memcmp(grads[g].data(), o.grads[g].data(), grads[g].size() * sizeof(float)) != 0) return false;
+            return true;
+        }
+    };
+    auto pass = [&](std::optional<std::pair<std::uint64_t, std::uint64_t>> key) {
+        if (key) lm.set_noise_key(key->first, key->second);
+        lm.forward_backward(in.data(), tgt.data(), T, 1.0f / T);
+        Pass p{lm.loss_sum(), lm.router_loss(), {}};
+        for (const ParamGroup& g : lm.param_groups()) p.grads.push_back(group_values(g, true));
+        return p;
+    };
+    const Pass a = pass(std::pair{3, 1});
+    const Pass next = pass(std::nullopt);  // step 4, stream 1
+    EXPECT_FALSE(a == next) << "two passes drew the same noise";
+    EXPECT_TRUE(a == pass(std::pair{3, 1}));
+    EXPECT_TRUE(next == pass(std::pair{4, 1}));
+    EXPECT_FALSE(a == pass(std::pair{3, 2}));
+    const std::vector<MoeLayer*> layers = lm.blocks().moe_layers();
+    ASSERT_EQ(layers.size(), 2u);
+    for (std::size_t m = 0; m < layers.size(); ++m) EXPECT_EQ(layers[m]->noise_stream(), 2 * 2 + m);
 }
 
 TEST(LmDpEp, LayoutRejectsWorldNotDivisibleByEp) {

@@ -37,6 +37,15 @@ std::string case_name(const ::testing::TestParamInfo<GradCase>& info) { return i
 
 class MoeLayerGradCheck : public ::testing::TestWithParam<GradCase> {};
 
+// The noisy gate draws fresh noise every training forward (MoeLayer::set_noise_key); a finite
+// difference needs the same noise in every forward, so each forward here uses one fixed key.
+void pin_noise(testing::CpuLayerHarness& h) { h.layer.set_noise_key(0, 0); }
+
+double loss_with_pinned_noise(testing::CpuLayerHarness& h) {
+    pin_noise(h);
+    return h.loss();
+}
+
 // Routing fingerprint: expert and slot of every assignment after a forward.
 std::vector<int> routing_of(testing::CpuLayerHarness& h) {
     MoeRouting r = h.layer.routing(*h.stream);
@@ -54,15 +63,16 @@ struct Checked {
 Checked check_elements(testing::CpuLayerHarness& h, float* v, const float* analytic, std::int64_t n,
                        const std::string& what) {
     Checked c;
+    pin_noise(h);
     h.forward();
     const std::vector<int> base_routing = routing_of(h);
     for (std::int64_t i = 0; i < n; ++i) {
         const float saved = v[i];
         v[i] = saved + kEps;
-        const double lp = h.loss();
+        const double lp = loss_with_pinned_noise(h);
         const std::vector<int> rp = routing_of(h);
         v[i] = saved - kEps;
-        const double lm = h.loss();
+        const double lm = loss_with_pinned_noise(h);
         const std::vector<int> rm = routing_of(h);
         v[i] = saved;
         if (rp != base_routing || rm != base_routing) {
@@ -100,6 +110,7 @@ TEST_P(MoeLayerGradCheck, MatchesFiniteDifferences) {
     const std::int64_t tokens = 10;
     testing::CpuLayerHarness h(c, tokens, gc.separate_shortcut, 7);
 
+    pin_noise(h);
     h.forward();
     if (gc.capacity_factor < 1.0f) {
         ASSERT_GT(h.layer.stats(*h.stream).dropped_tokens, 0) << "case meant to drop tokens drops none";

@@ -1,7 +1,9 @@
 // Bad input gives a clear scmoe::Error naming what is wrong, never a crash or silent garbage.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -97,12 +99,30 @@ TEST(MoeLayerInput, ShapeMismatchesAreRejected) {
         "MoeLayer.forward: y");
 }
 
+// The message names what the caller passed (x, or x and the shortcut; route's routed input) and
+// says the tokens exceed max_tokens.
 TEST(MoeLayerInput, TooManyTokensIsRejected) {
-    testing::CpuLayerHarness h(valid_config(), 6, false);
-    std::vector<float> big(7 * 8);
+    MoeConfig c = valid_config();
+    c.shared_expert = true;
+    testing::CpuLayerHarness h(c, 6, false);
+    std::vector<float> big(7 * 8), big_s(7 * 8);
     Tensor y = testing::host_tensor(big, 7, 8);
-    expect_error([&] { h.layer.forward(testing::host_tensor(big, 7, 8), Tensor(), h.params.view(), y, *h.stream); },
-                 "MoeLayer.route: shortcut has [7, 8] f32; expected [tokens <= 6, 8]");
+    try {
+        h.layer.forward(testing::host_tensor(big, 7, 8), Tensor(), h.params.view(), y, *h.stream);
+        ADD_FAILURE() << "no error for 7 tokens > max_tokens 6";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("MoeLayer.forward: x has 7 tokens ([7, 8] f32) > max_tokens = 6"), std::string::npos) << m;
+        EXPECT_EQ(m.find("shortcut"), std::string::npos) << "no shortcut was given: " << m;
+    }
+    expect_error(
+        [&] {
+            h.layer.forward(testing::host_tensor(big, 7, 8), testing::host_tensor(big_s, 7, 8), h.params.view(), y,
+                            *h.stream);
+        },
+        "MoeLayer.forward: x and shortcut have 7 tokens ([7, 8] f32) > max_tokens = 6");
+    expect_error([&] { h.layer.route(testing::host_tensor(big, 7, 8), h.params.view(), *h.stream); },
+                 "MoeLayer.route: routed input (shortcut, or x) [7, 8] f32 has 7 tokens > max_tokens = 6");
 }
 
 TEST(MoeLayerInput, NaNInInputIsReportedWithItsPosition) {
@@ -136,22 +156,102 @@ TEST(MoeLayerInput, WorkspaceTooSmallIsRejected) {
     expect_error([&] { MoeLayer layer(valid_config(), *device, 16, nullptr, ws.data(), ws.bytes()); }, "workspace");
 }
 
-TEST(MoeLayerInput, BackwardGradShortcutRulesAreChecked) {
+void backward_with(testing::CpuLayerHarness& h, bool grad_x, bool grad_shortcut) {
+    h.layer.backward(testing::host_tensor(h.grad_y, h.tokens, 8), h.params.view(), h.grads.view(),
+                     grad_x ? testing::host_tensor(h.grad_x, h.tokens, 8) : Tensor(),
+                     grad_shortcut ? testing::host_tensor(h.grad_s, h.tokens, 8) : Tensor(), *h.stream);
+    h.stream->synchronize();
+}
+
+// A forward without a shortcut routes on x: a defined grad_shortcut is refused (without a shared
+// expert it used to take the whole input gradient while grad_x was zero-filled).
+TEST(MoeLayerInput, BackwardRefusesGradShortcutWithoutAShortcut) {
+    for (bool shared : {false, true}) {
+        SCOPED_TRACE(shared ? "shared expert" : "no shared expert");
+        MoeConfig c = valid_config();
+        c.shared_expert = shared;
+        testing::CpuLayerHarness h(c, 6, false);
+        h.forward();
+        expect_error([&] { backward_with(h, true, true); },
+                     "the forward had no shortcut (it routed on x), so grad_shortcut must be undefined");
+        expect_error([&] { backward_with(h, false, false); }, "grad_x is undefined");
+        EXPECT_NO_THROW(backward_with(h, true, false));
+    }
+}
+
+// A forward with a shortcut sends the routed gradient to grad_shortcut: leaving it undefined is
+// refused (it used to land in grad_x, added to the shared expert's gradient of x).
+TEST(MoeLayerInput, BackwardRequiresGradShortcutAfterAShortcut) {
+    for (bool shared : {false, true}) {
+        SCOPED_TRACE(shared ? "shared expert" : "no shared expert");
+        MoeConfig c = valid_config();
+        c.shared_expert = shared;
+        testing::CpuLayerHarness h(c, 6, true);
+        h.forward();
+        expect_error([&] { backward_with(h, true, false); },
+                     "the forward routed on a separate shortcut, so grad_shortcut must be given");
+        EXPECT_NO_THROW(backward_with(h, true, true));
+        if (shared) {
+            expect_error([&] { backward_with(h, false, true); }, "grad_x is undefined");
+        } else {
+            EXPECT_NO_THROW(backward_with(h, false, true));  // x feeds nothing without a shared expert
+        }
+    }
+}
+
+TEST(MoeLayerInput, BackwardBeforeAnyForwardSaysSo) {
     testing::CpuLayerHarness h(valid_config(), 6, false);
+    expect_error([&] { backward_with(h, true, false); }, "MoeLayer.backward: called with no forward in flight");
+    expect_error([&] { h.layer.combine_backward(testing::host_tensor(h.grad_y, 6, 8), *h.stream); },
+                 "MoeLayer.combine_backward: called with no forward in flight");
     h.forward();
-    // Without a shortcut in forward, a separate grad_shortcut makes no sense... unless there is no
-    // shared expert (then x feeds only the routed path and both views are the same input).
+    EXPECT_NO_THROW(backward_with(h, true, false));
+}
+
+// A fresh store reads zeros on any backend; init(seed) is reproducible, differs by seed, has the
+// documented spread, and gives a layer finite outputs.
+TEST(MoeParamStore, FreshStoreIsZeroAndInitIsSeeded) {
+    auto device = make_device("cpu");
+    auto stream = device->create_stream();
     MoeConfig c = valid_config();
     c.shared_expert = true;
-    testing::CpuLayerHarness hs(c, 6, false);
-    hs.forward();
-    expect_error(
-        [&] {
-            hs.layer.backward(testing::host_tensor(hs.grad_y, 6, 8), hs.params.view(), hs.grads.view(),
-                              testing::host_tensor(hs.grad_x, 6, 8), testing::host_tensor(hs.grad_s, 6, 8),
-                              *hs.stream);
-        },
-        "grad_shortcut must be undefined");
+    c.coefficient_gate = true;
+    const std::size_t bytes = MoeParamStore(*device, c, DType::kF32).bytes();
+    {
+        // Leave garbage in the memory the next store is likely to get.
+        DeviceBuffer garbage(*device, bytes);
+        std::memset(garbage.data(), 0xab, bytes);
+    }
+    MoeParamStore a(*device, c, DType::kF32), b(*device, c, DType::kF32);
+    auto values = [](const MoeParamStore& p) {
+        const auto* f = static_cast<const float*>(p.data());
+        return std::vector<float>(f, f + p.numel());
+    };
+    for (float v : values(a)) ASSERT_EQ(v, 0.0f);
+    a.init(7, *stream);
+    b.init(7, *stream);
+    EXPECT_TRUE(testing::bitwise_equal(values(a), values(b)));
+    b.init(8, *stream);
+    EXPECT_FALSE(testing::bitwise_equal(values(a), values(b)));
+    double sum_sq = 0;
+    for (float v : values(a)) sum_sq += static_cast<double>(v) * v;
+    EXPECT_NEAR(std::sqrt(sum_sq / static_cast<double>(a.numel())), MoeParamStore::kInitStd, 0.1 * MoeParamStore::kInitStd);
+
+    // Expert-parallel stores of the same seed hold the full store's slices of the experts.
+    MoeParamStore half(*device, c, DType::kF32, 2);
+    half.init(7, *stream, 1);
+    const auto full_w1 = a.view().expert_w1, half_w1 = half.view().expert_w1;
+    const std::int64_t per_expert = full_w1.numel() / c.num_experts;
+    EXPECT_EQ(0, std::memcmp(half_w1.as<float>(), full_w1.as<float>() + 2 * per_expert,
+                             static_cast<std::size_t>(2 * per_expert) * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(half.view().gate_w.as<float>(), a.view().gate_w.as<float>(), a.view().gate_w.bytes()));
+    expect_error([&] { half.init(7, *stream, 2); }, "MoeParamStore.init: ep_rank = 2");
+
+    testing::CpuLayerHarness h(c, 6, false);
+    h.params.init(3, *h.stream);
+    h.forward();
+    for (float v : h.y) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_GT(*std::max_element(h.y.begin(), h.y.end()), 0.0f);
 }
 
 }  // namespace

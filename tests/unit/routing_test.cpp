@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "kernels/error.h"
 #include "kernels/layout.h"
+#include "kernels/math.h"
 #include "kernels/router.h"
 #include "test_util.h"
 
@@ -221,6 +224,116 @@ TEST(Routing, ZeroTokensForwardAndBackward) {
     EXPECT_EQ(s.expert_counts, (I{0, 0, 0, 0}));
     const auto* g = static_cast<const float*>(h.grads.data());
     for (std::int64_t i = 0; i < h.grads.numel(); ++i) ASSERT_EQ(g[i], 0.0f) << "gradient element " << i;
+}
+
+// ---- Noisy gate: fresh noise per training forward and per stream, reproducible from the key ----
+
+MoeConfig noisy_config(float noise_std = 1.0f) {
+    MoeConfig c;
+    c.hidden = 8;
+    c.ffn = 6;
+    c.num_experts = 4;
+    c.top_k = 2;
+    c.noise_std = noise_std;
+    return c;
+}
+
+// The gate weights of one forward: they move with every change of the noise.
+std::vector<float> gate_weights_of_forward(testing::CpuLayerHarness& h) {
+    h.forward();
+    return h.layer.routing(*h.stream).gate_weight;
+}
+
+TEST(NoisyGate, SuccessiveTrainingForwardsDrawFreshNoise) {
+    testing::CpuLayerHarness h(noisy_config(), 16, false);
+    const std::vector<float> first = gate_weights_of_forward(h);
+    const std::vector<float> second = gate_weights_of_forward(h);
+    EXPECT_FALSE(testing::bitwise_equal(first, second)) << "the same input got the same noise twice";
+    EXPECT_EQ(h.layer.noise_step(), 2u);  // one step per training forward
+}
+
+TEST(NoisyGate, TheKeyReproducesTheNoiseBitwise) {
+    testing::CpuLayerHarness h(noisy_config(), 16, false), other(noisy_config(), 16, false);
+    h.layer.set_noise_key(5, 3);
+    const std::vector<float> keyed = gate_weights_of_forward(h);
+    EXPECT_EQ(h.layer.noise_step(), 6u);
+    gate_weights_of_forward(h);  // step 6: other noise
+    h.layer.set_noise_key(5, 3);
+    EXPECT_TRUE(testing::bitwise_equal(gate_weights_of_forward(h), keyed));
+    other.layer.set_noise_key(5, 3);  // another layer object, same config, input and key
+    EXPECT_TRUE(testing::bitwise_equal(gate_weights_of_forward(other), keyed));
+}
+
+TEST(NoisyGate, StreamsAndStepsDrawDifferentNoise) {
+    testing::CpuLayerHarness h(noisy_config(), 16, false);
+    EXPECT_EQ(h.layer.noise_stream(), 0u);  // the ep rank
+    std::vector<std::vector<float>> seen;
+    for (auto [step, stream] : {std::pair<std::uint64_t, std::uint64_t>{5, 3}, {5, 4}, {6, 3}, {3, 5}, {0, 0}}) {
+        h.layer.set_noise_key(step, stream);
+        const std::vector<float> w = gate_weights_of_forward(h);
+        for (const auto& prev : seen) EXPECT_FALSE(testing::bitwise_equal(w, prev)) << step << ", " << stream;
+        seen.push_back(w);
+    }
+    // No collisions over a grid of (stream, step), swapped and shifted pairs included.
+    std::set<std::uint64_t> keys;
+    for (std::uint64_t stream = 0; stream < 64; ++stream)
+        for (std::uint64_t step = 0; step < 64; ++step) keys.insert(math::noise_key(0x5c3e, stream, step));
+    EXPECT_EQ(keys.size(), 64u * 64u);
+    EXPECT_NE(math::noise_key(1, 2, 3), math::noise_key(2, 2, 3));
+}
+
+TEST(NoisyGate, EvalModeAddsNoNoiseAndKeepsTheStep) {
+    testing::CpuLayerHarness noisy(noisy_config(), 16, false), clean(noisy_config(0.0f), 16, false);
+    noisy.layer.set_training(false);
+    EXPECT_TRUE(testing::bitwise_equal(gate_weights_of_forward(noisy), gate_weights_of_forward(clean)));
+    EXPECT_TRUE(testing::bitwise_equal(gate_weights_of_forward(noisy), gate_weights_of_forward(clean)));
+    EXPECT_EQ(noisy.layer.noise_step(), 0u);
+    noisy.layer.set_training(true);
+    EXPECT_FALSE(testing::bitwise_equal(gate_weights_of_forward(noisy), gate_weights_of_forward(clean)));
+}
+
+// The CPU router adds exactly noise_std * normal_sample(noise_key(seed, stream, step), t * E + e),
+// the per-element math the CUDA router shares (kernels/math.h).
+TEST(NoisyGate, CpuRouterAddsTheSharedNoiseMath) {
+    const std::int64_t T = 5;
+    const int E = 4, K = 2;
+    const std::vector<float> logits = testing::random_floats(T * E, 11);
+    auto device = make_device("cpu");
+    auto stream = device->create_stream();
+    std::vector<float> probs(logits.size()), lse(T), weights(T * K), fraction(E), losses(2);
+    I index(T * K);
+    RouterForwardArgs a;
+    a.tokens = T;
+    a.num_experts = E;
+    a.top_k = K;
+    a.noise_std = 0.7f;
+    a.noise_seed = 42;
+    a.noise_stream = 3;
+    a.noise_step = 9;
+    a.logits = logits.data();
+    a.probs = probs.data();
+    a.logsumexp = lse.data();
+    a.expert_index = index.data();
+    a.gate_weight = weights.data();
+    a.expert_fraction = fraction.data();
+    a.losses = losses.data();
+    router_forward(a, *stream);
+    stream->synchronize();
+    const std::uint64_t key = math::noise_key(42, 3, 9);
+    for (std::int64_t t = 0; t < T; ++t) {
+        float p[4];
+        for (int e = 0; e < E; ++e)
+            p[e] = logits[t * E + e] + 0.7f * math::normal_sample(key, static_cast<std::uint64_t>(t * E + e));
+        int best[2];
+        float w[2];
+        const float l = math::route_token(p, E, K, best, w);
+        EXPECT_EQ(l, lse[t]) << "token " << t;
+        for (int e = 0; e < E; ++e) EXPECT_EQ(p[e], probs[t * E + e]) << "token " << t << " expert " << e;
+        for (int j = 0; j < K; ++j) {
+            EXPECT_EQ(best[j], index[t * K + j]);
+            EXPECT_EQ(w[j], weights[t * K + j]);
+        }
+    }
 }
 
 }  // namespace
