@@ -87,6 +87,7 @@ StepMetrics Trainer::step() {
     Tracer& trace = trace_ ? *trace_ : *step_trace_;
     if (!trace_) step_trace_->clear();
     const std::size_t first_entry = trace.entries().size();
+    model_->set_noise_key(static_cast<std::uint64_t>(steps_done_), static_cast<std::uint64_t>(layout_.rank));
     model_->forward_backward(batch.inputs.data(), batch.targets.data(), tokens, 1.0f / static_cast<float>(tokens),
                              config_.overlap, &trace,
                              overlap_reduce ? reducer_->grads_ready(&trace) : LanguageModel::GradsReadyFn{});

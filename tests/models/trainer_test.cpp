@@ -309,5 +309,41 @@ TEST(Trainer, WorldNotDivisibleByEpIsRefused) {
     EXPECT_THROW(Trainer(small_training(2), *device, {3, 0, 2}, {}), Error);
 }
 
+// With a noisy gate (fresh noise every step and rank), a resumed run still continues bitwise: the
+// trainer keys the noise by (step, rank), not by how many forwards this process has run.
+TEST(Trainer, ResumeWithNoisyGateContinuesBitwise) {
+    const int world = 2, ep = 2, steps = 4, cut = 2;
+    TrainConfig config = small_training(steps);
+    config.model.moe.noise_std = 1.0f;
+    const fs::path dir = fresh_dir("resume_noisy");
+    std::vector<RankRun> straight(world), resumed(world);
+    auto run = [&](std::vector<RankRun>* out, int first, int end, bool load, bool save) {
+        run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
+            auto device = make_device("cpu");
+            Trainer t(config, *device, {world, rank, ep}, comms);
+            if (load) t.load(dir.string());
+            for (int s = first; s < end; ++s) {
+                const double loss = t.step().loss;
+                if (out) (*out)[static_cast<std::size_t>(rank)].losses.push_back(loss);
+            }
+            if (save) t.save(dir.string());
+            if (out) (*out)[static_cast<std::size_t>(rank)].params = all_params(t);
+        });
+    };
+    run(&straight, 0, steps, false, false);
+    run(nullptr, 0, cut, false, true);
+    run(&resumed, cut, steps, true, false);
+    for (int r = 0; r < world; ++r) {
+        const auto& a = straight[static_cast<std::size_t>(r)];
+        const auto& b = resumed[static_cast<std::size_t>(r)];
+        ASSERT_EQ(b.losses.size(), static_cast<std::size_t>(steps - cut));
+        for (int s = cut; s < steps; ++s)
+            EXPECT_EQ(a.losses[static_cast<std::size_t>(s)], b.losses[static_cast<std::size_t>(s - cut)])
+                << "rank " << r << " step " << s + 1;
+        EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float))) << "rank " << r;
+    }
+    fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace scmoe::models
