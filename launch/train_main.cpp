@@ -2,6 +2,8 @@
 // ranks (--ranks N, threads, the CPU quickstart) or one rank per process under mpirun / srun —
 // with metrics, progress lines, checkpoints and exact resume. --variants a,b trains each variant
 // in turn on the same data and seed and prints them side by side (the quickstart: top-2 vs ScMoE).
+// --eval-data reports the held-out loss every --eval-every steps and after the last; --eval-only
+// evaluates a checkpoint without training. Lines, metrics and the summary: launch/train_report.h.
 //
 // Exit status: 0 ok, 2 bad command line, 3 runtime error (a rank's error is printed with its rank).
 #include <unistd.h>
@@ -13,11 +15,9 @@
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -29,6 +29,7 @@
 #include "kernels/error.h"
 #include "launch/local_rank.h"
 #include "launch/train_comms.h"
+#include "launch/train_report.h"
 #include "models/trainer.h"
 #include "moe/trace.h"
 #if SCMOE_WITH_MPI
@@ -56,6 +57,8 @@ struct Args {
     std::string metrics, trace, checkpoint_dir, resume;
     std::int64_t checkpoint_every = 0, stop_at = 0, log_every = 0;
     int keep = 2;
+    std::int64_t eval_every = 0;  // 0: only after the last step
+    bool eval_only = false;
     bool quiet = false;
     double peak_tflops = 0;
 };
@@ -68,11 +71,11 @@ std::vector<std::string> split_list(const std::string& s) {
     return out;
 }
 
-
 Args parse(int argc, char** argv) {
-    cxxopts::Options o("scmoe-train", "scmoe-train: train the ScMoE byte-level language model (dp x ep).\n"
-                                      "In-process ranks: scmoe-train --ranks 4 --ep 4 ...   Processes: mpirun -np 8 "
-                                      "scmoe-train --ep 4 ...");
+    cxxopts::Options o("scmoe-train",
+                       "scmoe-train: train the ScMoE byte-level language model (dp x ep).\n"
+                       "In-process ranks: scmoe-train --ranks 4 --ep 4 ...   Processes: mpirun -np 8 "
+                       "scmoe-train --ep 4 ...");
     o.set_width(110);
     // clang-format off
     o.add_options("model")
@@ -106,6 +109,15 @@ Args parse(int argc, char** argv) {
         ("no-grad-overlap", "Run the gradient all-reduce after the backward instead of overlapping each block's "
                             "with the rest of it (same numerics)")
         ("no-calibrate", "Keep every expert FFN at its earliest slot instead of Eq. 11's");
+    o.add_options("evaluation")
+        ("eval-data", "Held-out text files, comma separated, for the eval loss (mean CE in nats per byte, forward "
+                      "only, no gate noise); 'default': the default corpus's last tenth, which training never reads",
+         cxxopts::value<std::string>())
+        ("eval-every", "Evaluate every N steps and after the last (0: only after the last)",
+         cxxopts::value<std::int64_t>()->default_value("0"))
+        ("eval-batches", "Evaluate the first K x batch x world windows of the eval data in stream order (0: all)",
+         cxxopts::value<std::int64_t>()->default_value("64"))
+        ("eval-only", "Evaluate the --resume checkpoint (or the initial parameters) and exit without training");
     o.add_options("parallel")
         ("ranks", "In-process ranks (threads) when not under mpirun", cxxopts::value<int>()->default_value("1"))
         ("ep", "Expert-parallel size (divides the world; default: the world)", cxxopts::value<int>())
@@ -140,9 +152,12 @@ Args parse(int argc, char** argv) {
         throw UsageError(e.what());
     }
     if (r.count("help")) {
-        std::cout << o.help() << "\nExamples:\n"
-                  << "  scmoe-train --ranks 4 --variants top2,scmoe-pos2 --link pcie4      # CPU quickstart\n"
-                  << "  mpirun -np 8 scmoe-train --preset gpt2-moe-small --ep 8 --backend cuda --checkpoint-dir ck\n";
+        std::cout
+            << o.help() << "\nExamples:\n"
+            << "  scmoe-train --ranks 4 --variants top2,scmoe-pos2 --link pcie4      # CPU quickstart\n"
+            << "  scmoe-train --ranks 2 --eval-data default --eval-every 50 --checkpoint-dir ck  # held-out loss\n"
+            << "  scmoe-train --ranks 2 --resume ck --eval-only --eval-data default            # evaluate ck\n"
+            << "  mpirun -np 8 scmoe-train --preset gpt2-moe-small --ep 8 --backend cuda --checkpoint-dir ck\n";
         std::exit(0);
     }
     if (!r.unmatched().empty()) throw UsageError("unexpected argument '" + r.unmatched()[0] + "'");
@@ -188,6 +203,17 @@ Args parse(int argc, char** argv) {
     if (t.steps <= 0) throw UsageError("--steps must be > 0");
     if (t.batch <= 0) throw UsageError("--batch must be > 0");
     if (t.adamw.schedule.warmup_steps < 0) throw UsageError("--warmup must be >= 0");
+    if (r.count("eval-data")) t.eval_data = split_list(r["eval-data"].as<std::string>());
+    for (const char* flag : {"eval-every", "eval-batches", "eval-only"})
+        if (r.count(flag) && t.eval_data.empty()) throw UsageError(std::string("--") + flag + " needs --eval-data");
+    if (r.count("eval-data") && t.eval_data.empty()) throw UsageError("--eval-data is empty");
+    if (t.eval_data == std::vector<std::string>{models::kDefaultHeldOut} && !t.data.empty())
+        throw UsageError(
+            "--eval-data default is the default corpus's held-out tenth; with --data, name held-out files");
+    a.eval_every = r["eval-every"].as<std::int64_t>();
+    t.eval_batches = r["eval-batches"].as<std::int64_t>();
+    a.eval_only = r.count("eval-only") > 0;
+    if (a.eval_every < 0 || t.eval_batches < 0) throw UsageError("--eval-every and --eval-batches must be >= 0");
     a.ranks = r["ranks"].as<int>();
     if (a.ranks <= 0) throw UsageError("--ranks must be > 0");
     a.mpi = launched_by_mpirun();
@@ -228,24 +254,6 @@ Args parse(int argc, char** argv) {
     return a;
 }
 
-// What one variant's run reports (rank 0's view; losses and counts are already world means/sums).
-struct RunSummary {
-    std::string variant;
-    double first_loss = 0, final_loss = 0;  // the first step's, the mean of the last 10% of steps
-    double tokens_per_s = 0, step_ms = 0, exposed_comm_pct = 0;  // means over the steps after the first
-    double tflops_per_device = 0;  // model training FLOP/s per rank (tokens/s x FLOPs per token / world)
-    std::int64_t steps = 0, dropped = 0;
-};
-
-std::string format_eta(double seconds) {
-    const auto s = static_cast<long long>(std::llround(std::max(0.0, seconds)));
-    std::ostringstream o;
-    if (s >= 3600) o << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
-    else if (s >= 60) o << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
-    else o << s << "s";
-    return o.str();
-}
-
 // Trains one variant on this rank; rank 0 prints and writes the metrics.
 // first_variant: whether this is the run's first variant (the metrics file starts empty then,
 // unless resuming; later variants append their lines).
@@ -271,7 +279,9 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
             std::to_string(100 * config.steps / config.adamw.schedule.warmup_steps) + "% of its peak");
     say(std::string("# overlap: ") + (config.overlap ? "ScMoE branches on their own stream" : "off (one stream)") +
         "; gradient all-reduce " +
-        (config.overlap && config.overlap_grad_reduce ? "per block, overlapped with the backward" : "after the backward"));
+        (config.overlap && config.overlap_grad_reduce ? "per block, overlapped with the backward"
+                                                      : "after the backward"));
+    if (trainer.has_eval_data()) say("# eval data: " + trainer.eval_description());
     if (!args.resume.empty()) {
         std::string path = args.resume == "auto" ? args.checkpoint_dir : args.resume;
         const bool has = std::ifstream(path + "/latest").good() || std::ifstream(path + "/trainer_state.json").good();
@@ -287,10 +297,24 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
         metrics.open(args.metrics, first_variant && trainer.steps_done() == 0 ? std::ios::trunc : std::ios::app);
         SCMOE_CHECK(metrics, "--metrics " << args.metrics << ": cannot open for writing");
     }
-    std::unique_ptr<Tracer> tracer;
-    const std::int64_t last = args.stop_at > 0 ? std::min(args.stop_at, config.steps) : config.steps;
     RunSummary sum;
     sum.variant = variant;
+    auto evaluate = [&] {
+        const models::EvalMetrics e = trainer.evaluate();
+        sum.eval = e;
+        if (metrics) metrics << eval_json(variant, e) << "\n" << std::flush;
+        if (lead && (!args.quiet || args.eval_only)) {  // --eval-only's line is its result
+            std::lock_guard<std::mutex> lock(print_mutex);
+            std::cout << eval_line(e) << std::endl;
+        }
+    };
+    if (args.eval_only) {
+        evaluate();
+        sum.steps = trainer.steps_done();
+        return sum;
+    }
+    std::unique_ptr<Tracer> tracer;
+    const std::int64_t last = args.stop_at > 0 ? std::min(args.stop_at, config.steps) : config.steps;
     std::vector<double> losses;
     double ms_total = 0, tps_total = 0, exposed_total = 0;
     std::int64_t timed = 0;
@@ -313,20 +337,7 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
             ++timed;
         }
         sum.dropped += m.dropped_tokens;
-        if (metrics) {
-            nlohmann::ordered_json j;
-            j["variant"] = variant;
-            j["step"] = m.step;
-            j["loss"] = m.loss;
-            j["router_loss"] = m.router_loss;
-            j["lr"] = m.lr;
-            j["grad_norm"] = m.grad_norm;
-            j["tokens_per_s"] = m.tokens_per_s;
-            j["step_ms"] = m.step_ms;
-            j["exposed_comm_pct"] = m.exposed_comm_pct;
-            j["dropped_tokens"] = m.dropped_tokens;
-            metrics << j.dump() << "\n" << std::flush;
-        }
+        if (metrics) metrics << step_json(variant, m) << "\n" << std::flush;
         if (m.step == first_step + 1 && !trainer.schedule_description().empty()) {
             std::istringstream lines(trainer.schedule_description());
             for (std::string line; std::getline(lines, line);) say("# slot: " + line);
@@ -334,14 +345,10 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
         if (m.step % args.log_every == 0 || m.step == last) {
             const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
             const double per_step = elapsed / static_cast<double>(m.step - first_step);
-            std::ostringstream line;
-            line << std::fixed << "step " << std::setw(5) << m.step << "/" << config.steps << "  loss "
-                 << std::setprecision(4) << m.loss << "  lr " << std::scientific << std::setprecision(2) << m.lr
-                 << std::fixed << "  " << std::setprecision(0) << m.tokens_per_s << " tok/s  " << std::setprecision(1)
-                 << m.step_ms << " ms/step  exposed comm " << m.exposed_comm_pct << "%  dropped " << m.dropped_tokens
-                 << "  ETA " << format_eta(per_step * static_cast<double>(last - m.step));
-            say(line.str());
+            say(step_line(m, config.steps, per_step * static_cast<double>(last - m.step)));
         }
+        if (trainer.has_eval_data() && ((args.eval_every > 0 && m.step % args.eval_every == 0) || m.step == last))
+            evaluate();
         if (!args.checkpoint_dir.empty() &&
             ((args.checkpoint_every > 0 && m.step % args.checkpoint_every == 0) || m.step == last)) {
             const std::string dir = trainer.save(args.checkpoint_dir, args.keep);
@@ -360,34 +367,9 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
         sum.step_ms = ms_total / static_cast<double>(timed);
         sum.tokens_per_s = tps_total / static_cast<double>(timed);
         sum.exposed_comm_pct = exposed_total / static_cast<double>(timed);
-        sum.tflops_per_device =
-            sum.tokens_per_s * trainer.model().train_flops_per_token() / layout.world / 1e12;
+        sum.tflops_per_device = sum.tokens_per_s * trainer.model().train_flops_per_token() / layout.world / 1e12;
     }
     return sum;
-}
-
-void print_summary(const std::vector<RunSummary>& runs, double peak_tflops) {
-    std::cout << "#\n# summary (loss: first step, mean of the last 10% of steps; times: mean over steps after the first)\n";
-    std::cout << "#  variant              steps  first loss  final loss     tok/s   ms/step  exposed%   dropped  "
-                 "speedup  loss vs first\n";
-    for (const RunSummary& r : runs) {
-        const RunSummary& base = runs.front();
-        std::cout << "   " << std::left << std::setw(20) << r.variant << std::right << std::fixed << std::setw(6)
-                  << r.steps << std::setprecision(4) << std::setw(12) << r.first_loss << std::setw(12) << r.final_loss
-                  << std::setprecision(0) << std::setw(10) << r.tokens_per_s << std::setprecision(1) << std::setw(10)
-                  << r.step_ms << std::setw(10) << r.exposed_comm_pct << std::setw(10) << r.dropped
-                  << std::setprecision(3) << std::setw(9) << (r.step_ms > 0 ? base.step_ms / r.step_ms : 0.0) << "x"
-                  << std::showpos << std::setprecision(2) << std::setw(13)
-                  << (base.final_loss > 0 ? (r.final_loss / base.final_loss - 1) * 100 : 0.0) << "%" << std::noshowpos
-                  << "\n";
-    }
-    for (const RunSummary& r : runs) {
-        std::cout << "# " << r.variant << ": " << std::setprecision(3) << r.tflops_per_device
-                  << " model TFLOP/s per rank";
-        if (peak_tflops > 0) std::cout << ", MFU " << std::setprecision(1) << 100.0 * r.tflops_per_device / peak_tflops
-                                       << "% of " << peak_tflops << " TFLOP/s";
-        std::cout << "\n";
-    }
 }
 
 std::string device_choice(const Args& args) {
@@ -399,10 +381,13 @@ int run_in_process(const Args& args) {
     const int world = args.ranks, ep = args.ep > 0 ? args.ep : world;
     models::ParallelLayout{world, 0, ep}.validate();
     const std::string backend = device_choice(args);
-    std::cout << "# scmoe-train: " << world << " in-process rank(s), dp " << world / ep << " x ep " << ep << ", backend "
-              << backend << (args.link ? ", link " + describe_link_model(*args.link) +
-                                    (args.link_scope == LinkScope::kAll ? " under every collective" : " under the expert-parallel a2a")
-                              : std::string()) << std::endl;
+    std::cout << "# scmoe-train: " << world << " in-process rank(s), dp " << world / ep << " x ep " << ep
+              << ", backend " << backend
+              << (args.link ? ", link " + describe_link_model(*args.link) +
+                                  (args.link_scope == LinkScope::kAll ? " under every collective"
+                                                                      : " under the expert-parallel a2a")
+                            : std::string())
+              << std::endl;
     std::vector<RunSummary> runs;
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
@@ -416,7 +401,7 @@ int run_in_process(const Args& args) {
         });
         runs.push_back(results[0]);
     }
-    print_summary(runs, args.peak_tflops);
+    if (!args.eval_only) print_summary(runs, args.peak_tflops);
     return 0;
 }
 
@@ -460,7 +445,7 @@ int run_mpi(const Args& launch_args) {
             runs.push_back(run_variant(args, variant, variant == args.variants.front(), *device, layout, comms.comms(),
                                        print_mutex));
         }
-        if (rank == 0) print_summary(runs, args.peak_tflops);
+        if (rank == 0 && !args.eval_only) print_summary(runs, args.peak_tflops);
     } catch (const std::exception& e) {
         std::cerr << "scmoe-train: rank " << rank << ": " << e.what() << std::endl;
         MPI_Abort(MPI_COMM_WORLD, kExitError);  // peers may be blocked in a collective

@@ -56,20 +56,21 @@ std::int64_t permute_index(std::int64_t i, std::int64_t n, std::uint64_t key) {
 
 // ---- ByteDataset ---------------------------------------------------------------------------------
 
-ByteDataset::ByteDataset(std::vector<std::string> paths) : paths_(std::move(paths)) {
-    SCMOE_CHECK(!paths_.empty(), "ByteDataset: no data files given");
+ByteDataset::ByteDataset(std::vector<std::string> paths, const std::string& role) : paths_(std::move(paths)) {
+    SCMOE_CHECK(!paths_.empty(), "ByteDataset: no " << role << " files given");
     starts_.push_back(0);
     try {
         for (const std::string& path : paths_) {
             const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-            if (fd < 0) SCMOE_FAIL("cannot open data file '" << path << "': " << errno_text(errno));
+            if (fd < 0) SCMOE_FAIL("cannot open " << role << " file '" << path << "': " << errno_text(errno));
             fds_.push_back(fd);
             struct stat st {};
-            if (::fstat(fd, &st) != 0) SCMOE_FAIL("cannot stat data file '" << path << "': " << errno_text(errno));
-            if (!S_ISREG(st.st_mode)) SCMOE_FAIL("data file '" << path << "' is not a regular file");
-            if (st.st_size == 0) SCMOE_FAIL("data file '" << path << "' is empty");
-            total_bytes_ += static_cast<std::int64_t>(st.st_size);
-            starts_.push_back(total_bytes_);
+            if (::fstat(fd, &st) != 0)
+                SCMOE_FAIL("cannot stat " << role << " file '" << path << "': " << errno_text(errno));
+            if (!S_ISREG(st.st_mode)) SCMOE_FAIL(role << " file '" << path << "' is not a regular file");
+            if (st.st_size == 0) SCMOE_FAIL(role << " file '" << path << "' is empty");
+            end_ += static_cast<std::int64_t>(st.st_size);
+            starts_.push_back(end_);
         }
     } catch (...) {
         close_all();
@@ -83,7 +84,8 @@ ByteDataset::ByteDataset(ByteDataset&& other) noexcept
     : paths_(std::move(other.paths_)),
       fds_(std::exchange(other.fds_, {})),
       starts_(std::move(other.starts_)),
-      total_bytes_(std::exchange(other.total_bytes_, 0)) {}
+      begin_(std::exchange(other.begin_, 0)),
+      end_(std::exchange(other.end_, 0)) {}
 
 ByteDataset& ByteDataset::operator=(ByteDataset&& other) noexcept {
     if (this != &other) {
@@ -91,7 +93,8 @@ ByteDataset& ByteDataset::operator=(ByteDataset&& other) noexcept {
         paths_ = std::move(other.paths_);
         fds_ = std::exchange(other.fds_, {});
         starts_ = std::move(other.starts_);
-        total_bytes_ = std::exchange(other.total_bytes_, 0);
+        begin_ = std::exchange(other.begin_, 0);
+        end_ = std::exchange(other.end_, 0);
     }
     return *this;
 }
@@ -101,11 +104,20 @@ void ByteDataset::close_all() noexcept {
     fds_.clear();
 }
 
+void ByteDataset::restrict_to(std::int64_t begin, std::int64_t end) {
+    SCMOE_CHECK(0 <= begin && begin < end && end <= starts_.back(),
+                "ByteDataset::restrict_to: bytes [" << begin << ", " << end << ") outside the files' " << starts_.back()
+                                                    << " bytes");
+    begin_ = begin;
+    end_ = end;
+}
+
 void ByteDataset::read(std::int64_t offset, std::int64_t count, std::uint8_t* out) const {
-    SCMOE_CHECK(offset >= 0 && count >= 0 && offset + count <= total_bytes_,
-                "ByteDataset::read: bytes [" << offset << ", " << offset + count << ") outside the stream of "
-                                             << total_bytes_ << " bytes");
+    SCMOE_CHECK(offset >= 0 && count >= 0 && offset + count <= size(),
+                "ByteDataset::read: bytes [" << offset << ", " << offset + count << ") outside the stream of " << size()
+                                             << " bytes");
     if (count == 0) return;
+    offset += begin_;
     // The file holding `offset`: the one before the first start past it.
     auto file =
         static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin() - 1);
@@ -196,6 +208,45 @@ void ByteBatcher::restore(const ByteBatcherState& state) {
     position_ = state.position;
 }
 
+// ---- EvalWindows --------------------------------------------------------------------------------
+
+EvalWindows::EvalWindows(ByteDataset data, std::int64_t seq_len, std::int64_t max_windows, int rank, int world)
+    : data_(std::move(data)), seq_len_(seq_len), world_(world) {
+    SCMOE_CHECK(seq_len > 0, "EvalWindows: seq_len must be positive, got " << seq_len);
+    SCMOE_CHECK(world > 0 && rank >= 0 && rank < world,
+                "EvalWindows: rank " << rank << " outside [0, " << world << ")");
+    if (data_.size() < seq_len + 1) {
+        std::string files;
+        for (const std::string& p : data_.paths()) files += (files.empty() ? "'" : ", '") + p + "'";
+        SCMOE_FAIL("eval data " << files << " (" << data_.size()
+                                << " bytes) is shorter than one window of seq + 1 = " << seq_len + 1 << " bytes");
+    }
+    stream_windows_ = (data_.size() - 1) / seq_len;
+    num_windows_ = max_windows > 0 ? std::min(stream_windows_, max_windows) : stream_windows_;
+    first_window_ = num_windows_ * rank / world;
+    shard_windows_ = num_windows_ * (rank + 1) / world - first_window_;
+    bytes_.resize(static_cast<std::size_t>(seq_len + 1));
+}
+
+std::int64_t EvalWindows::num_batches(std::int64_t batch) const {
+    SCMOE_CHECK(batch > 0, "EvalWindows::num_batches: batch must be positive, got " << batch);
+    const std::int64_t largest_shard = (num_windows_ + world_ - 1) / world_;
+    return (largest_shard + batch - 1) / batch;
+}
+
+void EvalWindows::read(std::int64_t first, std::int64_t count, std::int32_t* inputs, std::int32_t* targets) const {
+    SCMOE_CHECK(first >= 0 && count >= 0 && first + count <= stream_windows_,
+                "EvalWindows::read: windows [" << first << ", " << first + count << ") outside the stream's "
+                                               << stream_windows_);
+    for (std::int64_t w = 0; w < count; ++w) {
+        data_.read((first + w) * seq_len_, seq_len_ + 1, bytes_.data());
+        for (std::int64_t t = 0; t < seq_len_; ++t) {
+            inputs[w * seq_len_ + t] = bytes_[static_cast<std::size_t>(t)];
+            targets[w * seq_len_ + t] = bytes_[static_cast<std::size_t>(t + 1)];
+        }
+    }
+}
+
 // ---- The default corpus --------------------------------------------------------------------------
 
 std::string generate_corpus_text(std::int64_t bytes, std::uint64_t seed) {
@@ -246,9 +297,16 @@ DefaultCorpus default_corpus(const std::string& license_dir, const std::string& 
         corpus.paths.push_back(path.string());
         total += size;
     }
+    auto hold_out_last_tenth = [&corpus](std::int64_t total_bytes) {
+        corpus.total_bytes = total_bytes;
+        corpus.held_out_begin = total_bytes - total_bytes / 10;
+        corpus.description += "; training reads bytes [0, " + std::to_string(corpus.held_out_begin) +
+                              "), the last tenth is held out (--eval-data default)";
+    };
     if (!corpus.paths.empty()) {
         corpus.description = "default corpus: " + std::to_string(corpus.paths.size()) + " license texts from " +
                              license_dir + " (Debian base-files), " + std::to_string(total) + " bytes";
+        hold_out_last_tenth(static_cast<std::int64_t>(total));
         return corpus;
     }
     constexpr std::int64_t kGeneratedBytes = 256 * 1024;
@@ -269,6 +327,7 @@ DefaultCorpus default_corpus(const std::string& license_dir, const std::string& 
     corpus.paths.push_back(path.string());
     corpus.description = "default corpus: no license texts in " + license_dir + "; generated " +
                          std::to_string(kGeneratedBytes) + " bytes of English-like text at " + path.string();
+    hold_out_last_tenth(kGeneratedBytes);
     return corpus;
 }
 

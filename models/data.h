@@ -12,18 +12,24 @@ inline constexpr std::int64_t kByteVocab = 256;
 
 // One or more files read as one byte stream (their concatenation, in the order given). Files stay open
 // and are read with pread on demand: nothing is loaded whole. Throws scmoe::Error naming the path for a
-// file that is missing, unreadable or not a regular file (with the errno text), or empty.
+// file that is missing, unreadable or not a regular file (with the errno text), or empty; `role` names
+// the files in those messages ("data file '...'", "eval data file '...'").
 class ByteDataset {
   public:
-    explicit ByteDataset(std::vector<std::string> paths);
+    explicit ByteDataset(std::vector<std::string> paths, const std::string& role = "data");
     ~ByteDataset();
     ByteDataset(ByteDataset&& other) noexcept;
     ByteDataset& operator=(ByteDataset&& other) noexcept;
     ByteDataset(const ByteDataset&) = delete;
     ByteDataset& operator=(const ByteDataset&) = delete;
 
-    std::int64_t size() const { return total_bytes_; }  // bytes in the concatenated stream
+    std::int64_t size() const { return end_ - begin_; }  // bytes in the stream (after restrict_to)
     const std::vector<std::string>& paths() const { return paths_; }
+
+    // Narrows the stream to bytes [begin, end) of the files' concatenation: size() and read() then see
+    // only those, read offset 0 being byte `begin`. How a held-out split keeps training off its bytes.
+    // Throws unless 0 <= begin < end <= the files' total size.
+    void restrict_to(std::int64_t begin, std::int64_t end);
 
     // Copies bytes [offset, offset + count) of the stream into out (count bytes), crossing file
     // boundaries as needed. Throws if the range leaves the stream or a file shrank since it was opened.
@@ -32,8 +38,8 @@ class ByteDataset {
   private:
     std::vector<std::string> paths_;
     std::vector<int> fds_;
-    std::vector<std::int64_t> starts_;  // stream offset of each file's first byte; starts_.back() = size
-    std::int64_t total_bytes_ = 0;
+    std::vector<std::int64_t> starts_;  // offset of each file's first byte; starts_.back() = total bytes
+    std::int64_t begin_ = 0, end_ = 0;  // the stream: bytes [begin_, end_) of the concatenation
     void close_all() noexcept;
 };
 
@@ -111,10 +117,43 @@ class ByteBatcher {
 // [0, n) for every key. Deterministic across platforms and compilers.
 std::int64_t permute_index(std::int64_t i, std::int64_t n, std::uint64_t key);
 
-// The corpus used when no --data is given, so the quickstart needs no download.
+// Held-out evaluation windows: the stream's windows as ByteBatcher defines them (window w = bytes
+// [w * seq_len, w * seq_len + seq_len]; inputs its first seq_len bytes, targets its last seq_len, so
+// every byte after the first is a target of exactly one window), the first num_windows() of them in
+// stream order, sharded contiguously: rank r evaluates [N * r / world, N * (r + 1) / world). Unlike
+// ByteBatcher's, a shard may be empty (fewer windows than ranks).
+class EvalWindows {
+  public:
+    // max_windows <= 0: every window of the stream. Throws scmoe::Error naming the files when the
+    // stream is shorter than one window (seq_len + 1 bytes), or for seq_len <= 0 or a bad rank/world.
+    EvalWindows(ByteDataset data, std::int64_t seq_len, std::int64_t max_windows, int rank, int world);
+
+    std::int64_t stream_windows() const { return stream_windows_; }  // (size - 1) / seq_len
+    std::int64_t num_windows() const { return num_windows_; }        // evaluated, over every rank
+    std::int64_t first_window() const { return first_window_; }      // this rank's shard
+    std::int64_t shard_windows() const { return shard_windows_; }
+    // Passes of at most `batch` windows that cover the largest shard: the same on every rank.
+    std::int64_t num_batches(std::int64_t batch) const;
+    const ByteDataset& data() const { return data_; }
+
+    // Reads windows [first, first + count) of the stream: inputs and targets [count, seq_len] int32.
+    void read(std::int64_t first, std::int64_t count, std::int32_t* inputs, std::int32_t* targets) const;
+
+  private:
+    ByteDataset data_;
+    std::int64_t seq_len_, world_;
+    std::int64_t stream_windows_ = 0, num_windows_ = 0, first_window_ = 0, shard_windows_ = 0;
+    mutable std::vector<std::uint8_t> bytes_;  // one window's bytes
+};
+
+// The corpus used when no --data is given, so the quickstart needs no download. Its last tenth is
+// held out: training reads bytes [0, held_out_begin), --eval-data default bytes [held_out_begin,
+// total_bytes), so no training window touches a held-out byte.
 struct DefaultCorpus {
     std::vector<std::string> paths;
     std::string description;  // one line for the trainer to print
+    std::int64_t total_bytes = 0;
+    std::int64_t held_out_begin = 0;  // total_bytes - total_bytes / 10
 };
 
 // Prefers the license texts Debian's base-files package installs in every Debian and Ubuntu system

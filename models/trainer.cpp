@@ -1,12 +1,16 @@
 #include "models/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <span>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "kernels/error.h"
 #include "models/checkpoint.h"
+#include "moe/moe_layer.h"
 #include "moe/trace.h"
 
 namespace scmoe::models {
@@ -16,28 +20,33 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
     layout_.validate();
     SCMOE_CHECK(config_.batch > 0, "batch = " << config_.batch << " sequences per rank must be > 0");
     SCMOE_CHECK(config_.steps > 0, "steps = " << config_.steps << " must be > 0");
-    SCMOE_CHECK(layout_.world == 1 || comms_.world, "Trainer: world size " << layout_.world << " needs a world communicator");
+    SCMOE_CHECK(layout_.world == 1 || comms_.world,
+                "Trainer: world size " << layout_.world << " needs a world communicator");
     config_.model.backbone.dtype = device.compute_dtype();
     config_.model.validate();
     SCMOE_CHECK(config_.model.moe.num_experts % layout_.ep == 0,
                 "experts = " << config_.model.moe.num_experts << " is not divisible by ep = " << layout_.ep);
     config_.adamw.schedule.total_steps = config_.steps;
 
+    std::optional<DefaultCorpus> corpus;
     std::vector<std::string> paths = config_.data;
     if (paths.empty()) {
-        DefaultCorpus corpus = default_corpus();
-        paths = corpus.paths;
-        data_description_ = corpus.description;
+        corpus = default_corpus();
+        paths = corpus->paths;
+        data_description_ = corpus->description;
     } else {
         data_description_ = std::to_string(paths.size()) + " file(s) from --data";
     }
+    ByteDataset train_data(paths);
+    if (corpus) train_data.restrict_to(0, corpus->held_out_begin);  // never a held-out byte
     ByteBatcherConfig bc;
     bc.batch = config_.batch;
     bc.seq_len = config_.model.backbone.seq_len;
     bc.rank = layout_.rank;
     bc.world = layout_.world;
     bc.seed = config_.seed;
-    batcher_ = std::make_unique<ByteBatcher>(ByteDataset(paths), bc);
+    batcher_ = std::make_unique<ByteBatcher>(std::move(train_data), bc);
+    open_eval_data(corpus ? &*corpus : nullptr);
 
     const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
     model_ = std::make_unique<LanguageModel>(config_.model, device, tokens, comms_.ep);
@@ -46,11 +55,40 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
         adamw_.push_back(std::make_unique<AdamW>(device, g.params, g.dtype, g.numel, config_.adamw, model_->stream()));
     reducer_ = std::make_unique<GradientReducer>(*model_, layout_, comms_, device);
     reduce_buffer_ = DeviceBuffer(device, 8 * sizeof(float));
+    gather_buffer_ = DeviceBuffer(device, static_cast<std::size_t>(layout_.world) * sizeof(double));
     step_trace_ = std::make_unique<Tracer>(device, layout_.rank);
     model_->blocks().synchronize();
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::open_eval_data(const DefaultCorpus* corpus) {
+    if (config_.eval_data.empty()) return;
+    const std::int64_t seq_len = config_.model.backbone.seq_len;
+    const std::int64_t max_windows =
+        config_.eval_batches > 0 ? config_.eval_batches * config_.batch * layout_.world : 0;
+    const bool held_out = config_.eval_data == std::vector<std::string>{kDefaultHeldOut};
+    if (held_out) {
+        SCMOE_CHECK(corpus, "eval data '" << kDefaultHeldOut << "' is the default corpus's held-out split; with "
+                                          << "training files (--data) name held-out files instead");
+        ByteDataset data(corpus->paths, "eval data");
+        const std::int64_t end = data.size();
+        data.restrict_to(corpus->held_out_begin, end);
+        eval_description_ = "the default corpus's held-out last tenth, bytes [" +
+                            std::to_string(corpus->held_out_begin) + ", " + std::to_string(end) + ")";
+        eval_windows_ =
+            std::make_unique<EvalWindows>(std::move(data), seq_len, max_windows, layout_.rank, layout_.world);
+    } else {
+        eval_windows_ = std::make_unique<EvalWindows>(ByteDataset(config_.eval_data, "eval data"), seq_len, max_windows,
+                                                      layout_.rank, layout_.world);
+        eval_description_ = std::to_string(config_.eval_data.size()) + " file(s), " +
+                            std::to_string(eval_windows_->data().size()) + " bytes";
+    }
+    const EvalWindows& w = *eval_windows_;
+    eval_description_ += ": " + std::to_string(w.num_windows()) + " of its " + std::to_string(w.stream_windows()) +
+                         " windows of " + std::to_string(seq_len + 1) + " bytes, in " +
+                         std::to_string(w.num_batches(config_.batch)) + " batches per rank";
+}
 
 std::vector<AdamW*> Trainer::optimizers() {
     std::vector<AdamW*> out;
@@ -64,6 +102,23 @@ std::vector<float> Trainer::world_sum(const std::vector<float>& values) {
     all_reduce_sum_host(*comms_.world, out.data(), static_cast<std::int64_t>(out.size()), reduce_buffer_.data(),
                         model_->stream());
     return out;
+}
+
+double Trainer::world_sum_exact(double value) {
+    if (!comms_.world || comms_.world->size() == 1) return value;
+    const auto world = static_cast<std::size_t>(comms_.world->size());
+    Stream& s = model_->stream();
+    // A double travels as two i32 words: all_gather copies them bit for bit.
+    auto* slots = static_cast<double*>(gather_buffer_.data());
+    double* own = slots + comms_.world->rank();
+    s.copy(own, &value, sizeof(double));
+    comms_.world->all_gather(own, 2, slots, DType::kI32, s);
+    std::vector<double> values(world);
+    s.copy(values.data(), slots, world * sizeof(double));
+    s.synchronize();
+    double sum = 0;
+    for (double v : values) sum += v;
+    return sum;
 }
 
 void Trainer::calibrate_once(const ByteBatcher::Batch& batch) {
@@ -135,6 +190,67 @@ StepMetrics Trainer::step() {
     const std::span<const TraceEntry> step_entries = std::span(trace.entries()).subspan(first_entry);
     m.exposed_comm_pct = std::min(100.0, summarize_overlap(step_entries).exposed_us / 1000.0 / step_ms * 100.0);
     return m;
+}
+
+namespace {
+
+// Evaluation mode for the scope: no gate noise (MoeLayer::set_training), restored on the way out.
+class EvalMode {
+  public:
+    explicit EvalMode(LanguageModel& model) : layers_(model.blocks().moe_layers()) {
+        for (MoeLayer* layer : layers_) layer->set_training(false);
+    }
+    ~EvalMode() {
+        for (MoeLayer* layer : layers_) layer->set_training(true);
+    }
+    EvalMode(const EvalMode&) = delete;
+    EvalMode& operator=(const EvalMode&) = delete;
+
+  private:
+    std::vector<MoeLayer*> layers_;
+};
+
+}  // namespace
+
+EvalMetrics Trainer::evaluate() {
+    SCMOE_CHECK(eval_windows_, "Trainer::evaluate: no eval data (TrainConfig::eval_data is empty)");
+    const auto t0 = std::chrono::steady_clock::now();
+    const EvalWindows& w = *eval_windows_;
+    const std::int64_t seq_len = config_.model.backbone.seq_len, batch = config_.batch;
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(batch * seq_len)), targets(inputs.size());
+    EvalMode eval_mode(*model_);
+    // As in step(): a rank whose loss is not finite (or unreadable) still makes every collective call,
+    // then every rank stops at the agreement below.
+    std::exception_ptr local_error;
+    double loss_sum = 0;
+    for (std::int64_t b = 0, done = 0; b < w.num_batches(batch); ++b) {
+        const std::int64_t count = std::min(batch, w.shard_windows() - done);
+        // A rank whose shard is used up still runs a pass (the MoE all-to-alls are collective over
+        // its expert-parallel group): of window 0, not counted.
+        const std::int64_t passed = std::max<std::int64_t>(count, 1);
+        w.read(count > 0 ? w.first_window() + done : 0, passed, inputs.data(), targets.data());
+        model_->forward(inputs.data(), targets.data(), passed * seq_len, config_.overlap);
+        if (count > 0) done += count;
+        if (count <= 0 || local_error) continue;
+        try {
+            loss_sum += model_->loss_sum();
+        } catch (...) {
+            local_error = std::current_exception();
+            loss_sum = std::nan("");
+        }
+    }
+    model_->blocks().synchronize();
+    const double total = world_sum_exact(loss_sum);
+    if (local_error) std::rethrow_exception(local_error);
+    SCMOE_CHECK(std::isfinite(total), "eval at step " << steps_done_ << ": the loss is not finite on another rank");
+    EvalMetrics e;
+    e.step = steps_done_;
+    e.windows = w.num_windows();
+    e.tokens = w.num_windows() * seq_len;
+    e.loss = total / static_cast<double>(e.tokens);
+    e.ppl = std::exp(e.loss);
+    e.eval_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return e;
 }
 
 std::string Trainer::save(const std::string& root, int keep) {

@@ -9,6 +9,12 @@
 //           each block's all-reduce starts once its gradients are final); norm of the summed grads
 //   scale  = clip_scale(norm / world, max_grad_norm) / world;   AdamW with lr(step)
 // The logged loss is the mean over ranks of loss_r without the router losses.
+//
+// Evaluation (evaluate(), collective): the held-out loss, mean CE in nats per predicted byte over
+// fixed windows of the eval data (EvalWindows: the first min(all, eval_batches x batch x world)
+// windows in stream order, sharded over the ranks), forward only, without gate noise, router losses
+// not included; the per-rank sums are added in double in rank order. Training is unaffected: a run
+// that evaluates takes bitwise the same steps as one that does not.
 #pragma once
 
 #include <cstdint>
@@ -31,30 +37,46 @@ namespace scmoe::models {
 
 struct TrainConfig {
     LmConfig model;
-    std::int64_t batch = 8;           // sequences per rank per step
-    std::int64_t steps = 100;         // total steps of the run (the LR schedule's length)
-    AdamWConfig adamw;                // schedule.total_steps is set from `steps`
-    float max_grad_norm = 1.0f;       // <= 0: no clipping
-    std::uint64_t seed = 1234;        // parameters and data order
-    std::vector<std::string> data;    // files; empty: default_corpus()
-    bool overlap = true;              // the ScMoE overlap (numerics identical either way)
+    std::int64_t batch = 8;         // sequences per rank per step
+    std::int64_t steps = 100;       // total steps of the run (the LR schedule's length)
+    AdamWConfig adamw;              // schedule.total_steps is set from `steps`
+    float max_grad_norm = 1.0f;     // <= 0: no clipping
+    std::uint64_t seed = 1234;      // parameters and data order
+    std::vector<std::string> data;  // files; empty: default_corpus()
+    bool overlap = true;            // the ScMoE overlap (numerics identical either way)
     // The gradient all-reduce overlapped with the backward (GradientReducer::grads_ready), each
     // block's as soon as its gradients are final; only with `overlap`. Numerics identical either way.
     bool overlap_grad_reduce = true;
-    bool calibrate = true;            // measure op times once and choose the expert slots (Eq. 11)
+    bool calibrate = true;  // measure op times once and choose the expert slots (Eq. 11)
+    // Held-out files for evaluate(); {kDefaultHeldOut}: the default corpus's held-out last tenth
+    // (only without `data`); empty: no evaluation.
+    std::vector<std::string> eval_data;
+    std::int64_t eval_batches = 64;  // caps the windows at eval_batches x batch x world; <= 0: all
+};
+
+// TrainConfig::eval_data = {kDefaultHeldOut}: the held-out split of default_corpus().
+inline constexpr const char* kDefaultHeldOut = "default";
+
+struct EvalMetrics {
+    std::int64_t step = 0;     // steps done when evaluated
+    double loss = 0;           // mean CE in nats per predicted byte, over every rank's windows
+    double ppl = 0;            // exp(loss)
+    std::int64_t tokens = 0;   // predicted bytes evaluated, over every rank (windows x seq_len)
+    std::int64_t windows = 0;  // over every rank
+    double eval_ms = 0;        // wall time on this rank
 };
 
 struct StepMetrics {
-    std::int64_t step = 0;       // 1-based, after the update
-    double loss = 0;             // mean CE over every rank's tokens
-    double router_loss = 0;      // mean over ranks of the weighted aux + z losses
+    std::int64_t step = 0;   // 1-based, after the update
+    double loss = 0;         // mean CE over every rank's tokens
+    double router_loss = 0;  // mean over ranks of the weighted aux + z losses
     float lr = 0;
-    float grad_norm = 0;         // of the mean gradient, before clipping
-    double step_ms = 0;          // wall time of the step on this rank
-    double tokens_per_s = 0;     // every rank's tokens / step time
-    double exposed_comm_pct = 0; // of step_ms: the time in the step's trace in which communication
-                                 // (an all-to-all, a gradient all-reduce) runs and no compute runs
-                                 // (summarize_overlap); the loss agreement is not traced
+    float grad_norm = 0;              // of the mean gradient, before clipping
+    double step_ms = 0;               // wall time of the step on this rank
+    double tokens_per_s = 0;          // every rank's tokens / step time
+    double exposed_comm_pct = 0;      // of step_ms: the time in the step's trace in which communication
+                                      // (an all-to-all, a gradient all-reduce) runs and no compute runs
+                                      // (summarize_overlap); the loss agreement is not traced
     std::int64_t dropped_tokens = 0;  // over every rank and MoE layer
 };
 
@@ -67,6 +89,12 @@ class Trainer {
 
     // One training step (collective). Throws scmoe::Error on a non-finite loss or gradient.
     StepMetrics step();
+    // The held-out loss of the current parameters (collective; see the top of this file). Changes
+    // nothing a later step depends on. Throws scmoe::Error without eval data or on a non-finite loss.
+    EvalMetrics evaluate();
+    bool has_eval_data() const { return eval_windows_ != nullptr; }
+    const EvalWindows* eval_windows() const { return eval_windows_.get(); }
+    std::string eval_description() const { return eval_description_; }
     std::int64_t steps_done() const { return steps_done_; }
 
     // Checkpoints (collective): see models/checkpoint.h for the layout. save() writes
@@ -91,17 +119,21 @@ class Trainer {
     void calibrate_once(const ByteBatcher::Batch& batch);
     // The sum over the world of `values` (f32), in rank order; every rank gets the same result.
     std::vector<float> world_sum(const std::vector<float>& values);
+    // The same in double, exactly: every rank's value gathered bit for bit, added in rank order.
+    double world_sum_exact(double value);
+    void open_eval_data(const DefaultCorpus* corpus);
 
     TrainConfig config_;
     Device& device_;
     ParallelLayout layout_;
     TrainComms comms_;
-    std::string data_description_, schedule_description_;
+    std::string data_description_, schedule_description_, eval_description_;
     std::unique_ptr<LanguageModel> model_;
     std::unique_ptr<ByteBatcher> batcher_;
+    std::unique_ptr<EvalWindows> eval_windows_;
     std::vector<std::unique_ptr<AdamW>> adamw_;
     std::unique_ptr<GradientReducer> reducer_;
-    DeviceBuffer reduce_buffer_;
+    DeviceBuffer reduce_buffer_, gather_buffer_;
     std::unique_ptr<Tracer> step_trace_;  // every step's ops, for exposed_comm_pct
     std::int64_t steps_done_ = 0;
     bool calibrated_ = false;
