@@ -115,7 +115,7 @@ Args parse(int argc, char** argv) {
          cxxopts::value<std::string>())
         ("eval-every", "Evaluate every N steps and after the last (0: only after the last)",
          cxxopts::value<std::int64_t>()->default_value("0"))
-        ("eval-batches", "Evaluate the first K x batch x world windows of the eval data in stream order (0: all)",
+        ("eval-batches", "Evaluate at most the first K x batch x world windows of the eval data (0: all)",
          cxxopts::value<std::int64_t>()->default_value("64"))
         ("eval-only", "Evaluate the --resume checkpoint (or the initial parameters) and exit without training");
     o.add_options("parallel")
