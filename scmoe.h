@@ -7,6 +7,7 @@
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/host_io.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/tensor.h"
 #include "moe/config.h"

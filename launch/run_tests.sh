@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Builds scmoe (CUDA code compiled whenever nvcc is found) and runs the whole test suite.
-# GPU tests skip with a message when no device is present. With SCMOE_TEST_SANITIZE=1 (CI sets it)
+# Installs what is missing and builds scmoe (launch/setup.sh tests: CUDA code compiled whenever nvcc
+# is found), then runs the whole test suite. GPU tests skip with a message when no device is present.
+# Extra arguments after the build folder go to ctest (e.g. launch/run_tests.sh build -L unit).
+# With SCMOE_TEST_SANITIZE=1 (CI sets it)
 # the CPU tests are also built and run under AddressSanitizer + UndefinedBehaviorSanitizer, and the
 # scheduler and in-process communicator tests under ThreadSanitizer.
-#   usage: launch/run_tests.sh [build-dir]       (default: build)
+#   usage: launch/run_tests.sh [build-dir [ctest arguments...]]       (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
+shift $(( $# > 0 ? 1 : 0 ))
 jobs=${SCMOE_JOBS:-$(nproc)}
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 
-echo "== configure ($build)"
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${SCMOE_CMAKE_ARGS:-}
-echo "== build"
-cmake --build "$build" -j "$jobs"
+launch/setup.sh tests "$build"
 echo "== test"
-ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900
+ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900 "$@"
 
 if [ "${SCMOE_TEST_SANITIZE:-0}" = 1 ]; then
   echo "== sanitizer build (address,undefined; CPU code)"

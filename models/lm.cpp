@@ -10,7 +10,7 @@
 #include "kernels/embedding.h"
 #include "kernels/error.h"
 #include "kernels/gemm.h"
-#include "kernels/math.h"
+#include "kernels/host_io.h"
 #include "kernels/workspace.h"
 #include "moe/keyed_normal.h"
 #include "moe/params.h"
@@ -160,15 +160,7 @@ void LanguageModel::init_params(std::uint64_t seed) {
                 for (std::int64_t i = 0; i < n / parts; ++i) out[i] = std_dev == 0.0f ? 1.0f : std_dev * rng.next();
             }
         }
-        if (g.dtype == DType::kF32) {
-            s.copy(g.params, host.data(), host.size() * sizeof(float));
-            s.synchronize();
-        } else {
-            std::vector<std::uint16_t> bits(host.size());
-            for (std::size_t i = 0; i < host.size(); ++i) bits[i] = math::f32_to_bf16_bits(host[i]);
-            s.copy(g.params, bits.data(), bits.size() * sizeof(std::uint16_t));
-            s.synchronize();
-        }
+        copy_from_host(host, Tensor(g.params, g.dtype, {g.numel}), s);  // converts; synchronizes
     }
 }
 

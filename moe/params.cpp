@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "kernels/error.h"
-#include "kernels/math.h"
+#include "kernels/host_io.h"
 #include "moe/keyed_normal.h"
 
 namespace scmoe {
@@ -92,16 +92,7 @@ void MoeParamStore::init(std::uint64_t seed, Stream& stream, int ep_rank) {
             for (std::int64_t i = 0; i < per_part; ++i) *out++ = kInitStd * rng.next();
         }
     }
-    if (dtype_ == DType::kBF16) {
-        std::vector<std::uint16_t> bits(host.size());
-        for (std::size_t i = 0; i < host.size(); ++i) bits[i] = math::f32_to_bf16_bits(host[i]);
-        stream.copy(buffer_.data(), bits.data(), bits.size() * sizeof(std::uint16_t));
-        stream.synchronize();  // before `bits` goes
-    } else {
-        SCMOE_CHECK(dtype_ == DType::kF32, "MoeParamStore.init: dtype " << dtype_name(dtype_) << " is not f32 or bf16");
-        stream.copy(buffer_.data(), host.data(), host.size() * sizeof(float));
-        stream.synchronize();  // before `host` goes
-    }
+    copy_from_host(host, Tensor(buffer_.data(), dtype_, {numel_}), stream);  // converts; synchronizes
 }
 
 }  // namespace scmoe

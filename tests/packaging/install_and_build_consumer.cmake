@@ -1,5 +1,8 @@
-# Installs the scmoe build into a fresh prefix, configures and builds tests/consumer against it with
-# find_package(scmoe), and runs the consumer. Any failing step fails the test.
+# Installs the scmoe build into a fresh prefix, then builds and runs tests/consumer against it twice:
+#   1. core only, with find_package(CUDAToolkit / NCCL / MPI) disabled: a CPU-only embedder needs
+#      none of them, even when the installed build has the CUDA backend and MPI;
+#   2. with the models component (and mpi / nccl when the build has them): the language model.
+# Any failing step fails the test.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
@@ -16,11 +19,36 @@ run_step("install" ${CMAKE_COMMAND} --install ${SCMOE_BUILD_DIR} --prefix ${pref
 if(EXISTS ${prefix}/include/scmoe/kernels/cpu OR EXISTS ${prefix}/include/scmoe/moe/detail/moe_layer_buffers.h)
   message(FATAL_ERROR "private headers were installed")
 endif()
-run_step("configure consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
-         -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS})
-run_step("build consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run_step("run consumer" ${WORK_DIR}/build/scmoe_consumer)
+if(NOT EXISTS ${prefix}/include/scmoe/models/lm.h)
+  message(FATAL_ERROR "the language model's headers (models/) were not installed")
+endif()
+
+# 1. The core library alone.
+run_step("configure CPU-only consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/core
+         -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
+         -DCMAKE_DISABLE_FIND_PACKAGE_NCCL=ON -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON)
+run_step("build CPU-only consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/core)
+run_step("run consumer" ${WORK_DIR}/core/scmoe_consumer)
 message(STATUS "consumer said: ${step_output}")
 if(NOT step_output MATCHES "scmoe consumer ok")
   message(FATAL_ERROR "consumer output lacks 'scmoe consumer ok'")
+endif()
+
+# 2. With components.
+set(components models)
+if(WITH_MPI)
+  list(APPEND components mpi)
+endif()
+if(WITH_CUDA)
+  list(APPEND components nccl)
+endif()
+string(REPLACE ";" "," components_arg "${components}")
+run_step("configure consumer with components ${components}" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR}
+         -B ${WORK_DIR}/components -DCMAKE_PREFIX_PATH=${prefix} "-DSCMOE_CONSUMER_COMPONENTS=${components_arg}"
+         -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS})
+run_step("build consumer with components" ${CMAKE_COMMAND} --build ${WORK_DIR}/components)
+run_step("run language-model consumer" ${WORK_DIR}/components/scmoe_consumer_lm)
+message(STATUS "consumer said: ${step_output}")
+if(NOT step_output MATCHES "scmoe lm consumer ok")
+  message(FATAL_ERROR "language-model consumer output lacks 'scmoe lm consumer ok'")
 endif()

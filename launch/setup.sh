@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The one setup step behind the README's two commands and CI: installs what is missing, then
+# configures and builds what the command needs, reusing an existing build folder.
+#
+#   usage: launch/setup.sh deps|quickstart|tests [build-dir]
+#     deps        install the Debian and pip packages only
+#     quickstart  deps, then a Release build of scmoe-train (and scmoe-bench with SCMOE_QUICKSTART_BENCH=1);
+#                 a fresh build folder gets the CUDA backend only when nvidia-smi lists a GPU
+#     tests       deps, then a Release build of everything (CUDA code compiled whenever nvcc is found)
+#
+# Installing needs root and apt-get (and pip for the Python packages the checkpoint tests use). Without
+# them the script prints the exact install line and exits 2 when a required package is missing.
+# Environment (defaults): SCMOE_JOBS (nproc), SCMOE_CMAKE_ARGS (empty: extra configure arguments),
+# SCMOE_SKIP_INSTALL (0; 1: never install, only check).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-}
+build=${2:-${SCMOE_BUILD_DIR:-build}}
+case "$what" in
+  deps|quickstart|tests) ;;
+  -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "usage: launch/setup.sh deps|quickstart|tests [build-dir]" >&2; exit 2 ;;
+esac
+jobs=${SCMOE_JOBS:-$(nproc)}
+say() { echo "== setup: $*"; }
+
+# ---- Debian packages -------------------------------------------------------------------------
+# Required for every build. Open MPI is optional to the build (SCMOE_WITH_MPI=AUTO) but the mpirun
+# tests and launch recipes need it, so it is installed too.
+packages=(cmake g++ make pkg-config libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev
+          libcxxopts-dev libgtest-dev python3)
+missing=()
+for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${SCMOE_SKIP_INSTALL:-0}" != 1 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "error: missing Debian packages: ${missing[*]}" >&2
+    echo "install them, then run this command again:" >&2
+    echo "  sudo apt-get install -y ${missing[*]}" >&2
+    exit 2
+  fi
+else
+  say "Debian packages present"
+fi
+
+# ---- Python packages (tests only: the checkpoint tests read our safetensors files with them) ---
+if [ "$what" != quickstart ]; then
+  if python3 -c 'import safetensors, numpy' 2>/dev/null; then
+    say "Python packages present (safetensors, numpy)"
+  elif [ "${SCMOE_SKIP_INSTALL:-0}" != 1 ] && python3 -m pip --version >/dev/null 2>&1; then
+    say "installing Python packages: safetensors numpy"
+    python3 -m pip install -q safetensors numpy ||
+      { echo "error: pip could not install safetensors numpy; run: python3 -m pip install safetensors numpy" >&2
+        exit 2; }
+  else
+    echo "error: the tests need Python's safetensors and numpy; run: python3 -m pip install safetensors numpy" >&2
+    exit 2
+  fi
+fi
+[ "$what" = deps ] && exit 0
+
+# ---- Configure and build ---------------------------------------------------------------------
+[ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+args=(-DCMAKE_BUILD_TYPE=Release)
+if [ "$what" = tests ]; then
+  args+=(-DSCMOE_BUILD_TESTS=ON -DSCMOE_BUILD_BENCH=ON)
+  [ -f "$build/CMakeCache.txt" ] && grep -q '^SCMOE_WITH_CUDA:STRING=OFF' "$build/CMakeCache.txt" &&
+    [ -z "${SCMOE_CMAKE_ARGS:-}" ] && args+=(-DSCMOE_WITH_CUDA=AUTO)
+  targets=()
+elif [ ! -f "$build/CMakeCache.txt" ]; then
+  # A fresh quickstart build: the CUDA backend only where it can run (compiling it takes most of the
+  # build time on 2 cores); the test command turns it on in the same folder later.
+  if (nvidia-smi -L 2>/dev/null || true) | grep -q '^GPU'; then args+=(-DSCMOE_WITH_CUDA=AUTO); else
+    args+=(-DSCMOE_WITH_CUDA=OFF); fi
+  targets=(--target scmoe-train)
+  [ "${SCMOE_QUICKSTART_BENCH:-0}" = 1 ] && targets+=(scmoe-bench)
+else
+  targets=(--target scmoe-train)
+  [ "${SCMOE_QUICKSTART_BENCH:-0}" = 1 ] && targets+=(scmoe-bench)
+fi
+# shellcheck disable=SC2206  # extra arguments are a list of words
+args+=(${SCMOE_CMAKE_ARGS:-})
+if [ -f "$build/CMakeCache.txt" ]; then say "reusing $build/"; fi
+say "configure: cmake -S . -B $build ${args[*]}"
+mkdir -p "$build"
+log=$build/setup-configure.log
+cmake -S . -B "$build" "${args[@]}" >"$log" 2>&1 ||
+  { cat "$log" >&2; echo "error: configure failed (log above: $log)" >&2; exit 1; }
+grep -E '^-- scmoe:' "$log" || true
+start=$(date +%s)
+say "build ${targets[*]:-everything} with $jobs jobs (progress in percent; a fresh full build with CUDA takes about 10 minutes on 2 cores)"
+cmake --build "$build" -j "$jobs" ${targets[@]+"${targets[@]}"}
+say "built in $(( $(date +%s) - start )) s"
