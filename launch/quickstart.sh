@@ -18,6 +18,7 @@
 # the scmoe-bench layer, gemm and block benchmarks, about 1.5 minutes more on 2 CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 # Echoes a command so it can be pasted back into a shell (quotes only the words that need it).
 print_cmd() {
     local word line='+'

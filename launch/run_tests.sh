@@ -2,12 +2,12 @@
 # Installs what is missing and builds scmoe (launch/setup.sh tests: CUDA code compiled whenever nvcc
 # is found), then runs the whole test suite. GPU tests skip with a message when no device is present.
 # Extra arguments after the build folder go to ctest (e.g. launch/run_tests.sh build -L unit).
-# With SCMOE_TEST_SANITIZE=1 (CI sets it)
-# the CPU tests are also built and run under AddressSanitizer + UndefinedBehaviorSanitizer, and the
+# With SCMOE_TEST_SANITIZE=1 (CI sets it) the CPU tests are also built and run under AddressSanitizer + UndefinedBehaviorSanitizer, and the
 # scheduler and in-process communicator tests under ThreadSanitizer.
 #   usage: launch/run_tests.sh [build-dir [ctest arguments...]]       (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 build=${1:-build}
 shift $(( $# > 0 ? 1 : 0 ))
 jobs=${SCMOE_JOBS:-$(nproc)}
