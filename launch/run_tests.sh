@@ -2,8 +2,9 @@
 # Installs what is missing and builds scmoe (launch/setup.sh tests: CUDA code compiled whenever nvcc
 # is found), then runs the whole test suite. GPU tests skip with a message when no device is present.
 # Extra arguments after the build folder go to ctest (e.g. launch/run_tests.sh build -L unit).
-# With SCMOE_TEST_SANITIZE=1 (CI sets it) the CPU tests are also built and run under AddressSanitizer + UndefinedBehaviorSanitizer, and the
-# scheduler and in-process communicator tests under ThreadSanitizer.
+# With SCMOE_TEST_SANITIZE=1 (CI sets it) the CPU tests are also built and run under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and the scheduler and in-process communicator tests
+# under ThreadSanitizer.
 #   usage: launch/run_tests.sh [build-dir [ctest arguments...]]       (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
