@@ -1,13 +1,15 @@
-// LayerScheduler and BlockStack: the slot rule (Eq. 11) on hand-made times; overlap on and off
-// bitwise identical for every variant (default and calibrated slots, one rank and in-process
-// expert-parallel ranks); the distributed stack equal to the single-rank stack; errors inside an
-// overlapped branch surface without a hang; the trace shows both streams.
+// LayerScheduler and BlockStack: the slot rule (Eq. 11) on hand-made times; which ops the schedule
+// runs side by side, proven by rendezvous (no timing); overlap on and off bitwise identical for
+// every variant (default and calibrated slots, one rank and in-process expert-parallel ranks); the
+// distributed stack equal to the single-rank stack; errors inside an overlapped branch surface
+// without a hang; the trace shows both streams.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <sstream>
 #include <thread>
@@ -15,6 +17,7 @@
 #include "block_test_util.h"
 #include "comm/local_communicator.h"
 #include "moe/trace.h"
+#include "rendezvous_util.h"
 
 namespace scmoe {
 namespace {
@@ -55,6 +58,163 @@ TEST(LayerScheduler, SlotMinimisesEquation11) {
     plan.branches[0].join = 6;
     EXPECT_THROW(choose_slots(plan, s), Error);
 }
+
+// ---- what runs side by side, proven by rendezvous ----
+//
+// Plans shaped like the BlockStack's Pos-2 pair, with the expert slot inside the window, so both
+// halves of it hold backbone work. Every op is empty except the two a case names, which meet at a
+// Rendezvous (tests/rendezvous_util.h): the pass completes exactly when the schedule lets those two
+// run at the same time, and fails naming them when it orders one after the other, whatever the
+// machine's speed or load.
+
+struct PassShape {
+    std::string name;
+    std::vector<std::string> segments;
+    int ready, slot, join;
+    std::string send, expert, receive;  // the branch's op names
+};
+
+void PrintTo(const PassShape& p, std::ostream* os) { *os << p.name; }
+
+const PassShape kForwardShape{.name = "forward",
+                              .segments = {"attn0", "mlp0", "attn1", "norm_x1", "shared1"},
+                              .ready = 1,
+                              .slot = 3,
+                              .join = 5,
+                              .send = "dispatch",
+                              .expert = "experts",
+                              .receive = "collect"};
+const PassShape kBackwardShape{.name = "backward",
+                               .segments = {"shared_bwd1", "norm_x_bwd1", "attn_bwd1", "mlp_bwd0", "attn_bwd0"},
+                               .ready = 0,
+                               .slot = 2,
+                               .join = 4,
+                               .send = "collect_bwd",
+                               .expert = "experts_bwd",
+                               .receive = "dispatch_bwd"};
+
+// Long where a case must meet (only a schedule that serializes the pair waits this long); short
+// where it must not (the wait ends in the error however fast the machine).
+constexpr double kMeetTimeoutS = 60.0;
+constexpr double kSerializedTimeoutS = 1.0;
+
+// One pass of `shape` in `chunks` pieces where the ops named a and b (a branch op as the trace
+// names it, "dispatch[moe1]", a chunk piece "dispatch#1[moe1]", a segment "mlp0") meet; returns the
+// first error of the two streams, "" when the pass completed (and then a and b met).
+std::string meet_in_pass(const PassShape& shape, int chunks, bool overlap, const std::string& a, const std::string& b,
+                         double timeout_s) {
+    testing::Rendezvous rendezvous(a, b, timeout_s);
+    auto op = [&](const std::string& name) {
+        return [&rendezvous, a, b, name](Stream& s) {
+            if (name == a) rendezvous.arrive_on(s, testing::Rendezvous::kFirst);
+            if (name == b) rendezvous.arrive_on(s, testing::Rendezvous::kSecond);
+        };
+    };
+    auto piece = [&](const std::string& stage) {
+        return [op, stage](int c, int, Stream& s) { op(stage + "#" + std::to_string(c) + "[moe1]")(s); };
+    };
+    SchedulePlan plan;
+    plan.name = shape.name;
+    for (const std::string& name : shape.segments) plan.segments.push_back({name, op(name)});
+    BranchPlan branch;
+    branch.name = "moe1";
+    branch.ready = shape.ready;
+    branch.join = shape.join;
+    branch.send = {shape.send, op(shape.send + "[moe1]"), true};
+    branch.expert = {shape.expert, op(shape.expert + "[moe1]")};
+    branch.receive = {shape.receive, op(shape.receive + "[moe1]"), true};
+    branch.max_chunks = 2;
+    branch.send_chunks = {shape.send, piece(shape.send), true};
+    branch.expert_chunks = {shape.expert, piece(shape.expert)};
+    branch.receive_chunks = {shape.receive, piece(shape.receive), true};
+    plan.branches.push_back(branch);
+    Schedule schedule;
+    schedule.segment_ms.assign(shape.segments.size(), 0.0);
+    schedule.branches.resize(1);
+    schedule.branches[0].slot = shape.slot;
+    schedule.branches[0].chunks = chunks;
+
+    auto device = make_device("cpu");
+    auto backbone = device->create_stream(), moe = device->create_stream();
+    LayerScheduler scheduler(*device, *backbone, *moe);
+    scheduler.run(plan, schedule, overlap);
+    std::string error;
+    for (Stream* s : {moe.get(), backbone.get()}) {
+        try {
+            s->synchronize();
+        } catch (const Error& e) {
+            if (error.empty()) error = e.what();
+        }
+    }
+    if (error.empty() && !rendezvous.met()) error = "completed without " + a + " and " + b + " meeting";
+    return error;
+}
+
+struct MeetCase {
+    int chunks;
+    bool overlap;
+    std::string a, b;
+};
+
+// Runs the cases at once (each on its own streams); returns their errors in order.
+std::vector<std::string> meet_cases(const PassShape& shape, const std::vector<MeetCase>& cases, double timeout_s) {
+    std::vector<std::future<std::string>> runs;
+    for (const MeetCase& c : cases)
+        runs.push_back(std::async(std::launch::async, [&shape, c, timeout_s] {
+            return meet_in_pass(shape, c.chunks, c.overlap, c.a, c.b, timeout_s);
+        }));
+    std::vector<std::string> errors;
+    for (auto& r : runs) errors.push_back(r.get());
+    return errors;
+}
+
+class SchedulerRendezvous : public ::testing::TestWithParam<PassShape> {};
+
+// The send side: the first all-to-all runs while every backbone segment in [ready, slot) runs;
+// the receive side: the second while every segment in [slot, join) runs. Chunked (Tutel-style):
+// expert piece 0 runs while send piece 1 does, expert piece 1 while receive piece 0 does.
+TEST_P(SchedulerRendezvous, OverlappedExchangesMeetTheBackboneOpsOfTheirWindow) {
+    const PassShape& p = GetParam();
+    const std::string send = p.send + "[moe1]", receive = p.receive + "[moe1]";
+    std::vector<MeetCase> cases;
+    for (int j = p.ready; j < p.slot; ++j) cases.push_back({1, true, send, p.segments[static_cast<std::size_t>(j)]});
+    for (int j = p.slot; j < p.join; ++j) cases.push_back({1, true, receive, p.segments[static_cast<std::size_t>(j)]});
+    cases.push_back({2, true, p.send + "#1[moe1]", p.expert + "#0[moe1]"});
+    cases.push_back({2, true, p.receive + "#0[moe1]", p.expert + "#1[moe1]"});
+    const std::vector<std::string> errors = meet_cases(p, cases, kMeetTimeoutS);
+    for (std::size_t i = 0; i < cases.size(); ++i)
+        EXPECT_EQ(errors[i], "") << p.name << ": " << cases[i].a << " with " << cases[i].b << ", " << cases[i].chunks
+                                 << " chunk(s)";
+}
+
+// The same pairs with overlap off (one stream) cannot meet; nor can, with overlap on, pairs the
+// schedule orders: the send and the segment at the slot (the expert FFN waits for the send), the
+// receive and the segment before the slot (the receive waits for the expert FFN).
+TEST_P(SchedulerRendezvous, OrderedPairsFailNamingBothOps) {
+    const PassShape& p = GetParam();
+    const std::string send = p.send + "[moe1]", receive = p.receive + "[moe1]";
+    const std::string& at_ready = p.segments[static_cast<std::size_t>(p.ready)];
+    const std::string& at_slot = p.segments[static_cast<std::size_t>(p.slot)];
+    const std::string& before_slot = p.segments[static_cast<std::size_t>(p.slot - 1)];
+    const std::vector<MeetCase> cases = {{1, false, send, at_ready},
+                                         {1, false, receive, at_slot},
+                                         {2, false, p.send + "#1[moe1]", p.expert + "#0[moe1]"},
+                                         {1, true, send, at_slot},
+                                         {1, true, receive, before_slot}};
+    const std::vector<std::string> errors = meet_cases(p, cases, kSerializedTimeoutS);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const std::string& e = errors[i];
+        const std::string what = p.name + ": " + cases[i].a + " with " + cases[i].b +
+                                 (cases[i].overlap ? ", overlap on" : ", overlap off") + ": " + e;
+        EXPECT_NE(e.find("the schedule serialized them"), std::string::npos) << what;
+        EXPECT_NE(e.find(cases[i].a), std::string::npos) << what;
+        EXPECT_NE(e.find(cases[i].b), std::string::npos) << what;
+        std::printf("%s\n", what.c_str());
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Passes, SchedulerRendezvous, ::testing::Values(kForwardShape, kBackwardShape),
+                         [](const ::testing::TestParamInfo<PassShape>& p) { return p.param.name; });
 
 class BlockOverlap : public ::testing::TestWithParam<std::string> {};
 

@@ -1,0 +1,197 @@
+// Proving that two pieces of stream work run at the same time, without timing anything.
+//
+// A Rendezvous joins two ops: each one, when it starts, marks itself arrived and blocks until the
+// other has arrived too. Where the schedule lets both run at once, both arrive and go on, on any
+// machine and under any load. Where it orders one after the other (the same stream, an event
+// between them), the first one waits for an op that cannot start before it ends: after the timeout
+// it throws "A waited 1 s for B to start: the schedule serialized them", again whatever the speed.
+// So a test asserts "completes" or "fails with that error", never a duration; the timeout only
+// bounds how long a serialized schedule takes to be reported (long where the test expects the
+// rendezvous to succeed, short where it expects the failure).
+//
+// The hooks that put a Rendezvous into code the test does not own:
+//   RendezvousCommunicator  a Communicator decorator: a chosen all_to_all_v meets the rendezvous
+//                           on its stream before the exchange.
+//   TraceProbe              a Device to build a Tracer on: the next op that Tracer records on a
+//                           chosen stream meets the rendezvous as it starts.
+// Both take a Rendezvous by reference: it must outlive the streams' work (synchronize them first).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "comm/communicator.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+
+namespace scmoe::testing {
+
+class Rendezvous {
+  public:
+    enum Side { kFirst = 0, kSecond = 1 };
+
+    // first, second: the ops' names, for the error. timeout_s: how long either side waits.
+    Rendezvous(std::string first, std::string second, double timeout_s)
+        : names_{std::move(first), std::move(second)}, timeout_s_(timeout_s) {}
+
+    // Marks `side` arrived and waits for the other side; throws Error after the timeout.
+    void arrive(Side side) {
+        const int me = side, other = 1 - side;
+        std::unique_lock lock(mu_);
+        arrived_[me] = true;
+        cv_.notify_all();
+        const auto timeout = std::chrono::duration<double>(timeout_s_);
+        if (!cv_.wait_for(lock, timeout, [&] { return arrived_[other]; })) {
+            std::ostringstream os;
+            os << names_[me] << " waited " << timeout_s_ << " s for " << names_[other]
+               << " to start: the schedule serialized them";
+            SCMOE_FAIL(os.str());
+        }
+    }
+    // Enqueues arrive(side) on `stream`: it runs where the stream's earlier work has finished.
+    void arrive_on(Stream& stream, Side side) {
+        stream.host_task([this, side] { arrive(side); });
+    }
+    // Both sides arrived: the two ops ran at the same time.
+    bool met() const {
+        std::scoped_lock lock(mu_);
+        return arrived_[0] && arrived_[1];
+    }
+
+  private:
+    std::string names_[2];
+    double timeout_s_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    bool arrived_[2] = {false, false};
+};
+
+// Forwards every call to `inner`. After meet_at(n, ...), the n-th all_to_all_v from then on (0 =
+// the next) first enqueues the rendezvous's arrival of `side` on its stream, then calls
+// `enqueued` (on the calling thread, e.g. to arm a TraceProbe for the other side).
+class RendezvousCommunicator final : public Communicator {
+  public:
+    explicit RendezvousCommunicator(Communicator& inner) : inner_(inner) {}
+
+    void meet_at(int nth_all_to_all, Rendezvous& rendezvous, Rendezvous::Side side,
+                 std::function<void()> enqueued = {}) {
+        countdown_ = nth_all_to_all;
+        rendezvous_ = &rendezvous;
+        side_ = side;
+        enqueued_ = std::move(enqueued);
+    }
+
+    int rank() const override { return inner_.rank(); }
+    int size() const override { return inner_.size(); }
+    std::string name() const override { return "rendezvous(" + inner_.name() + ")"; }
+
+    void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
+                      DType dtype, Stream& stream) override {
+        if (rendezvous_ && countdown_-- == 0) {
+            rendezvous_->arrive_on(stream, side_);
+            rendezvous_ = nullptr;
+            if (enqueued_) enqueued_();
+        }
+        inner_.all_to_all_v(send, send_counts, recv, recv_counts, dtype, stream);
+    }
+    void all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) override {
+        inner_.all_reduce_sum(buf, count, dtype, stream);
+    }
+    void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override {
+        inner_.all_gather(send, count_per_rank, recv, dtype, stream);
+    }
+    void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override {
+        inner_.broadcast(buf, count, dtype, root, stream);
+    }
+    void barrier(Stream& stream) override { inner_.barrier(stream); }
+
+  private:
+    Communicator& inner_;
+    int countdown_ = -1;
+    Rendezvous* rendezvous_ = nullptr;
+    Rendezvous::Side side_ = Rendezvous::kFirst;
+    std::function<void()> enqueued_;
+};
+
+// A Device for a Tracer (only its events are used; everything else is the wrapped device's). A
+// Tracer brackets each op with two events recorded on the op's stream, the first right before it
+// enqueues the op; the probe's events hook into those records. The probe's events stand in for the
+// wrapped device's in a Tracer only (streams cannot wait on them).
+class TraceProbe final : public Device {
+  public:
+    explicit TraceProbe(Device& inner) : inner_(inner) {}
+
+    // Call while the Tracer enqueues an op (from inside it, e.g. from a RendezvousCommunicator's
+    // `enqueued`): the next op after that one which the Tracer records on `stream` meets the
+    // rendezvous as it starts, once everything `stream` ran before it has finished.
+    void meet_at_next_op(Stream& stream, Rendezvous& rendezvous, Rendezvous::Side side) {
+        std::scoped_lock lock(mu_);
+        stream_ = &stream;
+        rendezvous_ = &rendezvous;
+        side_ = side;
+        skip_current_end_ = true;
+    }
+
+    Backend backend() const override { return inner_.backend(); }
+    std::string description() const override { return "probe(" + inner_.description() + ")"; }
+    DType compute_dtype() const override { return inner_.compute_dtype(); }
+    void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+    void deallocate(void* ptr) override { inner_.deallocate(ptr); }
+    void* allocate_host(std::size_t bytes) override { return inner_.allocate_host(bytes); }
+    void deallocate_host(void* ptr) override { inner_.deallocate_host(ptr); }
+    std::unique_ptr<Stream> create_stream() override { return inner_.create_stream(); }
+    std::unique_ptr<Event> create_event() override {
+        return std::make_unique<ProbeEvent>(*this, inner_.create_event());
+    }
+
+  private:
+    class ProbeEvent final : public Event {
+      public:
+        ProbeEvent(TraceProbe& probe, std::unique_ptr<Event> inner) : probe_(probe), inner_(std::move(inner)) {}
+        void record(Stream& stream) override {
+            inner_->record(stream);
+            probe_.recorded_on(stream);
+        }
+        void synchronize() const override { inner_->synchronize(); }
+        float elapsed_ms_since(const Event& start) const override {
+            return inner_->elapsed_ms_since(*dynamic_cast<const ProbeEvent&>(start).inner_);
+        }
+
+      private:
+        TraceProbe& probe_;
+        std::unique_ptr<Event> inner_;
+    };
+
+    void recorded_on(Stream& stream) {
+        Rendezvous* rendezvous = nullptr;
+        Rendezvous::Side side = Rendezvous::kFirst;
+        {
+            std::scoped_lock lock(mu_);
+            if (!rendezvous_) return;
+            if (skip_current_end_) {  // the end of the op that armed the probe, on any stream
+                skip_current_end_ = false;
+                return;
+            }
+            if (&stream != stream_) return;
+            std::swap(rendezvous, rendezvous_);
+            side = side_;
+        }
+        rendezvous->arrive_on(stream, side);
+    }
+
+    Device& inner_;
+    std::mutex mu_;
+    Stream* stream_ = nullptr;
+    Rendezvous* rendezvous_ = nullptr;
+    Rendezvous::Side side_ = Rendezvous::kFirst;
+    bool skip_current_end_ = false;
+};
+
+}  // namespace scmoe::testing
