@@ -250,10 +250,11 @@ TEST(GpuLocalCommFourRanks, AllGatherBroadcastAndBarrier) {
     for (int r = 0; r < kRanks; ++r) EXPECT_EQ(seen[static_cast<std::size_t>(r)], kRanks) << "rank " << r;
 }
 
+// Fails at once, not by timing out: the timeout is far beyond CTest's (which ends a hang), and the
+// errors must be the mismatch.
 TEST(GpuLocalCommFourRanks, MismatchFailsEveryRankAtTheCall) {
     SCMOE_REQUIRE_GPU();
-    auto group = LocalGroup::create(kRanks, 30.0);
-    const auto start = std::chrono::steady_clock::now();
+    auto group = LocalGroup::create(kRanks, 3600.0);
     auto errors = run_gpu_ranks(group, [&](Communicator& comm, Device& device, Stream& stream) {
         DeviceBuffer buf = to_device(device, stream, std::vector<float>(4, 1.0f));
         if (comm.rank() == 2) {
@@ -263,10 +264,10 @@ TEST(GpuLocalCommFourRanks, MismatchFailsEveryRankAtTheCall) {
         }
         stream.synchronize();
     });
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "a mismatch must not time out";
     for (int r = 0; r < kRanks; ++r) {
         const std::string& e = errors[static_cast<std::size_t>(r)];
         EXPECT_NE(e.find("rank " + std::to_string(r) + ": "), std::string::npos) << e;
+        EXPECT_EQ(e.find("timed out"), std::string::npos) << e;
         EXPECT_NE(e.find("mismatched collectives"), std::string::npos) << e;
         EXPECT_NE(e.find("issued barrier(cuda:0)"), std::string::npos) << e;
         EXPECT_NE(e.find("issued all_reduce_sum(count=4, f32, cuda:0)"), std::string::npos) << e;
@@ -287,7 +288,8 @@ TEST(GpuLocalCommFourRanks, RankThatNeverJoinsTimesOutNamingIt) {
                                     stream.synchronize();
                                 },
                                 /*absent=*/{3});
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    // A timeout never fires early (a lower bound; how late it fires depends on the machine's load).
+    EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
     for (int r = 0; r < 3; ++r) {
         const std::string& e = errors[static_cast<std::size_t>(r)];
         EXPECT_NE(e.find("all_to_all_v timed out after 0.5 s waiting for rank 3"), std::string::npos) << e;
@@ -296,11 +298,10 @@ TEST(GpuLocalCommFourRanks, RankThatNeverJoinsTimesOutNamingIt) {
 }
 
 // A rank whose earlier work failed (a host task threw) fails the all_to_all_v on every rank at
-// once, not after the timeout.
+// once, not after the timeout (set far beyond CTest's, which ends a hang).
 TEST(GpuLocalCommFourRanks, EarlierStreamErrorFailsEveryRank) {
     SCMOE_REQUIRE_GPU();
-    auto group = LocalGroup::create(kRanks, 30.0);
-    const auto start = std::chrono::steady_clock::now();
+    auto group = LocalGroup::create(kRanks, 3600.0);
     auto errors = run_gpu_ranks(group, [&](Communicator& comm, Device& device, Stream& stream) {
         DeviceBuffer buf(device, kRanks * sizeof(float));
         std::vector<std::int64_t> counts(kRanks, 1), recv_counts(kRanks);
@@ -308,10 +309,10 @@ TEST(GpuLocalCommFourRanks, EarlierStreamErrorFailsEveryRank) {
         comm.all_to_all_v(buf.data(), counts.data(), buf.data(), recv_counts.data(), DType::kF32, stream);
         stream.synchronize();
     });
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
     for (int r = 0; r < kRanks; ++r) {
         const std::string& e = errors[static_cast<std::size_t>(r)];
         EXPECT_NE(e.find("rank " + std::to_string(r) + ": all_to_all_v"), std::string::npos) << e;
+        EXPECT_EQ(e.find("timed out"), std::string::npos) << e;
         EXPECT_NE(e.find("rank 1: "), std::string::npos) << e;
         EXPECT_NE(e.find("boom in a host task"), std::string::npos) << e;
     }

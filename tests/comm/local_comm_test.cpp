@@ -184,9 +184,10 @@ TEST(LocalCommFourRanks, BarrierWaitsForEveryRank) {
     for (int r = 0; r < kRanks; ++r) EXPECT_EQ(seen[static_cast<std::size_t>(r)], kRanks) << "rank " << r;
 }
 
+// A mismatch fails at once rather than by timing out: the timeout is set far beyond the test's own
+// (CTest's TIMEOUT ends a hang), and the errors must be the mismatch, not a timeout.
 TEST(LocalCommTwoRanks, MismatchedOperationsFailOnEveryRank) {
-    auto group = LocalGroup::create(2, 30.0);
-    const auto start = std::chrono::steady_clock::now();
+    auto group = LocalGroup::create(2, 3600.0);
     auto errors = run_ranks(group, [&](Communicator& comm, Stream& stream) {
         float x[4] = {1, 2, 3, 4};
         if (comm.rank() == 0) {
@@ -196,10 +197,9 @@ TEST(LocalCommTwoRanks, MismatchedOperationsFailOnEveryRank) {
         }
         stream.synchronize();  // x must outlive the work that reads it
     });
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5))
-        << "a mismatch must not wait for the timeout";
     for (int r = 0; r < 2; ++r) {
         const auto& e = errors[static_cast<std::size_t>(r)];
+        EXPECT_EQ(e.find("timed out"), std::string::npos) << e;
         EXPECT_NE(e.find("rank " + std::to_string(r) + ": "), std::string::npos) << e;
         EXPECT_NE(e.find("rank 0 issued all_reduce_sum(count=4, f32)"), std::string::npos) << e;
         EXPECT_NE(e.find("rank 1 issued barrier()"), std::string::npos) << e;
@@ -207,7 +207,7 @@ TEST(LocalCommTwoRanks, MismatchedOperationsFailOnEveryRank) {
 }
 
 TEST(LocalCommFourRanks, MismatchedCountsFailOnEveryRank) {
-    auto group = LocalGroup::create(4, 30.0);
+    auto group = LocalGroup::create(4, 3600.0);
     auto errors = run_ranks(group, [&](Communicator& comm, Stream& stream) {
         std::vector<float> x(8, 1.0f);
         comm.all_gather(x.data(), comm.rank() == 2 ? 1 : 2, x.data() + 4, DType::kF32, stream);
@@ -247,7 +247,8 @@ TEST(LocalCommFourRanks, RankThatNeverJoinsTimesOut) {
                                 stream.synchronize();
                             },
                             /*absent=*/{3});
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    // A timeout never fires early (a lower bound; how late it fires depends on the machine's load).
+    EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
     int timed_out_itself = 0;
     for (int r = 0; r < 3; ++r) {
         const auto& e = errors[static_cast<std::size_t>(r)];

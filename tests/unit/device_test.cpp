@@ -10,6 +10,7 @@
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/workspace.h"
+#include "rendezvous_util.h"
 
 namespace scmoe {
 namespace {
@@ -72,19 +73,29 @@ TEST(CpuEvent, OrdersWorkAcrossStreams) {
     producer->synchronize();
 }
 
+// b waits for the event's first generation, and only starts that wait once the second has been
+// recorded; a blocks until b's next task has run before it completes the second. If the wait were
+// released by the second generation instead, b's task could only run after a's gate, which waits
+// for it: the gate fails after its timeout naming both, and the failure reaches b through the
+// event. No duration is asserted.
 TEST(CpuEvent, ReRecordingDoesNotReleaseEarlierWaiterLate) {
+    using testing::Rendezvous;
     auto device = make_device("cpu");
     auto a = device->create_stream();
     auto b = device->create_stream();
     auto e = device->create_event();
-    e->record(*a);        // generation 1: completes at once
-    b->wait(*e);          // waits for generation 1 only
-    a->host_task([] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
-    e->record(*a);        // generation 2: after the sleep
-    const auto start = std::chrono::steady_clock::now();
-    b->synchronize();
-    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(150));
-    a->synchronize();
+    Rendezvous recorded_twice("b's stream", "the second record", 30.0);
+    Rendezvous gate("a's task before the second record", "b's task after its wait for the first", 30.0);
+    recorded_twice.arrive_on(*b, Rendezvous::kFirst);
+    e->record(*a);  // generation 1
+    b->wait(*e);    // waits for generation 1 only
+    gate.arrive_on(*b, Rendezvous::kSecond);
+    gate.arrive_on(*a, Rendezvous::kFirst);
+    e->record(*a);  // generation 2: after the gate
+    recorded_twice.arrive(Rendezvous::kSecond);
+    EXPECT_NO_THROW(b->synchronize());
+    EXPECT_NO_THROW(a->synchronize());
+    EXPECT_TRUE(gate.met());
 }
 
 TEST(CpuEvent, ElapsedTime) {
