@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <thread>
 
@@ -80,6 +81,9 @@ std::vector<MeetResult> meet_in_stack(const ExchangeCase& c, bool overlap, doubl
     std::vector<MeetResult> results(2);
     const auto errors = on_two_ranks(4 * timeout_s, [&](int r, Communicator& local) {
         MeetResult& out = results[static_cast<std::size_t>(r)];
+        // Outlives the stack's stream workers, which may still hold the error when synchronize()
+        // returns: this thread frees it (ThreadSanitizer does not see libstdc++'s reference count).
+        std::exception_ptr failure;
         auto device = make_device("cpu");
         testing::RendezvousCommunicator comm(local);
         BlockStack stack(config, *device, T, &comm);
@@ -102,6 +106,7 @@ std::vector<MeetResult> meet_in_stack(const ExchangeCase& c, bool overlap, doubl
         try {
             stack.synchronize();
         } catch (const Error& e) {
+            failure = std::current_exception();
             out.error = e.what();
         }
         trace.collect();

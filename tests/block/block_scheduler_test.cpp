@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <future>
 #include <limits>
@@ -134,16 +135,25 @@ std::string meet_in_pass(const PassShape& shape, int chunks, bool overlap, const
     schedule.branches[0].slot = shape.slot;
     schedule.branches[0].chunks = chunks;
 
-    auto device = make_device("cpu");
-    auto backbone = device->create_stream(), moe = device->create_stream();
-    LayerScheduler scheduler(*device, *backbone, *moe);
-    scheduler.run(plan, schedule, overlap);
+    // A stream's worker may still hold the error when synchronize() returns. Keeping it here until
+    // the workers are joined makes this thread the one that frees it: ThreadSanitizer does not see
+    // libstdc++'s atomic reference count and would report a worker's free against our read.
+    std::exception_ptr failure;
     std::string error;
-    for (Stream* s : {moe.get(), backbone.get()}) {
-        try {
-            s->synchronize();
-        } catch (const Error& e) {
-            if (error.empty()) error = e.what();
+    {
+        auto device = make_device("cpu");
+        auto backbone = device->create_stream(), moe = device->create_stream();
+        LayerScheduler scheduler(*device, *backbone, *moe);
+        scheduler.run(plan, schedule, overlap);
+        for (Stream* s : {moe.get(), backbone.get()}) {
+            try {
+                s->synchronize();
+            } catch (const Error& e) {
+                if (!failure) {
+                    failure = std::current_exception();
+                    error = e.what();
+                }
+            }
         }
     }
     if (error.empty() && !rendezvous.met()) error = "completed without " + a + " and " + b + " meeting";
