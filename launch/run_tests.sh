@@ -27,11 +27,13 @@ if [ "${SCMOE_TEST_SANITIZE:-0}" = 1 ]; then
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$build-asan" --output-on-failure -j "$jobs" -E packaging --timeout 900
 
-  echo "== thread sanitizer build (LayerScheduler / BlockStack tests: two streams per rank, rank threads)"
+  echo "== thread sanitizer build (LayerScheduler / BlockStack and overlap tests: two streams per rank, rank threads)"
   cmake -S . -B "$build-tsan" -DCMAKE_BUILD_TYPE=Debug -DSCMOE_WITH_CUDA=OFF -DSCMOE_BUILD_BENCH=OFF \
         -DSCMOE_SANITIZE=thread
-  cmake --build "$build-tsan" -j "$jobs" --target scmoe_block_scheduler_test scmoe_local_comm_test
-  # The timing test (BlockOverlapRanks) is left out: TSan's slowdown is not what it measures.
+  cmake --build "$build-tsan" -j "$jobs" --target scmoe_block_scheduler_test scmoe_block_overlap_link_test \
+        scmoe_local_comm_test
+  # The overlap tests prove overlap with rendezvous (no timing), so they run under TSan as well.
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_scheduler_test"
+  TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_overlap_link_test"
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/comm/scmoe_local_comm_test"
 fi
