@@ -92,6 +92,10 @@ cmake -S . -B "$build" "${args[@]}" >"$log" 2>&1 ||
   { cat "$log" >&2; echo "error: configure failed (log above: $log)" >&2; exit 1; }
 grep -E '^-- scmoe:' "$log" || true
 start=$(date +%s)
-say "build ${targets[*]:-everything} with $jobs jobs (progress in percent; a fresh full build with CUDA takes about 10 minutes on 2 cores)"
+if [ "$what" = tests ]; then
+  say "build everything with $jobs jobs (progress in percent; from scratch with CUDA about 10-15 minutes on 2 cores)"
+else
+  say "build ${targets[*]} with $jobs jobs (progress in percent; from scratch without CUDA about 3 minutes on 2 cores)"
+fi
 cmake --build "$build" -j "$jobs" ${targets[@]+"${targets[@]}"}
 say "built in $(( $(date +%s) - start )) s"
