@@ -23,16 +23,22 @@ if(NOT EXISTS ${prefix}/include/scmoe/models/lm.h)
   message(FATAL_ERROR "the language model's headers (models/) were not installed")
 endif()
 
+# Configures tests/consumer into WORK_DIR/<dir> with the extra arguments, builds it, runs `exe` and
+# checks it printed `expected`.
+function(build_and_run_consumer dir exe expected)
+  run_step("configure consumer (${dir})" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/${dir}
+           -DCMAKE_PREFIX_PATH=${prefix} ${ARGN})
+  run_step("build consumer (${dir})" ${CMAKE_COMMAND} --build ${WORK_DIR}/${dir})
+  run_step("run ${exe}" ${WORK_DIR}/${dir}/${exe})
+  message(STATUS "${exe} said: ${step_output}")
+  if(NOT step_output MATCHES "${expected}")
+    message(FATAL_ERROR "${exe}'s output lacks '${expected}'")
+  endif()
+endfunction()
+
 # 1. The core library alone.
-run_step("configure CPU-only consumer" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/core
-         -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
-         -DCMAKE_DISABLE_FIND_PACKAGE_NCCL=ON -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON)
-run_step("build CPU-only consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/core)
-run_step("run consumer" ${WORK_DIR}/core/scmoe_consumer)
-message(STATUS "consumer said: ${step_output}")
-if(NOT step_output MATCHES "scmoe consumer ok")
-  message(FATAL_ERROR "consumer output lacks 'scmoe consumer ok'")
-endif()
+build_and_run_consumer(core scmoe_consumer "scmoe consumer ok" -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
+                       -DCMAKE_DISABLE_FIND_PACKAGE_NCCL=ON -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON)
 
 # 2. With components.
 set(components models)
@@ -43,12 +49,4 @@ if(WITH_CUDA)
   list(APPEND components nccl)
 endif()
 string(REPLACE ";" "," components_arg "${components}")
-run_step("configure consumer with components ${components}" ${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR}
-         -B ${WORK_DIR}/components -DCMAKE_PREFIX_PATH=${prefix} "-DSCMOE_CONSUMER_COMPONENTS=${components_arg}"
-         -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS})
-run_step("build consumer with components" ${CMAKE_COMMAND} --build ${WORK_DIR}/components)
-run_step("run language-model consumer" ${WORK_DIR}/components/scmoe_consumer_lm)
-message(STATUS "consumer said: ${step_output}")
-if(NOT step_output MATCHES "scmoe lm consumer ok")
-  message(FATAL_ERROR "language-model consumer output lacks 'scmoe lm consumer ok'")
-endif()
+build_and_run_consumer(components scmoe_consumer_lm "scmoe lm consumer ok" "-DSCMOE_CONSUMER_COMPONENTS=${components_arg}")
