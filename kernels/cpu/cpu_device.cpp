@@ -46,14 +46,14 @@ public:
         cv_.wait(lock, [&] { return completed_ >= generation; });
         if (error_) std::rethrow_exception(error_);
     }
+    // Notifies under the lock: a waiter can see the new generation without being woken, return,
+    // and destroy the event, so the condition variable must not be touched after the unlock.
     void complete(std::uint64_t generation, std::exception_ptr stream_error) {
-        {
-            std::scoped_lock lock(mu_);
-            time_ = Clock::now();
-            if (completed_ < generation) {
-                completed_ = generation;
-                error_ = stream_error;
-            }
+        std::scoped_lock lock(mu_);
+        time_ = Clock::now();
+        if (completed_ < generation) {
+            completed_ = generation;
+            error_ = stream_error;
         }
         cv_.notify_all();
     }
@@ -168,6 +168,28 @@ private:
         }
         cv_.notify_all();
     }
+    // Runs one task (or skips it after a failure). The worker's copy of the stream's error dies on
+    // return, before run() marks the task finished: the thread that synchronize() hands the error
+    // to is then its last owner and frees it. (A copy kept past the notification made the worker
+    // free it too, at any time after that thread read the message: ThreadSanitizer, which does not
+    // see libstdc++'s atomic exception_ptr count, reported that free as a race.)
+    void execute(Task& task) {
+        std::exception_ptr failed;
+        {
+            std::scoped_lock lock(mu_);
+            failed = error_;
+        }
+        if (task.record.event) {
+            task.record.event->complete(task.record.generation, failed);
+        } else if (!failed) {
+            try {
+                task.fn();
+            } catch (...) {
+                std::scoped_lock lock(mu_);
+                error_ = std::current_exception();
+            }
+        }
+    }
     void run() {
         for (;;) {
             Task task;
@@ -178,21 +200,7 @@ private:
                 task = std::move(queue_.front());
                 queue_.pop_front();
             }
-            std::exception_ptr failed;
-            {
-                std::scoped_lock lock(mu_);
-                failed = error_;
-            }
-            if (task.record.event) {
-                task.record.event->complete(task.record.generation, failed);
-            } else if (!failed) {
-                try {
-                    task.fn();
-                } catch (...) {
-                    std::scoped_lock lock(mu_);
-                    error_ = std::current_exception();
-                }
-            }
+            execute(task);
             {
                 std::scoped_lock lock(mu_);
                 ++finished_;
