@@ -10,10 +10,10 @@
 // rendezvous to succeed, short where it expects the failure).
 //
 // The hooks that put a Rendezvous into code the test does not own:
-//   RendezvousCommunicator  a Communicator decorator: a chosen all_to_all_v meets the rendezvous
-//                           on its stream before the exchange.
-//   TraceProbe              a Device to build a Tracer on: the next op that Tracer records on a
-//                           chosen stream meets the rendezvous as it starts.
+//   RendezvousCommunicator  a Communicator decorator: a chosen all_to_all_v or all_reduce_sum
+//                           meets the rendezvous on its stream before the collective.
+//   TraceProbe              a Device to build a Tracer on: the next op (or the n-th) that Tracer
+//                           records on a chosen stream meets the rendezvous as it starts.
 // Both take a Rendezvous by reference: it must outlive the streams' work (synchronize them first).
 #pragma once
 
@@ -75,17 +75,25 @@ class Rendezvous {
 
 // Forwards every call to `inner`. After meet_at(n, ...), the n-th all_to_all_v from then on (0 =
 // the next) first enqueues the rendezvous's arrival of `side` on its stream, then calls
-// `enqueued` (on the calling thread, e.g. to arm a TraceProbe for the other side).
+// `enqueued` (on the calling thread, e.g. to arm a TraceProbe for the other side). After
+// meet_at_all_reduce(which, ...), the same for the first all_reduce_sum from then on for which
+// which(buf, count) holds (buf: the call's buffer, count: its elements). Arm from the thread that
+// issues the collectives (the calls are not synchronized).
 class RendezvousCommunicator final : public Communicator {
   public:
+    using AllReduceMatch = std::function<bool(const void* buf, std::int64_t count)>;
+
     explicit RendezvousCommunicator(Communicator& inner) : inner_(inner) {}
 
     void meet_at(int nth_all_to_all, Rendezvous& rendezvous, Rendezvous::Side side,
                  std::function<void()> enqueued = {}) {
         countdown_ = nth_all_to_all;
-        rendezvous_ = &rendezvous;
-        side_ = side;
-        enqueued_ = std::move(enqueued);
+        all_to_all_ = {&rendezvous, side, std::move(enqueued)};
+    }
+    void meet_at_all_reduce(AllReduceMatch which, Rendezvous& rendezvous, Rendezvous::Side side,
+                            std::function<void()> enqueued = {}) {
+        all_reduce_match_ = std::move(which);
+        all_reduce_ = {&rendezvous, side, std::move(enqueued)};
     }
 
     int rank() const override { return inner_.rank(); }
@@ -94,14 +102,11 @@ class RendezvousCommunicator final : public Communicator {
 
     void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
                       DType dtype, Stream& stream) override {
-        if (rendezvous_ && countdown_-- == 0) {
-            rendezvous_->arrive_on(stream, side_);
-            rendezvous_ = nullptr;
-            if (enqueued_) enqueued_();
-        }
+        if (all_to_all_.rendezvous && countdown_-- == 0) all_to_all_.arrive_on(stream);
         inner_.all_to_all_v(send, send_counts, recv, recv_counts, dtype, stream);
     }
     void all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) override {
+        if (all_reduce_.rendezvous && all_reduce_match_(buf, count)) all_reduce_.arrive_on(stream);
         inner_.all_reduce_sum(buf, count, dtype, stream);
     }
     void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override {
@@ -113,11 +118,22 @@ class RendezvousCommunicator final : public Communicator {
     void barrier(Stream& stream) override { inner_.barrier(stream); }
 
   private:
+    // One armed meeting: fires once.
+    struct Meeting {
+        Rendezvous* rendezvous = nullptr;
+        Rendezvous::Side side = Rendezvous::kFirst;
+        std::function<void()> enqueued;
+        void arrive_on(Stream& stream) {
+            rendezvous->arrive_on(stream, side);
+            rendezvous = nullptr;
+            if (enqueued) enqueued();
+        }
+    };
+
     Communicator& inner_;
     int countdown_ = -1;
-    Rendezvous* rendezvous_ = nullptr;
-    Rendezvous::Side side_ = Rendezvous::kFirst;
-    std::function<void()> enqueued_;
+    Meeting all_to_all_, all_reduce_;
+    AllReduceMatch all_reduce_match_;
 };
 
 // A Device for a Tracer (only its events are used; everything else is the wrapped device's). A
@@ -137,6 +153,20 @@ class TraceProbe final : public Device {
         rendezvous_ = &rendezvous;
         side_ = side;
         skip_current_end_ = true;
+        records_to_skip_ = 0;
+    }
+    // Call between the Tracer's ops (none of them being enqueued), once the Tracer has recorded an
+    // op since it was built or cleared (its first op also records its time base): the op the
+    // Tracer starts on `stream` after nth_op others (0 = the next) meets the rendezvous as it
+    // starts. Counts two records per op, so the Tracer's ops on `stream` must not nest (no op
+    // enqueued on `stream` from inside another's enqueue on `stream`).
+    void meet_at_op(Stream& stream, int nth_op, Rendezvous& rendezvous, Rendezvous::Side side) {
+        std::scoped_lock lock(mu_);
+        stream_ = &stream;
+        rendezvous_ = &rendezvous;
+        side_ = side;
+        skip_current_end_ = false;
+        records_to_skip_ = 2 * nth_op;
     }
 
     Backend backend() const override { return inner_.backend(); }
@@ -180,6 +210,10 @@ class TraceProbe final : public Device {
                 return;
             }
             if (&stream != stream_) return;
+            if (records_to_skip_ > 0) {  // the start and the end of an op before the chosen one
+                --records_to_skip_;
+                return;
+            }
             std::swap(rendezvous, rendezvous_);
             side = side_;
         }
@@ -192,6 +226,7 @@ class TraceProbe final : public Device {
     Rendezvous* rendezvous_ = nullptr;
     Rendezvous::Side side_ = Rendezvous::kFirst;
     bool skip_current_end_ = false;
+    int records_to_skip_ = 0;
 };
 
 }  // namespace scmoe::testing

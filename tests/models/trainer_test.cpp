@@ -1,28 +1,35 @@
 // The trainer on in-process ranks: loss falls, resume is bitwise, checkpoints of another config or
 // world are refused, a corrupted checkpoint is refused with the previous one intact, bad data fails
-// with a clear error. Evaluation: the held-out loss is the LM's mean CE over the defined windows,
-// the same on any number of ranks, free of gate noise, leaves training bitwise unchanged, and falls
-// as the model trains; the default corpus's held-out split is never trained on.
+// with a clear error. The gradient all-reduce runs during the backward (a rendezvous, no timing).
+// Evaluation: the held-out loss is the LM's mean CE over the defined windows, the same on any
+// number of ranks, free of gate noise, leaves training bitwise unchanged, and falls as the model
+// trains; the default corpus's held-out split is never trained on.
 #include "models/trainer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <span>
+#include <thread>
 
+#include "comm/local_communicator.h"
 #include "moe/moe_layer.h"
 #include "moe/trace.h"
+#include "rendezvous_util.h"
 #include "train_test_util.h"
 
 namespace scmoe::models {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Rendezvous;
 using testing::run_train_ranks;
 using testing::small_training;
 
@@ -133,42 +140,156 @@ TEST(Trainer, GradReduceOverlapKeepsTrainingBitwise) {
     }
 }
 
-// The overlap happens: in the trace of a step, the all-reduce of the last block's gradients (the
-// first block to finish its backward) starts on the reducer's stream before the backward of block 0
-// (the last backward op of the blocks) starts. The model is large enough that the blocks between
-// take milliseconds, against the microseconds of a small all-reduce between two threads.
-TEST(Trainer, GradAllReduceStartsDuringTheBackward) {
+// ---- the overlap of the gradient all-reduce, proven without timing anything ----
+//
+// The all-reduce of the last block's gradients (the first block to finish its backward) must run
+// while the backward of block 0 (attn_bwd0, the last backward op of the blocks) runs. A
+// RendezvousCommunicator makes that all-reduce wait, on the stream it is issued on, for attn_bwd0
+// to start, and a TraceProbe under the step's Tracer makes attn_bwd0 wait for the all-reduce to
+// start. Overlapped (the reducer's own stream), both arrive and the step completes, on any machine
+// and under any load; after the backward (the model's stream, behind attn_bwd0) they cannot meet,
+// and the step fails naming the timeout.
+
+// Long where the all-reduce must meet attn_bwd0; short where it cannot (a serialized schedule
+// fails after the timeout whatever the machine's speed).
+constexpr double kMeetTimeoutS = 60.0;
+constexpr double kSerializedTimeoutS = 1.0;
+
+// The ops of an entry list on `lane` in the order their stream ran them (one stream per lane).
+std::vector<TraceEntry> on_lane(std::span<const TraceEntry> entries, const std::string& lane) {
+    std::vector<TraceEntry> out;
+    for (const TraceEntry& e : entries)
+        if (e.lane == lane) out.push_back(e);
+    std::stable_sort(out.begin(), out.end(),
+                     [](const TraceEntry& a, const TraceEntry& b) { return a.start_us < b.start_us; });
+    return out;
+}
+
+std::ptrdiff_t index_of(const std::vector<TraceEntry>& ops, const std::string& name) {
+    const auto it = std::find_if(ops.begin(), ops.end(), [&](const TraceEntry& e) { return e.name == name; });
+    return it == ops.end() ? -1 : it - ops.begin();
+}
+
+// One rank's probed step: its error ("" when it completed), its trace, whether both sides arrived,
+// and attn_bwd0's place among the backbone ops of the reference step and of the probed one.
+struct ReduceMeetResult {
+    std::string error;
+    std::vector<TraceEntry> trace;
+    bool met = false;
+    std::ptrdiff_t reference_index = -1, probed_index = -1;
+};
+
+// dp 1 x ep 2 on two in-process ranks (the dense gradients are summed over the world, the only
+// gradient all-reduce). Per rank: a warm-up step, a traced reference step that places attn_bwd0
+// among the model stream's ops, then a traced step in which the last block's first dense
+// all-reduce meets attn_bwd0.
+std::vector<ReduceMeetResult> meet_block0_backward(bool overlap_grad_reduce, double timeout_s) {
     const int world = 2, ep = 2;
-    TrainConfig config = small_training(2);
-    config.model.backbone.hidden = 128;
-    config.model.backbone.heads = 4;
-    config.model.backbone.seq_len = 64;
-    config.model.backbone.ffn = 512;
-    config.model.moe.ffn = 256;
-    config.batch = 4;
-    std::vector<TraceEntry> entries;
-    run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
-        auto device = make_device("cpu");
-        Trainer t(config, *device, {world, rank, ep}, comms);
-        t.step();
-        Tracer tracer(*device, rank);
-        t.set_trace(&tracer);
-        t.step();
-        t.set_trace(nullptr);
-        tracer.collect();
-        if (rank == 0) entries = tracer.entries();
-    });
-    const int last_block = static_cast<int>(config.model.layers) - 1;
-    const std::string stage = "grad_allreduce[stage" + std::to_string(1 + last_block) + "]";
-    double reduce_start = -1, block0_bwd_start = -1;
-    for (const TraceEntry& e : entries) {
-        if (e.name == stage) reduce_start = e.start_us;
-        if (e.name == "attn_bwd0") block0_bwd_start = e.start_us;
+    TrainConfig config = small_training(3);
+    config.overlap_grad_reduce = overlap_grad_reduce;
+    const int stage = static_cast<int>(config.model.layers);  // 1 + the last block
+    const std::string reduce_name = "grad_allreduce[stage" + std::to_string(stage) + "]";
+    // A rank that fails leaves its peer in a collective at most this long.
+    const double comm_timeout_s = std::max(10.0, 4 * timeout_s);
+    auto world_group = LocalGroup::create(world, comm_timeout_s);
+    auto ep_group = LocalGroup::create(ep, comm_timeout_s);
+    std::vector<ReduceMeetResult> results(world);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < world; ++rank)
+        threads.emplace_back([&, rank] {
+            ReduceMeetResult& out = results[static_cast<std::size_t>(rank)];
+            // Outlive the trainer's stream workers: this thread frees a failed step's error
+            // (ThreadSanitizer does not see libstdc++'s reference count), and the streams' work
+            // holds the rendezvous.
+            std::exception_ptr failure;
+            Rendezvous rendezvous(reduce_name, "attn_bwd0", timeout_s);
+            try {
+                auto world_comm = world_group->communicator(rank);
+                auto ep_comm = ep_group->communicator(rank);
+                testing::RendezvousCommunicator world_meets(*world_comm);
+                auto device = make_device("cpu");
+                testing::TraceProbe probe(*device);
+                Tracer tracer(probe, rank);
+                Trainer t(config, *device, {world, rank, ep}, {&world_meets, ep_comm.get(), nullptr});
+                t.step();
+                t.set_trace(&tracer);
+                t.step();
+                out.reference_index = index_of(on_lane(tracer.entries(), "backbone"), "attn_bwd0");
+                SCMOE_CHECK(out.reference_index >= 0, "no attn_bwd0 on the backbone lane of the reference step");
+                const std::size_t first_entry = tracer.entries().size();
+                // The last block's dense gradients: the all-reduce of the first of them meets.
+                std::vector<std::pair<const float*, const float*>> last_block;
+                for (const ParamGroup& g : t.model().param_groups())
+                    for (const NamedTensor& n : g.tensors)
+                        if (n.grads_stage == stage && !n.expert)
+                            last_block.emplace_back(g.grads + n.offset, g.grads + n.offset + n.numel());
+                world_meets.meet_at_all_reduce(
+                    [&](const void* buf, std::int64_t) {
+                        const auto* p = static_cast<const float*>(buf);
+                        return std::any_of(last_block.begin(), last_block.end(),
+                                           [&](const auto& r) { return p >= r.first && p < r.second; });
+                    },
+                    rendezvous, Rendezvous::kFirst);
+                probe.meet_at_op(t.model().stream(), static_cast<int>(out.reference_index), rendezvous,
+                                 Rendezvous::kSecond);
+                try {
+                    t.step();
+                    out.trace.assign(tracer.entries().begin() + static_cast<std::ptrdiff_t>(first_entry),
+                                     tracer.entries().end());
+                    out.probed_index = index_of(on_lane(out.trace, "backbone"), "attn_bwd0");
+                } catch (const Error& e) {
+                    failure = std::current_exception();
+                    out.error = e.what();
+                }
+                t.set_trace(nullptr);
+            } catch (const std::exception& e) {
+                out.error = "rank " + std::to_string(rank) + ": " + e.what();
+            }
+            out.met = rendezvous.met();
+        });
+    for (auto& th : threads) th.join();
+    return results;
+}
+
+// Overlapped: the last block's all-reduce runs on the reducer's stream while attn_bwd0 runs, so the
+// two meet and the step completes; in the trace their entries intersect (each was still running
+// when the other arrived).
+TEST(Trainer, GradAllReduceRunsDuringTheBackward) {
+    const std::string reduce_name = "grad_allreduce[stage" + std::to_string(small_training(1).model.layers) + "]";
+    const std::vector<ReduceMeetResult> results = meet_block0_backward(true, kMeetTimeoutS);
+    for (int r = 0; r < 2; ++r) {
+        const ReduceMeetResult& res = results[static_cast<std::size_t>(r)];
+        ASSERT_EQ(res.error, "") << "rank " << r;
+        EXPECT_TRUE(res.met) << "rank " << r;
+        // The probe counted ops: the probed step enqueued the same ones before attn_bwd0.
+        EXPECT_EQ(res.probed_index, res.reference_index) << "rank " << r;
+        const auto reduce = std::find_if(res.trace.begin(), res.trace.end(),
+                                         [&](const TraceEntry& e) { return e.name == reduce_name; });
+        const auto attn = std::find_if(res.trace.begin(), res.trace.end(),
+                                       [](const TraceEntry& e) { return e.name == "attn_bwd0"; });
+        ASSERT_NE(reduce, res.trace.end()) << "rank " << r << ": no " << reduce_name << " in the trace";
+        ASSERT_NE(attn, res.trace.end()) << "rank " << r << ": no attn_bwd0 in the trace";
+        EXPECT_EQ(reduce->lane, "grad_reduce");
+        EXPECT_TRUE(reduce->comm);
+        const double start = std::max(reduce->start_us, attn->start_us);
+        const double end = std::min(reduce->start_us + reduce->duration_us, attn->start_us + attn->duration_us);
+        EXPECT_LE(start, end) << "rank " << r << ": " << reduce_name << " and attn_bwd0 do not intersect";
     }
-    ASSERT_GE(reduce_start, 0) << "no " << stage << " in the trace";
-    ASSERT_GE(block0_bwd_start, 0) << "no attn_bwd0 in the trace";
-    EXPECT_LT(reduce_start, block0_bwd_start)
-        << stage << " starts at " << reduce_start << " us, attn_bwd0 at " << block0_bwd_start << " us";
+}
+
+// After the backward (overlap_grad_reduce off), the all-reduce is on the model's stream behind
+// attn_bwd0: attn_bwd0 waits for an op that cannot start before it ends, and the step fails naming
+// both. The proof above tells an overlapped schedule from a serialized one.
+TEST(Trainer, GradAllReduceAfterTheBackwardCannotMeetIt) {
+    const std::string reduce_name = "grad_allreduce[stage" + std::to_string(small_training(1).model.layers) + "]";
+    for (const ReduceMeetResult& res : meet_block0_backward(false, kSerializedTimeoutS)) {
+        std::printf("%s\n", res.error.c_str());
+        EXPECT_FALSE(res.met);
+        EXPECT_NE(res.error.find("attn_bwd0 waited 1 s for " + reduce_name +
+                                 " to start: the schedule serialized them"),
+                  std::string::npos)
+            << res.error;
+    }
 }
 
 // exposed_comm_pct is the step's traced communication with no compute beside it: exactly none on
