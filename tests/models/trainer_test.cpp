@@ -56,6 +56,20 @@ struct RankRun {
     std::vector<float> params;
 };
 
+// `b` continues `a` from step `first` on (0: both are whole runs): on every rank the same losses from
+// that step on and bitwise the same final parameters.
+void expect_bitwise_same_runs(const std::vector<RankRun>& a, const std::vector<RankRun>& b, std::size_t first = 0) {
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t r = 0; r < a.size(); ++r) {
+        ASSERT_EQ(b[r].losses.size() + first, a[r].losses.size()) << "rank " << r;
+        for (std::size_t s = first; s < a[r].losses.size(); ++s)
+            EXPECT_EQ(a[r].losses[s], b[r].losses[s - first]) << "rank " << r << " step " << s + 1;
+        ASSERT_EQ(a[r].params.size(), b[r].params.size()) << "rank " << r;
+        EXPECT_EQ(0, std::memcmp(a[r].params.data(), b[r].params.data(), a[r].params.size() * sizeof(float)))
+            << "rank " << r;
+    }
+}
+
 TEST(Trainer, LossFallsOnTwoRanks) {
     const TrainConfig config = small_training(40);
     std::vector<double> losses;
@@ -101,16 +115,7 @@ TEST(Trainer, ResumeContinuesBitwise) {
         for (int s = cut; s < steps; ++s) resumed[static_cast<std::size_t>(rank)].losses.push_back(t.step().loss);
         resumed[static_cast<std::size_t>(rank)].params = all_params(t);
     });
-    for (int r = 0; r < world; ++r) {
-        const auto& a = straight[static_cast<std::size_t>(r)];
-        const auto& b = resumed[static_cast<std::size_t>(r)];
-        ASSERT_EQ(b.losses.size(), static_cast<std::size_t>(steps - cut));
-        for (int s = cut; s < steps; ++s)
-            EXPECT_EQ(a.losses[static_cast<std::size_t>(s)], b.losses[static_cast<std::size_t>(s - cut)])
-                << "rank " << r << " step " << s + 1;
-        ASSERT_EQ(a.params.size(), b.params.size());
-        EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float))) << "rank " << r;
-    }
+    expect_bitwise_same_runs(straight, resumed, cut);
     fs::remove_all(dir);
 }
 
@@ -131,13 +136,7 @@ TEST(Trainer, GradReduceOverlapKeepsTrainingBitwise) {
             run.params = all_params(t);
         });
     }
-    for (int r = 0; r < world; ++r) {
-        const RankRun& a = runs[0][static_cast<std::size_t>(r)];
-        const RankRun& b = runs[1][static_cast<std::size_t>(r)];
-        EXPECT_EQ(a.losses, b.losses) << "rank " << r;
-        ASSERT_EQ(a.params.size(), b.params.size());
-        EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float))) << "rank " << r;
-    }
+    expect_bitwise_same_runs(runs[0], runs[1]);
 }
 
 // ---- the overlap of the gradient all-reduce, proven without timing anything ----
@@ -458,15 +457,7 @@ TEST(Trainer, ResumeWithNoisyGateContinuesBitwise) {
     run(&straight, 0, steps, false, false);
     run(nullptr, 0, cut, false, true);
     run(&resumed, cut, steps, true, false);
-    for (int r = 0; r < world; ++r) {
-        const auto& a = straight[static_cast<std::size_t>(r)];
-        const auto& b = resumed[static_cast<std::size_t>(r)];
-        ASSERT_EQ(b.losses.size(), static_cast<std::size_t>(steps - cut));
-        for (int s = cut; s < steps; ++s)
-            EXPECT_EQ(a.losses[static_cast<std::size_t>(s)], b.losses[static_cast<std::size_t>(s - cut)])
-                << "rank " << r << " step " << s + 1;
-        EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float))) << "rank " << r;
-    }
+    expect_bitwise_same_runs(straight, resumed, cut);
     fs::remove_all(dir);
 }
 
@@ -607,13 +598,7 @@ TEST(TrainerEval, LeavesTrainingBitwiseUnchanged) {
             run.params = all_params(t);
         });
     }
-    for (int r = 0; r < world; ++r) {
-        const RankRun& a = runs[0][static_cast<std::size_t>(r)];
-        const RankRun& b = runs[1][static_cast<std::size_t>(r)];
-        EXPECT_EQ(a.losses, b.losses) << "rank " << r;
-        ASSERT_EQ(a.params.size(), b.params.size());
-        EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float))) << "rank " << r;
-    }
+    expect_bitwise_same_runs(runs[0], runs[1]);
     fs::remove_all(dir);
 }
 
