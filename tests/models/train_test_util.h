@@ -2,9 +2,15 @@
 // step on the CPU, and in-process ranks (threads with the trainer's communicator groups).
 #pragma once
 
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/error.h"
 #include "launch/train_comms.h"
@@ -50,6 +56,46 @@ inline models::TrainConfig small_training(std::int64_t steps) {
 inline void run_train_ranks(int world, int ep, const std::function<void(int, const models::TrainComms&)>& fn) {
     launch::LocalTrainGroups groups(world, ep, std::nullopt);
     launch::run_local_ranks(groups, world, [&](int rank, const launch::RankComms& comms) { fn(rank, comms.comms()); });
+}
+
+// A new empty folder in the temp directory, unique to this process.
+inline std::filesystem::path fresh_dir(const std::string& name) {
+    namespace fs = std::filesystem;
+    const fs::path p = fs::temp_directory_path() / ("scmoe_trainer_test_" + name + "_" + std::to_string(getpid()));
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
+}
+
+// Every parameter of the rank (f32 on the CPU backend), group after group.
+inline std::vector<float> all_params(models::Trainer& t) {
+    std::vector<float> out;
+    t.model().blocks().synchronize();
+    for (const models::ParamGroup& g : t.model().param_groups()) {
+        const auto* p = static_cast<const float*>(g.params);
+        out.insert(out.end(), p, p + g.numel);
+    }
+    return out;
+}
+
+// Per rank: the losses of each step and the final parameters.
+struct RankRun {
+    std::vector<double> losses;
+    std::vector<float> params;
+};
+
+// `b` continues `a` from step `first` on (0: both are whole runs): on every rank the same losses from
+// that step on and bitwise the same final parameters.
+inline void expect_bitwise_same_runs(const std::vector<RankRun>& a, const std::vector<RankRun>& b, std::size_t first = 0) {
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t r = 0; r < a.size(); ++r) {
+        ASSERT_EQ(b[r].losses.size() + first, a[r].losses.size()) << "rank " << r;
+        for (std::size_t s = first; s < a[r].losses.size(); ++s)
+            EXPECT_EQ(a[r].losses[s], b[r].losses[s - first]) << "rank " << r << " step " << s + 1;
+        ASSERT_EQ(a[r].params.size(), b[r].params.size()) << "rank " << r;
+        EXPECT_EQ(0, std::memcmp(a[r].params.data(), b[r].params.data(), a[r].params.size() * sizeof(float)))
+            << "rank " << r;
+    }
 }
 
 }  // namespace scmoe::testing
