@@ -22,14 +22,13 @@ void check_float_tensor(const Tensor& t, const char* what) {
 void copy_from_host(const float* host, const Tensor& dst, Stream& stream) {
     check_float_tensor(dst, "copy_from_host");
     const auto n = static_cast<std::size_t>(dst.numel());
+    std::vector<std::uint16_t> bits;  // bf16: the converted values, alive until the copy has run
     if (dst.dtype == DType::kF32) {
         stream.copy(dst.data, host, n * sizeof(float));
     } else {
-        std::vector<std::uint16_t> bits(n);
+        bits.resize(n);
         for (std::size_t i = 0; i < n; ++i) bits[i] = math::f32_to_bf16_bits(host[i]);
         stream.copy(dst.data, bits.data(), n * sizeof(std::uint16_t));
-        stream.synchronize();  // before `bits` goes out of scope
-        return;
     }
     stream.synchronize();
 }

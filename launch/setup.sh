@@ -66,25 +66,27 @@ fi
 # ---- Configure and build ---------------------------------------------------------------------
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 args=(-DCMAKE_BUILD_TYPE=Release)
+fresh=1
+[ -f "$build/CMakeCache.txt" ] && fresh=0
 if [ "$what" = tests ]; then
   args+=(-DSCMOE_BUILD_TESTS=ON -DSCMOE_BUILD_BENCH=ON)
-  [ -f "$build/CMakeCache.txt" ] && grep -q '^SCMOE_WITH_CUDA:STRING=OFF' "$build/CMakeCache.txt" &&
+  targets=()  # everything
+  # A folder the quickstart configured without CUDA gets it back (unless SCMOE_CMAKE_ARGS says otherwise).
+  [ $fresh = 0 ] && grep -q '^SCMOE_WITH_CUDA:STRING=OFF' "$build/CMakeCache.txt" &&
     [ -z "${SCMOE_CMAKE_ARGS:-}" ] && args+=(-DSCMOE_WITH_CUDA=AUTO)
-  targets=()
-elif [ ! -f "$build/CMakeCache.txt" ]; then
-  # A fresh quickstart build: the CUDA backend only where it can run (compiling it takes most of the
-  # build time on 2 cores); the test command turns it on in the same folder later.
-  if (nvidia-smi -L 2>/dev/null || true) | grep -q '^GPU'; then args+=(-DSCMOE_WITH_CUDA=AUTO); else
-    args+=(-DSCMOE_WITH_CUDA=OFF); fi
-  targets=(--target scmoe-train)
-  [ "${SCMOE_QUICKSTART_BENCH:-0}" = 1 ] && targets+=(scmoe-bench)
 else
   targets=(--target scmoe-train)
   [ "${SCMOE_QUICKSTART_BENCH:-0}" = 1 ] && targets+=(scmoe-bench)
+  # A fresh quickstart build: the CUDA backend only where it can run (compiling it takes most of the
+  # build time on 2 cores); the test command turns it on in the same folder later.
+  if [ $fresh = 1 ]; then
+    if (nvidia-smi -L 2>/dev/null || true) | grep -q '^GPU'; then args+=(-DSCMOE_WITH_CUDA=AUTO); else
+      args+=(-DSCMOE_WITH_CUDA=OFF); fi
+  fi
 fi
 # shellcheck disable=SC2206  # extra arguments are a list of words
 args+=(${SCMOE_CMAKE_ARGS:-})
-if [ -f "$build/CMakeCache.txt" ]; then say "reusing $build/"; fi
+[ $fresh = 0 ] && say "reusing $build/"
 say "configure: cmake -S . -B $build ${args[*]}"
 mkdir -p "$build"
 log=$build/setup-configure.log
