@@ -6,6 +6,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -32,6 +33,11 @@ struct ActivationArgs {
 };
 void activation_forward(const ActivationArgs& args, Stream& stream);
 
+// For `rows` rows in use (the device-side row count, when given, is read by the caller).
+inline OpCost op_cost(const ActivationArgs& a, std::int64_t rows) {
+    return elementwise_cost(rows * activation_input_width(a.activation, a.ffn), rows * a.ffn, a.dtype, 8.0);
+}
+
 struct ActivationBackwardArgs {
     Activation activation = Activation::kSwiGLU;
     std::int64_t rows = 0, ffn = 0;
@@ -43,5 +49,10 @@ struct ActivationBackwardArgs {
     const std::int32_t* first_row = nullptr;  // optional, as in ActivationArgs
 };
 void activation_backward(const ActivationBackwardArgs& args, Stream& stream);
+
+inline OpCost op_cost(const ActivationBackwardArgs& a, std::int64_t rows) {
+    const std::int64_t width = activation_input_width(a.activation, a.ffn);
+    return elementwise_cost(rows * (width + a.ffn), rows * width, a.dtype, 12.0);
+}
 
 }  // namespace scmoe

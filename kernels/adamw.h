@@ -10,6 +10,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -37,6 +38,12 @@ struct AdamWArgs {
 };
 void adamw_step(const AdamWArgs& args, Stream& stream);
 
+// Reads grad, master, m, v; writes master, m, v and the optional low-precision copy.
+inline OpCost op_cost(const AdamWArgs& a) {
+    return elementwise_cost(4 * a.n, 3 * a.n, DType::kF32, 12.0) +
+           elementwise_cost(0, a.param ? a.n : 0, a.param_dtype, 0.0);
+}
+
 // Throws scmoe::Error naming the first invalid argument. adamw_step calls it before enqueueing.
 void check_adamw_args(const AdamWArgs& args);
 
@@ -55,5 +62,6 @@ constexpr std::size_t sum_of_squares_scratch_bytes() { return kSumOfSquaresParti
 // two backends agree to rounding, not bitwise. `scratch`: sum_of_squares_scratch_bytes() of
 // stream memory (256-byte aligned, as Device::allocate returns), required on every backend.
 void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, Stream& stream);
+inline OpCost sum_of_squares_cost(std::int64_t n) { return elementwise_cost(n, 1, DType::kF32, 2.0); }
 
 }  // namespace scmoe

@@ -10,10 +10,10 @@ void check_common(const char* op, std::int64_t batch, std::int64_t seq, std::int
     SCMOE_CHECK(batch > 0 && seq > 0 && heads > 0 && head_dim > 0,
                 op << ": batch, seq, heads and head_dim must be positive, got batch=" << batch << " seq=" << seq
                    << " heads=" << heads << " head_dim=" << head_dim);
-    SCMOE_CHECK(dtype == DType::kF32 || (dtype == DType::kBF16 && backend == Backend::kCuda),
+    SCMOE_CHECK(dtype == DType::kF32 || (dtype == DType::kBF16 && backend != Backend::kCpu),
                 op << ": dtype " << dtype_name(dtype) << " not supported on " << backend_name(backend)
                    << " (CPU: f32; CUDA: f32 or bf16)");
-    SCMOE_CHECK(backend != Backend::kCuda || head_dim <= kAttentionCudaMaxHeadDim,
+    SCMOE_CHECK(backend == Backend::kCpu || head_dim <= kAttentionCudaMaxHeadDim,
                 op << ": head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
 }
 

@@ -9,7 +9,7 @@ namespace scmoe {
 void check_cross_entropy_args(const CrossEntropyArgs& a, Backend backend) {
     SCMOE_CHECK(a.tokens > 0 && a.vocab > 0,
                 "cross_entropy: tokens and vocab must be positive, got tokens=" << a.tokens << " vocab=" << a.vocab);
-    SCMOE_CHECK(a.dtype == DType::kF32 || (a.dtype == DType::kBF16 && backend == Backend::kCuda),
+    SCMOE_CHECK(a.dtype == DType::kF32 || (a.dtype == DType::kBF16 && backend != Backend::kCpu),
                 "cross_entropy: dtype " << dtype_name(a.dtype) << " not supported on " << backend_name(backend)
                                         << " (CPU: f32; CUDA: f32 or bf16)");
     SCMOE_CHECK(a.logits && a.targets && a.loss, "cross_entropy: logits, targets and loss must not be null");

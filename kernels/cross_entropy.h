@@ -9,6 +9,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -22,6 +23,11 @@ struct CrossEntropyArgs {
     float grad_scale = 1.0f;                // e.g. 1 / (tokens over all ranks) for a mean loss
 };
 void cross_entropy(const CrossEntropyArgs& args, Stream& stream);
+
+inline OpCost op_cost(const CrossEntropyArgs& a) {
+    const std::int64_t tv = a.tokens * a.vocab;
+    return elementwise_cost(tv, a.grad_logits ? tv : 0, a.dtype, 4.0) + elementwise_cost(a.tokens, a.tokens, DType::kF32);
+}
 
 void check_cross_entropy_args(const CrossEntropyArgs& args, Backend backend);
 

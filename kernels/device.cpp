@@ -1,8 +1,10 @@
 #include "kernels/device.h"
 
+#include <chrono>
 #include <utility>
 
 #include "kernels/cpu/cpu_device.h"
+#include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
 #if SCMOE_WITH_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -10,7 +12,20 @@
 
 namespace scmoe {
 
-const char* backend_name(Backend b) { return b == Backend::kCpu ? "cpu" : "cuda"; }
+const char* backend_name(Backend b) {
+    switch (b) {
+        case Backend::kCpu: return "cpu";
+        case Backend::kCuda: return "cuda";
+        case Backend::kEmu: return "emu";
+    }
+    return "?";
+}
+
+double Device::host_time_us() const {
+    using Clock = std::chrono::steady_clock;
+    static const Clock::time_point origin = Clock::now();
+    return std::chrono::duration<double, std::micro>(Clock::now() - origin).count();
+}
 
 bool cuda_backend_built() { return SCMOE_WITH_CUDA != 0; }
 
@@ -22,7 +37,13 @@ bool cuda_device_available() {
 #endif
 }
 
-std::unique_ptr<Device> make_device(std::string_view backend, [[maybe_unused]] int index) {
+std::unique_ptr<Device> make_device(std::string_view backend, [[maybe_unused]] int index, std::string_view gpu) {
+    if (backend == "emu") {
+        emu::EmuOptions options;
+        options.spec = emu::builtin_gpu_spec(gpu.empty() ? "h100" : gpu);
+        return emu::make_device(std::move(options));
+    }
+    SCMOE_CHECK(gpu.empty(), "--gpu " << gpu << " names an emulated GPU: it needs --backend emu");
     if (backend == "cpu") return cpu::make_device();
     if (backend == "cuda" || backend == "auto") {
         if (cuda_device_available()) {
@@ -38,7 +59,7 @@ std::unique_ptr<Device> make_device(std::string_view backend, [[maybe_unused]] i
                    << (cuda_backend_built() ? "no CUDA device answers (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
                                             : "this build has no CUDA backend (configure with -DSCMOE_WITH_CUDA=ON)"));
     }
-    SCMOE_FAIL("unknown backend '" << backend << "': expected auto, cpu or cuda");
+    SCMOE_FAIL("unknown backend '" << backend << "': expected auto, cpu, cuda or emu");
 }
 
 DeviceBuffer::DeviceBuffer(Device& device, std::size_t bytes)

@@ -1,8 +1,10 @@
-// The device layer: Device, Stream and Event behind one interface with a CPU and a CUDA backend.
+// The device layer: Device, Stream and Event behind one interface with three backends.
 //
 // Every op in kernels/ takes a Stream last and is ordered on it; cross-stream order only via
 // Event. On the CPU backend a Stream is an in-order worker thread, so two CPU streams really run
-// concurrently (comm and compute overlap on CPU the way they do on a GPU).
+// concurrently (comm and compute overlap on CPU the way they do on a GPU). On the emu backend
+// (kernels/emu/) a Stream is a lane of an emulated GPU's timeline: ops hold it for a modeled time
+// and do not compute, with CUDA's rules for when the host blocks.
 #pragma once
 
 #include <cstddef>
@@ -15,11 +17,15 @@
 
 namespace scmoe {
 
-enum class Backend { kCpu, kCuda };
+enum class Backend { kCpu, kCuda, kEmu };
 
 const char* backend_name(Backend b);
 
 class Event;
+
+// Stream priority, as cudaStreamCreateWithPriority: when both have work ready, the GPU's block
+// scheduler starts a high-priority stream's blocks first. The CPU backend ignores it.
+enum class StreamPriority { kNormal, kHigh };
 
 class Stream {
 public:
@@ -67,8 +73,17 @@ public:
     // Host memory that stream copies can target asynchronously (pinned on CUDA).
     virtual void* allocate_host(std::size_t bytes) = 0;
     virtual void deallocate_host(void* ptr) = 0;
-    virtual std::unique_ptr<Stream> create_stream() = 0;
+    std::unique_ptr<Stream> create_stream(StreamPriority priority = StreamPriority::kNormal) {
+        return make_stream(priority);
+    }
     virtual std::unique_ptr<Event> create_event() = 0;
+    // The issuing host thread's clock in microseconds, for timing host-side spans (a step, a
+    // calibration): steady_clock on CPU and CUDA; the emulated host's clock on emu, which advances
+    // by the modeled launch costs and jumps where the host blocks. Only differences are meaningful.
+    virtual double host_time_us() const;
+
+protected:
+    virtual std::unique_ptr<Stream> make_stream(StreamPriority priority) = 0;
 };
 
 // True when the CUDA backend is built in and at least one device answers.
@@ -76,9 +91,11 @@ bool cuda_device_available();
 // True when this build contains the CUDA backend.
 bool cuda_backend_built();
 
-// Creates a device: "cpu", "cuda" (error if none answers) or "auto" (CUDA when a device answers,
-// else CPU). `index` selects the GPU.
-std::unique_ptr<Device> make_device(std::string_view backend, int index = 0);
+// Creates a device: "cpu", "cuda" (error if none answers), "auto" (CUDA when a device answers,
+// else CPU) or "emu" (an emulated GPU). `index` selects the GPU. `gpu` names the emulated GPU for
+// "emu": a built-in spec (a30, a800, h100, h200; default h100) or a profile JSON file's path; it
+// must be empty for the other backends.
+std::unique_ptr<Device> make_device(std::string_view backend, int index = 0, std::string_view gpu = {});
 
 // Owns `bytes` of a device's memory for its lifetime.
 class DeviceBuffer {

@@ -12,7 +12,7 @@ void check_common(const char* op, std::int64_t tokens, std::int64_t hidden, std:
                    << " hidden=" << hidden << " vocab=" << vocab << " seq_len=" << seq_len);
     SCMOE_CHECK(tokens % seq_len == 0,
                 op << ": tokens (" << tokens << ") must be a whole number of sequences of seq_len " << seq_len);
-    SCMOE_CHECK(dtype == DType::kF32 || (dtype == DType::kBF16 && backend == Backend::kCuda),
+    SCMOE_CHECK(dtype == DType::kF32 || (dtype == DType::kBF16 && backend != Backend::kCpu),
                 op << ": dtype " << dtype_name(dtype) << " not supported on " << backend_name(backend)
                    << " (CPU: f32; CUDA: f32 or bf16)");
 }

@@ -10,6 +10,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -24,6 +25,11 @@ struct EmbeddingArgs {
 };
 void embedding_forward(const EmbeddingArgs& args, Stream& stream);
 
+inline OpCost op_cost(const EmbeddingArgs& a) {
+    const std::int64_t th = a.tokens * a.hidden;
+    return elementwise_cost((a.positions ? 2 : 1) * th, th, a.dtype) + elementwise_cost(a.tokens, 0, DType::kI32);
+}
+
 struct EmbeddingBackwardArgs {
     std::int64_t tokens = 0, hidden = 0, vocab = 0, seq_len = 0;
     DType dtype = DType::kF32;          // of grad_out
@@ -34,6 +40,12 @@ struct EmbeddingBackwardArgs {
     float* grad_positions = nullptr;    // [seq_len, hidden] f32 out, overwritten; null: not computed
 };
 void embedding_backward(const EmbeddingBackwardArgs& args, Stream& stream);
+
+inline OpCost op_cost(const EmbeddingBackwardArgs& a) {
+    const std::int64_t th = a.tokens * a.hidden;
+    return elementwise_cost(th, 0, a.dtype) +
+           elementwise_cost(0, (a.grad_table ? th : 0) + (a.grad_positions ? a.seq_len * a.hidden : 0), DType::kF32);
+}
 
 void check_embedding_args(const EmbeddingArgs& args, Backend backend);
 void check_embedding_backward_args(const EmbeddingBackwardArgs& args, Backend backend);

@@ -7,6 +7,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -24,5 +25,18 @@ struct GemmArgs {
 };
 
 void gemm(const GemmArgs& args, Stream& stream);
+
+// 2mnk FLOPs; A and B read once, C written (and read when beta != 0).
+inline OpCost op_cost(const GemmArgs& a) {
+    OpCost c;
+    const double m = static_cast<double>(a.m), n = static_cast<double>(a.n), k = static_cast<double>(a.k);
+    const double ab = static_cast<double>(dtype_size(a.ab_dtype)), cs = static_cast<double>(dtype_size(a.c_dtype));
+    c.unit = OpUnit::kTensor;
+    c.flops = 2.0 * m * n * k;
+    c.bytes = ab * (m * k + k * n) + cs * m * n * (a.beta != 0.0f ? 2.0 : 1.0);
+    c.threads = gemm_threads(a.m, a.n);
+    c.gemm_m = a.m, c.gemm_n = a.n, c.gemm_k = a.k, c.gemm_count = 1;
+    return c;
+}
 
 }  // namespace scmoe

@@ -16,6 +16,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -51,5 +52,35 @@ struct GroupedGemmArgs {
 
 void grouped_gemm(const GroupedGemmArgs& args, Stream& stream,
                   GroupedGemmProvider provider = GroupedGemmProvider::kAuto);
+
+// The cost when `rows` rows (group_offsets[num_groups]) fall into `nonempty_groups` groups: 2*rows*k*n
+// FLOPs; the row operands read or written once, and one [k, n] weight per non-empty group. The rows
+// live in device memory, so the caller reads them (a benchmark knows them; the emulator reads the
+// offsets when the op runs).
+inline OpCost op_cost(const GroupedGemmArgs& a, std::int64_t rows, int nonempty_groups) {
+    OpCost c;
+    const double r = static_cast<double>(rows), k = static_cast<double>(a.k), n = static_cast<double>(a.n);
+    const double ab = static_cast<double>(dtype_size(a.ab_dtype)), cs = static_cast<double>(dtype_size(a.c_dtype));
+    const double weights = static_cast<double>(nonempty_groups) * k * n;
+    c.unit = OpUnit::kTensor;
+    c.flops = 2.0 * r * k * n;
+    switch (a.kind) {
+        case GroupedGemmKind::kForward: c.bytes = ab * (r * k + weights) + cs * r * n; break;
+        case GroupedGemmKind::kGradInput: c.bytes = ab * (r * n + weights) + cs * r * k; break;
+        case GroupedGemmKind::kGradWeight:
+            c.bytes = ab * (r * k + r * n) + cs * static_cast<double>(a.num_groups) * k * n;
+            break;
+    }
+    const std::int64_t per_group = nonempty_groups > 0 ? (rows + nonempty_groups - 1) / nonempty_groups : 0;
+    c.gemm_count = nonempty_groups;
+    if (a.kind == GroupedGemmKind::kGradWeight) {
+        c.gemm_m = a.k, c.gemm_n = a.n, c.gemm_k = per_group;
+    } else {
+        c.gemm_m = per_group, c.gemm_n = a.kind == GroupedGemmKind::kForward ? a.n : a.k;
+        c.gemm_k = a.kind == GroupedGemmKind::kForward ? a.k : a.n;
+    }
+    c.threads = static_cast<double>(nonempty_groups) * gemm_threads(c.gemm_m, c.gemm_n);
+    return c;
+}
 
 }  // namespace scmoe

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/device.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -32,5 +33,14 @@ struct LayoutArgs {
 };
 
 void compute_layout(const LayoutArgs& args, Stream& stream);
+
+// A scan over the T*k choices per expert (one block per expert; kernels/cuda/layout.cu).
+inline OpCost op_cost(const LayoutArgs& a) {
+    const std::int64_t tk = a.tokens * a.top_k;
+    const std::int64_t rows = permuted_rows(a.tokens, a.num_experts, a.top_k, a.capacity);
+    OpCost c = elementwise_cost(tk * a.num_experts, 2 * tk + rows + a.num_experts, DType::kI32);
+    c.threads = 256.0 * a.num_experts;
+    return c;
+}
 
 }  // namespace scmoe

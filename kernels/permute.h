@@ -5,6 +5,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -19,6 +20,8 @@ struct PermuteArgs {
 };
 void permute(const PermuteArgs& args, Stream& stream);
 
+inline OpCost op_cost(const PermuteArgs& a) { return elementwise_cost(a.rows * a.hidden, a.rows * a.hidden, a.dtype, 0.0); }
+
 // grad_x[t] (+)= sum_j grad_xp[slot_of_choice[t, j]] over kept choices, j ascending.
 struct PermuteBackwardArgs {
     std::int64_t tokens = 0, hidden = 0;
@@ -30,6 +33,11 @@ struct PermuteBackwardArgs {
     void* grad_x = nullptr;                        // [tokens, hidden] out
 };
 void permute_backward(const PermuteBackwardArgs& args, Stream& stream);
+
+inline OpCost op_cost(const PermuteBackwardArgs& a) {
+    const std::int64_t th = a.tokens * a.hidden;
+    return elementwise_cost(th * a.top_k + (a.accumulate ? th : 0), th, a.dtype);
+}
 
 // y[t] (+)= sum_j gate_weight[t, j] * yp[slot_of_choice[t, j]] over kept choices, j ascending,
 // accumulated in fp32.
@@ -44,6 +52,11 @@ struct CombineArgs {
     void* y = nullptr;                             // [tokens, hidden] out
 };
 void combine(const CombineArgs& args, Stream& stream);
+
+inline OpCost op_cost(const CombineArgs& a) {
+    const std::int64_t th = a.tokens * a.hidden;
+    return elementwise_cost(th * a.top_k + (a.accumulate ? th : 0), th, a.dtype, 2.0 * a.top_k);
+}
 
 // grad_yp[r] = w * grad_y[t] for r = slot of (t, j), zeros for empty rows;
 // grad_gate_weight[t, j] = <grad_y[t], yp[slot]>, 0 for dropped choices.
@@ -60,5 +73,10 @@ struct CombineBackwardArgs {
     float* grad_gate_weight = nullptr;             // [tokens, top_k] out
 };
 void combine_backward(const CombineBackwardArgs& args, Stream& stream);
+
+inline OpCost op_cost(const CombineBackwardArgs& a) {
+    const std::int64_t th = a.tokens * a.hidden, rh = a.rows * a.hidden;
+    return elementwise_cost(th + rh, rh, a.dtype, 4.0);
+}
 
 }  // namespace scmoe

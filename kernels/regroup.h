@@ -14,6 +14,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -29,5 +30,10 @@ struct RegroupArgs {
 };
 
 void regroup(const RegroupArgs& args, Stream& stream);
+
+// For `rows` = sum(counts) rows (the counts live in stream memory; the caller reads them).
+inline OpCost op_cost(const RegroupArgs& a, std::int64_t rows) {
+    return elementwise_cost(rows * a.hidden, rows * a.hidden, a.dtype, 0.0);
+}
 
 }  // namespace scmoe

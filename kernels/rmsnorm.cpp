@@ -9,7 +9,7 @@ void check_common(const char* op, std::int64_t tokens, std::int64_t hidden, floa
     SCMOE_CHECK(tokens > 0 && hidden > 0,
                 op << ": tokens and hidden must be positive, got tokens=" << tokens << " hidden=" << hidden);
     SCMOE_CHECK(eps >= 0.0f, op << ": eps must be >= 0, got " << eps);
-    SCMOE_CHECK(dtype == DType::kF32 || (dtype == DType::kBF16 && backend == Backend::kCuda),
+    SCMOE_CHECK(dtype == DType::kF32 || (dtype == DType::kBF16 && backend != Backend::kCpu),
                 op << ": dtype " << dtype_name(dtype) << " not supported on " << backend_name(backend)
                    << " (CPU: f32; CUDA: f32 or bf16)");
 }

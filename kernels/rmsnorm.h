@@ -8,6 +8,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -22,6 +23,11 @@ struct RmsNormArgs {
 };
 void rmsnorm_forward(const RmsNormArgs& args, Stream& stream);
 
+inline OpCost op_cost(const RmsNormArgs& a) {
+    const std::int64_t th = a.tokens * a.hidden;
+    return elementwise_cost(th + a.hidden, th, a.dtype, 4.0) + elementwise_cost(0, a.rstd ? a.tokens : 0, DType::kF32);
+}
+
 struct RmsNormBackwardArgs {
     std::int64_t tokens = 0, hidden = 0;
     float eps = 1e-5f;  // as in forward (rstd already holds it; kept for symmetry and checks)
@@ -35,6 +41,12 @@ struct RmsNormBackwardArgs {
     float* grad_weight = nullptr;  // [hidden] f32 out, overwritten (never accumulated); null: not computed
 };
 void rmsnorm_backward(const RmsNormBackwardArgs& args, Stream& stream);
+
+inline OpCost op_cost(const RmsNormBackwardArgs& a) {
+    const std::int64_t th = a.tokens * a.hidden;
+    return elementwise_cost(2 * th + a.hidden + (a.accumulate ? th : 0), th, a.dtype, 8.0) +
+           elementwise_cost(a.tokens, a.grad_weight ? a.hidden : 0, DType::kF32);
+}
 
 // Throw scmoe::Error naming the first invalid argument (non-positive size, negative eps, null
 // pointer, dtype the backend does not compute in). The ops call them before enqueueing anything.

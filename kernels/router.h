@@ -16,6 +16,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -38,6 +39,14 @@ struct RouterForwardArgs {
 
 void router_forward(const RouterForwardArgs& args, Stream& stream);
 
+// Reads the f32 logits; writes probs, logsumexp, the top-k choices and gates (f32 and int32).
+inline OpCost op_cost(const RouterForwardArgs& a) {
+    const std::int64_t te = a.tokens * a.num_experts, tk = a.tokens * a.top_k;
+    OpCost c = elementwise_cost(te, te + a.tokens + 2 * tk, DType::kF32, 8.0);
+    c.threads = static_cast<double>(a.tokens);
+    return c;
+}
+
 struct RouterBackwardArgs {
     std::int64_t tokens = 0;
     int num_experts = 0;
@@ -54,5 +63,12 @@ struct RouterBackwardArgs {
 };
 
 void router_backward(const RouterBackwardArgs& args, Stream& stream);
+
+inline OpCost op_cost(const RouterBackwardArgs& a) {
+    const std::int64_t te = a.tokens * a.num_experts, tk = a.tokens * a.top_k;
+    OpCost c = elementwise_cost(te + a.tokens + 2 * tk, 0, DType::kF32) + elementwise_cost(0, te, a.grad_dtype, 8.0);
+    c.threads = static_cast<double>(a.tokens);
+    return c;
+}
 
 }  // namespace scmoe

@@ -12,6 +12,7 @@
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
+#include "kernels/op_cost.h"
 
 namespace scmoe {
 
@@ -27,5 +28,10 @@ struct RowSegmentsArgs {
 };
 
 void copy_row_segments(const RowSegmentsArgs& args, Stream& stream);
+
+// For `rows` = sum(counts) rows copied.
+inline OpCost op_cost(const RowSegmentsArgs& a, std::int64_t rows) {
+    return elementwise_cost(rows * a.hidden, rows * a.hidden, a.dtype, 0.0);
+}
 
 }  // namespace scmoe

@@ -176,10 +176,13 @@ class TraceProbe final : public Device {
     void deallocate(void* ptr) override { inner_.deallocate(ptr); }
     void* allocate_host(std::size_t bytes) override { return inner_.allocate_host(bytes); }
     void deallocate_host(void* ptr) override { inner_.deallocate_host(ptr); }
-    std::unique_ptr<Stream> create_stream() override { return inner_.create_stream(); }
     std::unique_ptr<Event> create_event() override {
         return std::make_unique<ProbeEvent>(*this, inner_.create_event());
     }
+    double host_time_us() const override { return inner_.host_time_us(); }
+
+  protected:
+    std::unique_ptr<Stream> make_stream(StreamPriority priority) override { return inner_.create_stream(priority); }
 
   private:
     class ProbeEvent final : public Event {

@@ -244,7 +244,7 @@ public:
     void deallocate(void* ptr) override { std::free(ptr); }
     void* allocate_host(std::size_t bytes) override { return allocate(bytes); }
     void deallocate_host(void* ptr) override { deallocate(ptr); }
-    std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
+    std::unique_ptr<Stream> make_stream(StreamPriority) override { return std::make_unique<CpuStream>(); }
     std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
 };
 

@@ -155,9 +155,13 @@ class CudaEvent;
 
 class CudaStream final : public Stream {
   public:
-    explicit CudaStream(int device) : device_(device), errors_(std::make_shared<HostTaskErrors>()) {
+    CudaStream(int device, StreamPriority priority) : device_(device), errors_(std::make_shared<HostTaskErrors>()) {
         DeviceGuard guard(device_);
-        SCMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        // CUDA priorities: lower numbers are higher; the range comes from the device.
+        int least = 0, greatest = 0;
+        SCMOE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        const int value = priority == StreamPriority::kHigh ? greatest : least;
+        SCMOE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, value));
         try {
             register_stream(stream_, device_);
         } catch (...) {
@@ -309,7 +313,9 @@ class CudaDevice final : public Device {
         cudaError_t err = cudaFreeHost(ptr);
         if (err != cudaSuccess) std::fprintf(stderr, "scmoe: cudaFreeHost failed: %s\n", cudaGetErrorString(err));
     }
-    std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(index_); }
+    std::unique_ptr<Stream> make_stream(StreamPriority priority) override {
+        return std::make_unique<CudaStream>(index_, priority);
+    }
     std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(index_); }
 
   private:

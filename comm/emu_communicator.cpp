@@ -1,0 +1,291 @@
+#include "comm/emu_communicator.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "comm/detail/collective_util.h"
+#include "kernels/emu/cost_model.h"
+#include "kernels/emu/emu_device.h"
+#include "kernels/error.h"
+
+namespace scmoe {
+
+using comm_detail::CommOp;
+
+// One call of the group (the k-th of every member): what was asked, what was staged, where the
+// members' kernels meet.
+struct EmuCall {
+    CommOp op = CommOp::kBarrier;
+    std::int64_t count = 0;
+    DType dtype = DType::kF32;
+    int root = 0;
+    int first_member = 0;
+    std::vector<std::vector<std::int64_t>> send_counts;  // all_to_all_v: per member
+    std::vector<std::vector<char>> staged;               // small payloads, per member
+    std::shared_ptr<emu::Rendezvous> counts_meet, data_meet;
+    int finished = 0;
+};
+
+struct EmuGroup::State {
+    Topology topology;
+    std::vector<int> ranks;
+    std::mutex mu;
+    std::map<std::uint64_t, EmuCall> calls;
+
+    int size() const { return static_cast<int>(ranks.size()); }
+
+    // Under mu: the call `seq`, created by its first member; the others must ask for the same.
+    EmuCall& call(std::uint64_t seq, int member, CommOp op, std::int64_t count, DType dtype, int root) {
+        auto [it, created] = calls.try_emplace(seq);
+        EmuCall& c = it->second;
+        if (created) {
+            c.op = op, c.count = count, c.dtype = dtype, c.root = root, c.first_member = member;
+            c.send_counts.resize(ranks.size());
+            c.staged.resize(ranks.size());
+            return c;
+        }
+        SCMOE_CHECK(c.op == op && c.count == count && c.dtype == dtype && c.root == root,
+                    "rank " << member << ": call #" << seq << " is " << comm_detail::comm_op_name(op) << " (count "
+                            << count << ", " << dtype_name(dtype) << ", root " << root << ") but rank "
+                            << c.first_member << " issued " << comm_detail::comm_op_name(c.op) << " (count " << c.count
+                            << ", " << dtype_name(c.dtype) << ", root " << c.root << "): mismatched collectives");
+        return c;
+    }
+    // Under mu: one member is done with call `seq`; the last one forgets it.
+    void finish(std::uint64_t seq) {
+        auto it = calls.find(seq);
+        if (it != calls.end() && ++it->second.finished == size()) calls.erase(it);
+    }
+};
+
+namespace {
+
+class EmuCommunicator final : public Communicator {
+public:
+    EmuCommunicator(std::shared_ptr<EmuGroup> group, int member) : group_(std::move(group)), member_(member) {}
+    int rank() const override { return member_; }
+    int size() const override { return state().size(); }
+    std::string name() const override {
+        return "emu(rank " + std::to_string(member_) + " of " + std::to_string(size()) + ", " +
+               state().topology.name + ")";
+    }
+
+    void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
+                      DType dtype, Stream& stream) override {
+        SCMOE_CHECK(send_counts && recv_counts, "rank " << member_ << ": all_to_all_v: null send_counts or recv_counts");
+        emu::EmuStream& s = emu_stream(stream, "all_to_all_v");
+        EmuGroup::State& st = state();
+        const int n = size();
+        const std::uint64_t seq = seq_;
+        std::shared_ptr<emu::Rendezvous> counts_meet;
+        {
+            std::scoped_lock lock(st.mu);
+            EmuCall& c = st.call(seq, member_, CommOp::kAllToAllV, 0, dtype, 0);
+            ++seq_;
+            if (!c.counts_meet) {
+                const std::vector<double> eight(static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 8.0);
+                c.counts_meet = std::make_shared<emu::Rendezvous>(all_to_all_us(st.topology, st.ranks, eight));
+            }
+            counts_meet = c.counts_meet;
+        }
+        staging_.assign(static_cast<std::size_t>(n), 0);
+        const double counts_bytes = 8.0 * n;
+        // 1. The counts up to the device (read when the copy runs: earlier work may compute them).
+        enqueue_copy(s, "all_to_all_v.counts_h2d", counts_bytes, [&st, seq, m = member_, send_counts, n] {
+            std::scoped_lock lock(st.mu);
+            st.calls.at(seq).send_counts[static_cast<std::size_t>(m)].assign(send_counts, send_counts + n);
+        });
+        // 2. Their exchange, 3. back to the host.
+        enqueue_comm(s, "all_to_all_v.counts", counts_meet, [this, &st, seq, n] {
+            std::scoped_lock lock(st.mu);
+            const EmuCall& c = st.calls.at(seq);
+            for (int p = 0; p < n; ++p)
+                staging_[static_cast<std::size_t>(p)] =
+                    c.send_counts[static_cast<std::size_t>(p)][static_cast<std::size_t>(member_)];
+        });
+        enqueue_copy(s, "all_to_all_v.counts_d2h", 2 * counts_bytes, {});
+        // 4. The host waits for them, as NcclCommunicator does.
+        stream.synchronize();
+        std::int64_t total_send = 0;
+        std::vector<double> bytes;
+        std::shared_ptr<emu::Rendezvous> data_meet;
+        {
+            std::scoped_lock lock(st.mu);
+            EmuCall& c = st.call(seq, member_, CommOp::kAllToAllV, 0, dtype, 0);
+            for (int p = 0; p < n; ++p) {
+                const std::int64_t sent = c.send_counts[static_cast<std::size_t>(member_)][static_cast<std::size_t>(p)];
+                SCMOE_CHECK(sent >= 0, "rank " << member_ << ": all_to_all_v: send_counts[" << p << "] = " << sent
+                                               << " (negative)");
+                SCMOE_CHECK(staging_[static_cast<std::size_t>(p)] >= 0,
+                            "rank " << member_ << ": all_to_all_v: rank " << p << " sends "
+                                    << staging_[static_cast<std::size_t>(p)] << " elements (negative)");
+                total_send += sent;
+            }
+            if (!c.data_meet) {
+                const double esize = static_cast<double>(dtype_size(dtype));
+                bytes.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
+                for (int i = 0; i < n; ++i)
+                    for (int j = 0; j < n; ++j)
+                        bytes[static_cast<std::size_t>(i * n + j)] =
+                            esize * static_cast<double>(c.send_counts[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)]);
+                c.data_meet = std::make_shared<emu::Rendezvous>(all_to_all_us(st.topology, st.ranks, bytes));
+            }
+            data_meet = c.data_meet;
+        }
+        SCMOE_CHECK(total_send == 0 || send, "rank " << member_ << ": all_to_all_v: a null send buffer");
+        (void)recv;
+        std::memcpy(recv_counts, staging_.data(), static_cast<std::size_t>(n) * sizeof(std::int64_t));
+        // 5. The data.
+        enqueue_comm(s, "all_to_all_v", data_meet, [&st, seq] {
+            std::scoped_lock lock(st.mu);
+            st.finish(seq);
+        });
+    }
+
+    void all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) override {
+        const std::size_t bytes = comm_detail::checked_bytes(count, dtype, "all_reduce_sum count");
+        collective(CommOp::kAllReduceSum, count, dtype, 0, stream, buf, bytes,
+                   [&](const Topology& t, const std::vector<int>& r) { return all_reduce_us(t, r, double(bytes)); },
+                   [buf, count, dtype, bytes](EmuCall& c, int) {
+                       std::vector<const void*> inputs;
+                       for (const auto& v : c.staged) inputs.push_back(v.data());
+                       std::vector<char> out(bytes);
+                       comm_detail::sum_in_rank_order(inputs.data(), static_cast<int>(inputs.size()), out.data(), count,
+                                                      dtype);
+                       std::memcpy(buf, out.data(), bytes);
+                   });
+    }
+
+    void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override {
+        const std::size_t bytes = comm_detail::checked_bytes(count_per_rank, dtype, "all_gather count");
+        collective(CommOp::kAllGather, count_per_rank, dtype, 0, stream, const_cast<void*>(send), bytes,
+                   [&](const Topology& t, const std::vector<int>& r) { return all_gather_us(t, r, double(bytes)); },
+                   [recv, bytes](EmuCall& c, int) {
+                       for (std::size_t p = 0; p < c.staged.size(); ++p)
+                           std::memcpy(static_cast<char*>(recv) + p * bytes, c.staged[p].data(), bytes);
+                   });
+    }
+
+    void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override {
+        SCMOE_CHECK(root >= 0 && root < size(), "rank " << member_ << ": broadcast: root " << root << " out of range");
+        const std::size_t bytes = comm_detail::checked_bytes(count, dtype, "broadcast count");
+        collective(CommOp::kBroadcast, count, dtype, root, stream, buf, bytes,
+                   [&](const Topology& t, const std::vector<int>& r) { return broadcast_us(t, r, double(bytes)); },
+                   [buf, bytes, root](EmuCall& c, int) {
+                       std::memcpy(buf, c.staged[static_cast<std::size_t>(root)].data(), bytes);
+                   });
+    }
+
+    void barrier(Stream& stream) override {
+        collective(CommOp::kBarrier, 0, DType::kF32, 0, stream, nullptr, 0,
+                   [](const Topology& t, const std::vector<int>& r) { return all_reduce_us(t, r, 4.0); },
+                   [](EmuCall&, int) {});
+    }
+
+private:
+    const EmuGroup::State& state() const { return group_->state(); }
+    EmuGroup::State& state() { return group_->state(); }
+
+    emu::EmuStream& emu_stream(Stream& stream, const char* op) {
+        SCMOE_CHECK(stream.backend() == Backend::kEmu, "rank " << member_ << ": " << op
+                                                               << ": EmuCommunicator needs an emulated stream, got "
+                                                               << backend_name(stream.backend()));
+        return emu::as_emu(stream);
+    }
+
+    void enqueue_copy(emu::EmuStream& s, const char* name, double bytes, std::function<void()> effect) {
+        const emu::GpuSpec& spec = s.device().spec();
+        emu::Work w;
+        w.kind = emu::WorkKind::kCopy;
+        w.name = name;
+        w.fixed_us = spec.kernel_gap_us;
+        w.work_us = emu::host_copy_us(bytes, spec);
+        w.effect = std::move(effect);
+        s.device().timeline().enqueue(s.id(), std::move(w), spec.launch_us);
+    }
+
+    void enqueue_comm(emu::EmuStream& s, const char* name, std::shared_ptr<emu::Rendezvous> meet,
+                      std::function<void()> effect) {
+        const emu::GpuSpec& spec = s.device().spec();
+        emu::Work w;
+        w.kind = emu::WorkKind::kComm;
+        w.name = name;
+        w.demand = std::min(1.0, static_cast<double>(state().topology.comm_sms) / spec.sms);
+        w.rendezvous = std::move(meet);
+        w.member = member_;
+        w.effect = std::move(effect);
+        s.device().timeline().enqueue(s.id(), std::move(w), spec.launch_us);
+    }
+
+    // A collective with one duration for every member: stages this member's `bytes` of `data` (when
+    // small), meets the others, then runs `finish_real` (when small) and forgets the call.
+    template <class Duration, class Finish>
+    void collective(CommOp op, std::int64_t count, DType dtype, int root, Stream& stream, void* data,
+                    std::size_t bytes, Duration duration, Finish finish_real) {
+        emu::EmuStream& s = emu_stream(stream, comm_detail::comm_op_name(op));
+        EmuGroup::State& st = state();
+        const std::uint64_t seq = seq_;
+        std::shared_ptr<emu::Rendezvous> meet;
+        {
+            std::scoped_lock lock(st.mu);
+            EmuCall& c = st.call(seq, member_, op, count, dtype, root);
+            ++seq_;
+            if (!c.data_meet) {
+                const double us = duration(st.topology, st.ranks);
+                c.data_meet = std::make_shared<emu::Rendezvous>(std::vector<double>(st.ranks.size(), us));
+            }
+            meet = c.data_meet;
+        }
+        const bool real = bytes > 0 && bytes <= emu::kRealCopyBytes;
+        emu::Work stage;
+        stage.kind = emu::WorkKind::kCopy;
+        stage.name = "stage";
+        if (real)
+            stage.effect = [&st, seq, m = member_, data, bytes] {
+                std::scoped_lock lock(st.mu);
+                auto& v = st.calls.at(seq).staged[static_cast<std::size_t>(m)];
+                v.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+            };
+        s.device().timeline().enqueue(s.id(), std::move(stage), 0.0);
+        enqueue_comm(s, comm_detail::comm_op_name(op), meet, [&st, seq, m = member_, real, finish_real] {
+            std::scoped_lock lock(st.mu);
+            if (real) finish_real(st.calls.at(seq), m);
+            st.finish(seq);
+        });
+    }
+
+    std::shared_ptr<EmuGroup> group_;
+    int member_;
+    std::uint64_t seq_ = 0;
+    std::vector<std::int64_t> staging_;
+};
+
+}  // namespace
+
+std::shared_ptr<EmuGroup> EmuGroup::create(Topology topology, std::vector<int> ranks) {
+    SCMOE_CHECK(!ranks.empty(), "EmuGroup: no members");
+    std::set<int> distinct(ranks.begin(), ranks.end());
+    SCMOE_CHECK(distinct.size() == ranks.size(), "EmuGroup: a global rank appears twice");
+    for (int r : ranks)
+        SCMOE_CHECK(r >= 0 && r < topology.world_size(), "EmuGroup: rank " << r << " outside the "
+                                                                           << topology.world_size() << " GPUs of "
+                                                                           << topology.name);
+    std::shared_ptr<EmuGroup> g(new EmuGroup());
+    g->state_ = std::make_unique<State>();
+    g->state_->topology = std::move(topology);
+    g->state_->ranks = std::move(ranks);
+    return g;
+}
+
+EmuGroup::~EmuGroup() = default;
+
+std::unique_ptr<Communicator> EmuGroup::communicator(int member) {
+    SCMOE_CHECK(member >= 0 && member < state_->size(),
+                "EmuGroup: member " << member << " of a group of " << state_->size());
+    return std::make_unique<EmuCommunicator>(shared_from_this(), member);
+}
+
+}  // namespace scmoe

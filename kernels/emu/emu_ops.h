@@ -1,0 +1,54 @@
+// Emulated implementations of the ops in kernels/*.h (see emu_device.h): each enqueues a kernel
+// that holds `stream` for the time cost_model.h gives its op_cost(); only routing metadata is
+// computed (router choices, layout, the non-finite count), payloads are never touched.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/activation.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/device.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/layout.h"
+#include "kernels/permute.h"
+#include "kernels/regroup.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/router.h"
+#include "kernels/row_segments.h"
+
+namespace scmoe::emu {
+
+void gemm(const GemmArgs& args, Stream& stream);
+void grouped_gemm(const GroupedGemmArgs& args, Stream& stream);
+void router_forward(const RouterForwardArgs& args, Stream& stream);
+void router_backward(const RouterBackwardArgs& args, Stream& stream);
+void compute_layout(const LayoutArgs& args, Stream& stream);
+void permute(const PermuteArgs& args, Stream& stream);
+void permute_backward(const PermuteBackwardArgs& args, Stream& stream);
+void combine(const CombineArgs& args, Stream& stream);
+void combine_backward(const CombineBackwardArgs& args, Stream& stream);
+void activation_forward(const ActivationArgs& args, Stream& stream);
+void activation_backward(const ActivationBackwardArgs& args, Stream& stream);
+void gated_add(const GatedAddArgs& args, Stream& stream);
+void gated_add_backward(const GatedAddBackwardArgs& args, Stream& stream);
+void count_nonfinite(const void* x, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index,
+                     Stream& stream);
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, Stream& stream);
+void regroup(const RegroupArgs& args, Stream& stream);
+void copy_row_segments(const RowSegmentsArgs& args, Stream& stream);
+void rmsnorm_forward(const RmsNormArgs& args, Stream& stream);
+void rmsnorm_backward(const RmsNormBackwardArgs& args, Stream& stream);
+void attention_forward(const AttentionArgs& args, Stream& stream);
+void attention_backward(const AttentionBackwardArgs& args, Stream& stream);
+void adamw_step(const AdamWArgs& args, Stream& stream);
+void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, Stream& stream);
+void embedding_forward(const EmbeddingArgs& args, Stream& stream);
+void embedding_backward(const EmbeddingBackwardArgs& args, Stream& stream);
+void cross_entropy(const CrossEntropyArgs& args, Stream& stream);
+
+}  // namespace scmoe::emu

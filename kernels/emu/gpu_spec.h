@@ -1,0 +1,45 @@
+// GpuSpec: what the emulated GPU (kernels/emu/) knows about a GPU model. Every number of a built-in
+// spec cites its source in gpu_spec.cpp; docs/emu-sources.md quotes them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace scmoe::emu {
+
+struct GpuSpec {
+    std::string name;         // short name for --gpu: "h100"
+    std::string description;  // "NVIDIA H100 SXM5 80GB"
+
+    // Peaks from the vendor's datasheet.
+    double bf16_tflops = 0;       // dense (no sparsity) BF16 tensor-core FLOP/s, in TFLOP/s
+    double fp32_tflops = 0;       // CUDA-core FP32, in TFLOP/s
+    double hbm_gbps = 0;          // device-memory bandwidth, GB/s (1e9 B/s)
+    std::uint64_t memory_bytes = 0;  // capacity cudaMalloc can hand out
+    int sms = 0;                  // streaming multiprocessors
+    int threads_per_sm = 2048;    // resident threads per SM (compute capability 8.0 / 9.0)
+    double host_link_gbps = 0;    // host <-> device copies (PCIe, one direction), GB/s
+
+    // Achieved fractions of the peaks (efficiency ceilings; the curve by shape is in cost_model.h).
+    double gemm_efficiency = 0;       // large bf16 GEMM / bf16_tflops
+    double bandwidth_efficiency = 0;  // streaming kernel / hbm_gbps
+
+    // Fixed costs, in microseconds.
+    double launch_us = 0;     // host time one kernel launch (cudaLaunchKernel) costs the issuing thread
+    double kernel_gap_us = 0; // device time between back-to-back kernels of a stream
+    double host_task_us = 0;  // callback thread time per cudaLaunchHostFunc task
+    double sync_us = 0;       // host time from a stream's completion to cudaStreamSynchronize returning
+
+    std::vector<std::string> sources;  // citations for the numbers above
+};
+
+// The built-in specs: a30, a800, h100, h200.
+const std::vector<GpuSpec>& builtin_gpu_specs();
+// A built-in spec by name (case-insensitive); throws Error listing the names otherwise.
+const GpuSpec& builtin_gpu_spec(std::string_view name);
+// One line: "NVIDIA H100 SXM5 80GB: 132 SMs, 989 TFLOP/s bf16, 3350 GB/s, 80.0 GiB".
+std::string describe(const GpuSpec& spec);
+
+}  // namespace scmoe::emu

@@ -1,0 +1,189 @@
+// Timeline: the clock of one emulated GPU and of the host thread that drives it.
+//
+// A discrete-event model of CUDA's execution (after GPEmu, VLDB 2025, which replays op times instead
+// of computing; here the times are virtual, so runs are deterministic and need no GPU):
+//  - Streams are in-order queues of Work. A Work starts once the stream's previous Work has finished,
+//    the host has enqueued it, and (for a wait) the awaited event has completed.
+//  - Kernels share the SMs by processor sharing: comm kernels hold their SM share while active;
+//    the rest goes to compute kernels, higher stream priority first, max-min fair within a priority,
+//    each capped by the share it can fill alone (its demand). A kernel progresses at
+//    (share it gets / its demand) of its speed alone. Copies use copy engines, not SMs.
+//  - Host tasks of all streams run on one callback lane per GPU, one at a time.
+//  - Comm Work meets the same Work on its peers' GPUs (a Rendezvous): it holds its SM share from
+//    its own arrival and completes its duration after the last member arrives.
+//  - The host thread has its own clock: each enqueue costs it the launch time; a synchronize sets it
+//    to the awaited completion (plus the sync latency). The GPU side never runs ahead of the host
+//    clock while the host is running, so Work enqueued later can never start in the model's past.
+//
+// Effects (the real side effects of a Work: routing metadata, host tasks) run when the Work
+// completes, in completion order, under the world lock, on whichever thread advances the model.
+// All emulated GPUs of a process share one World (one lock), since collectives tie their clocks.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/emu/gpu_spec.h"
+
+namespace scmoe::emu {
+
+class Timeline;
+
+// An event's generations (as CpuEvent): record() bumps `recorded` on the host; the record Work
+// completes generation g at a model time kept in `times`.
+struct EventState {
+    std::uint64_t recorded = 0;
+    std::uint64_t completed = 0;
+    std::map<std::uint64_t, double> times;  // the most recent generations' completion times (us)
+};
+
+// Where a collective's Work meets across GPUs. Member m completes at
+// max(arrival of every member) + durations[m].
+class Rendezvous {
+public:
+    explicit Rendezvous(std::vector<double> durations_us);
+    int members() const { return static_cast<int>(durations_.size()); }
+    bool resolved() const { return arrived_ == members(); }
+    double end_us(int member) const { return latest_ + durations_[static_cast<std::size_t>(member)]; }
+    // While unresolved: member's earliest possible end (the latest arrival so far plus its duration).
+    double end_lower_bound_us(int member) const { return end_us(member); }
+    // Under the world lock.
+    void arrive(int member, double time_us);
+
+private:
+    std::vector<double> durations_;
+    std::vector<bool> here_;
+    int arrived_ = 0;
+    double latest_ = 0;
+};
+
+// Where the host threads of several GPUs meet (a blocking count exchange): each leaves at the
+// latest arrival's host time plus latency_us.
+class HostMeeting {
+public:
+    HostMeeting(int members, double latency_us);
+    int members() const { return members_; }
+
+private:
+    friend class Timeline;
+    int members_;
+    double latency_us_;
+    int arrived_ = 0;
+    double latest_ = 0;
+};
+
+enum class WorkKind { kKernel, kComm, kCopy, kHostTask, kRecord, kWait };
+
+struct Work {
+    WorkKind kind = WorkKind::kKernel;
+    std::string name;         // for diagnostics
+    double fixed_us = 0;      // holds the stream first and uses no SMs (kernel gap, copy setup)
+    double work_us = 0;       // kernel: time alone on the GPU; copy, host task: duration
+    double demand = 1;        // kernel: SM share it fills alone, (0, 1]; comm: SM share it holds
+    // Optional: sets work_us and demand when the Work starts (a kernel whose size is routing
+    // metadata that earlier Work's effects wrote, read only then, as the GPU reads it).
+    std::function<void(Work&)> at_start;
+    // Optional: runs when the Work completes (an exception fails the stream).
+    std::function<void()> effect;
+    std::shared_ptr<EventState> event;  // kRecord, kWait
+    std::uint64_t generation = 0;
+    std::shared_ptr<Rendezvous> rendezvous;  // kComm
+    int member = 0;
+    double enqueued_at = 0;  // set by Timeline::enqueue: the host clock after the launch
+};
+
+// Counters of one timeline (model time in us).
+struct TimelineStats {
+    std::uint64_t works = 0;       // Work completed
+    double device_busy_us = 0;     // time some kernel, comm or copy was active
+    std::uint64_t late_starts = 0; // Work that became ready in the model's past (see horizon); 0 in
+    double late_us = 0;            // a faithful run: their total delay
+};
+
+class Timeline {
+public:
+    explicit Timeline(GpuSpec spec);
+    ~Timeline();
+    Timeline(const Timeline&) = delete;
+    Timeline& operator=(const Timeline&) = delete;
+
+    const GpuSpec& spec() const { return spec_; }
+
+    // Streams: ids from 0; priority 1 = high, 0 = normal.
+    int add_stream(int priority);
+    // Waits for the stream's Work (errors dropped) and forgets it.
+    void remove_stream(int stream);
+
+    // Host side, called by the GPU's host thread. enqueue() costs the host `host_cost_us` first
+    // and stamps the Work with the new host time.
+    void enqueue(int stream, Work work, double host_cost_us);
+    // Blocks until all Work enqueued on `stream` so far has completed; rethrows its first error.
+    void synchronize(int stream);
+    // Blocks until generation `generation` of the event has completed (no-op for 0).
+    void synchronize(const std::shared_ptr<EventState>& event, std::uint64_t generation);
+    // Blocks until every stream is idle (errors dropped).
+    void synchronize_all();
+    // Blocks until all members have met; the host clock becomes the meeting's end.
+    void meet(HostMeeting& meeting);
+    double host_time_us() const;
+    void advance_host(double us);
+    // The model's completion time of an event generation; it must have completed.
+    double event_time_us(const EventState& event, std::uint64_t generation) const;
+    TimelineStats stats() const;
+
+private:
+    struct Active {
+        Work work;
+        double start = 0;
+        double fixed_left = 0;
+        double work_left = 0;
+        double rate = 0;  // kernels in their work phase: current speed relative to alone
+        int priority = 0;
+    };
+    struct StreamState {
+        int priority = 0;
+        bool live = true;
+        std::deque<Work> queue;  // not started
+        std::optional<Active> active;
+        double free_at = 0;  // completion time of the last completed Work
+        std::uint64_t enqueued = 0, finished = 0;
+        std::exception_ptr error;
+    };
+    enum class HostState { kRunning, kWaitingGpu, kWaitingPeers };
+
+    friend class World;
+    // Under the world lock: advances as far as the horizon allows; true when something changed.
+    bool advance();
+    double ready_time(const StreamState& s) const;
+    void start_ready();
+    void start(StreamState& s, double at);
+    void complete(StreamState& s);
+    double next_event(bool& blocked) const;
+    void set_rates();
+    void progress_to(double t);
+    double horizon() const;
+    void wait_until(std::unique_lock<std::mutex>& lock, const std::function<bool()>& done, const char* what);
+    std::string describe_state() const;
+
+    GpuSpec spec_;
+    std::vector<StreamState> streams_;
+    double now_ = 0;         // the GPU side's model time
+    double lane_free_ = 0;   // the callback lane's next free time
+    double host_ = 0;        // the host thread's clock
+    HostState host_state_ = HostState::kRunning;
+    bool relaxed_ = false;   // the host waits for peers and the world found no other way forward
+    std::optional<double> waited_done_at_;  // kWaitingGpu: when the awaited Work completed
+    std::function<bool()> waited_;          // kWaitingGpu: the condition
+    TimelineStats stats_;
+};
+
+}  // namespace scmoe::emu

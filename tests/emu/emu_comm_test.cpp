@@ -1,0 +1,150 @@
+// Emulated NCCL: the topology's times by hand, counts exchanged for real, small buffers reduced for
+// real, the host blocking only where NcclCommunicator blocks, mismatched calls named.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "comm/emu_communicator.h"
+#include "comm/topology.h"
+#include "emu/emu_test_util.h"
+#include "kernels/emu/emu_device.h"
+#include "kernels/error.h"
+
+namespace scmoe {
+namespace {
+
+TEST(Topology, AllToAllOnNvlinkIsBoundByEachGpusLink) {
+    const Topology& t = topology_preset("a800-nvlink-8");
+    const std::vector<int> ranks = {0, 1, 2, 3, 4, 5, 6, 7};
+    const double b = 1e6;  // bytes per pair
+    std::vector<double> bytes(64, b);
+    const auto us = all_to_all_us(t, ranks, bytes);
+    // 7 peers x 1 MB over 200 GB/s x 0.78 (1e3 bytes per us per GB/s), after 8.4 + 3.4 us.
+    for (double u : us) EXPECT_NEAR(u, 8.4 + 3.4 + 7e6 / (200 * 0.78 * 1e3), 1e-9);
+}
+
+TEST(Topology, AllToAllOnPcieIsBoundByTheSharedSwitchUplink) {
+    const Topology& t = topology_preset("a30-pcie-8");
+    const std::vector<int> ranks = {0, 1, 2, 3, 4, 5, 6, 7};
+    std::vector<double> bytes(64, 1e6);
+    const auto us = all_to_all_us(t, ranks, bytes);
+    // Each switch's 4 GPUs send 4 MB each to the other switch: 16 MB over one 32 GB/s x 0.8 uplink,
+    // more than a GPU's own 7 MB over its link.
+    for (double u : us) EXPECT_NEAR(u, 8.4 + 5.7 + 16e6 / (32 * 0.8 * 1e3), 1e-9);
+    // Traffic that stays behind its switch does not touch the uplink.
+    std::vector<double> local(64, 0.0);
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) local[static_cast<std::size_t>(i * 8 + j)] = 1e6;
+    EXPECT_NEAR(all_to_all_us(t, ranks, local)[0], 8.4 + 5.7 + 3e6 / (32 * 0.8 * 1e3), 1e-9);
+}
+
+TEST(Topology, InterNodeTrafficSharesTheNodesNics) {
+    const Topology& t = topology_preset("a800-2x8");
+    std::vector<int> ranks(16);
+    for (int i = 0; i < 16; ++i) ranks[static_cast<std::size_t>(i)] = i;
+    std::vector<double> bytes(256, 1e6);
+    const auto us = all_to_all_us(t, ranks, bytes);
+    // A node sends 8 GPUs x 8 peers x 1 MB = 64 MB over 12.5 GB/s x 0.9; its NVLink share is small.
+    EXPECT_NEAR(us[0], 8.4 + 14.0 + 64e6 / (12.5 * 0.9 * 1e3), 1e-9);
+    // Ring all-reduce: 2(n-1)/n of the bytes at the NIC's bus bandwidth, or the tree if faster.
+    const double ring = 8.4 + (30 - 2) * 3.4 + 2 * 14.0 + 2.0 * 15 / 16 * 1e8 / (12.5 * 0.9 * 1e3);
+    EXPECT_LE(all_reduce_us(t, ranks, 1e8), ring + 1e-9);
+    EXPECT_GT(all_reduce_us(t, ranks, 1e8), 2.0 * 15 / 16 * 1e8 / (12.5 * 0.9 * 1e3));
+    EXPECT_THROW(topology_preset("dgx-1"), Error);
+}
+
+// Runs body(member, device, comm) on `n` emulated GPUs, one host thread each.
+void on_emu_ranks(int n, const std::function<void(int, Device&, Communicator&)>& body,
+                  const std::string& preset = "a800-nvlink-8") {
+    std::vector<int> ranks(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) ranks[static_cast<std::size_t>(i)] = i;
+    auto group = EmuGroup::create(topology_preset(preset), ranks);
+    std::vector<std::string> errors(static_cast<std::size_t>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                emu::EmuOptions o;
+                o.spec = test::round_spec();
+                auto device = emu::make_device(o);
+                auto comm = group->communicator(r);
+                body(r, *device, *comm);
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+}
+
+TEST(EmuCommunicator, CountsAreExchangedForRealAndTheHostWaitsOnlyForThem) {
+    const int n = 4;
+    on_emu_ranks(n, [&](int r, Device& device, Communicator& comm) {
+        auto stream = device.create_stream();
+        std::vector<std::int64_t> send(n), recv(n, -1);
+        for (int p = 0; p < n; ++p) send[static_cast<std::size_t>(p)] = 1000 * (r + 1) + p;  // r -> p
+        DeviceBuffer a(device, 1 << 24), b(device, 1 << 24);
+        const double t0 = device.host_time_us();
+        comm.all_to_all_v(a.data(), send.data(), b.data(), recv.data(), DType::kBF16, *stream);
+        for (int p = 0; p < n; ++p) EXPECT_EQ(recv[static_cast<std::size_t>(p)], 1000 * (p + 1) + r);
+        // The host came back once it had the counts; the data exchange (its latency alone is
+        // 8.4 + 3.4 us) runs after that.
+        const double returned = device.host_time_us() - t0;
+        stream->synchronize();
+        const double done = device.host_time_us() - t0;
+        EXPECT_GT(done, returned + 8.4 + 3.4);
+    });
+}
+
+TEST(EmuCommunicator, SmallBuffersAreReducedGatheredAndBroadcastForReal) {
+    const int n = 3;
+    on_emu_ranks(n, [&](int r, Device& device, Communicator& comm) {
+        auto stream = device.create_stream();
+        DeviceBuffer buf(device, 1024), all(device, 1024);
+        auto* v = buf.as<float>();
+        v[0] = static_cast<float>(r + 1);
+        v[1] = 0.5f;
+        comm.all_reduce_sum(buf.data(), 2, DType::kF32, *stream);
+        stream->synchronize();
+        EXPECT_EQ(v[0], 6.0f);
+        EXPECT_EQ(v[1], 1.5f);
+        auto* i = buf.as<std::int32_t>();
+        i[0] = 10 * r;
+        comm.all_gather(buf.data(), 1, all.data(), DType::kI32, *stream);
+        i[1] = r == 2 ? 77 : 0;
+        comm.broadcast(buf.as<std::int32_t>() + 1, 1, DType::kI32, 2, *stream);
+        comm.barrier(*stream);
+        stream->synchronize();
+        for (int p = 0; p < n; ++p) EXPECT_EQ(all.as<std::int32_t>()[p], 10 * p);
+        EXPECT_EQ(i[1], 77);
+    });
+}
+
+TEST(EmuCommunicator, MismatchedCallsAreNamed) {
+    std::vector<int> ranks = {0, 1};
+    auto group = EmuGroup::create(topology_preset("a800-nvlink-8"), ranks);
+    emu::EmuOptions o;
+    o.spec = test::round_spec();
+    auto device = emu::make_device(o);
+    auto s0 = device->create_stream(), s1 = device->create_stream();
+    DeviceBuffer buf(*device, 64);
+    auto c0 = group->communicator(0), c1 = group->communicator(1);
+    c0->all_reduce_sum(buf.data(), 4, DType::kF32, *s0);  // enqueues only: no peer needed yet
+    try {
+        c1->all_reduce_sum(buf.data(), 8, DType::kF32, *s1);
+        FAIL() << "a mismatched all_reduce_sum was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("mismatched collectives"), std::string::npos) << e.what();
+    }
+    // The refused call took no place in the order: the matching one completes the collective.
+    c1->all_reduce_sum(buf.data(), 4, DType::kF32, *s1);
+    s0->synchronize();
+    s1->synchronize();
+    EXPECT_THROW(EmuGroup::create(topology_preset("a800-nvlink-8"), {0, 0}), Error);
+    EXPECT_THROW(EmuGroup::create(topology_preset("a800-nvlink-8"), {8}), Error);
+}
+
+}  // namespace
+}  // namespace scmoe

@@ -1,0 +1,236 @@
+// The emulated GPU behind the Device interface: ops take their modeled time and compute nothing,
+// routing metadata is real, memory counts against the capacity, pageable copies block the host.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <vector>
+
+#include "emu/emu_test_util.h"
+#include "kernels/emu/cost_model.h"
+#include "kernels/emu/emu_device.h"
+#include "kernels/error.h"
+#include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/layout.h"
+#include "kernels/router.h"
+
+namespace scmoe {
+namespace {
+
+std::unique_ptr<Device> round_device(emu::RoutingModel routing = {}) {
+    emu::EmuOptions options;
+    options.spec = test::round_spec();
+    options.routing = std::move(routing);
+    return emu::make_device(std::move(options));
+}
+
+TEST(EmuCostModel, GemmTimeIsTheRooflineWithWaveQuantization) {
+    const emu::GpuSpec spec = test::round_spec();
+    GemmArgs g;
+    g.m = 1280, g.n = 1280, g.k = 4096;  // 100 tiles of 128x128 = one full wave on 100 SMs
+    g.ab_dtype = g.c_dtype = DType::kBF16;
+    // 2 * 1280 * 1280 * 4096 FLOP at 1e8 FLOP/us.
+    emu::KernelTime t = emu::model_kernel(op_cost(g), spec);
+    EXPECT_NEAR(t.work_us, 2.0 * 1280 * 1280 * 4096 / 1e8, 1e-6);
+    EXPECT_DOUBLE_EQ(t.demand, 1.0);
+    // 11 x 10 = 110 tiles need two waves: the second leaves 90 SMs idle, efficiency 110 / 200.
+    g.m = 1280 + 128;
+    g.n = 1280;
+    const double flops = 2.0 * 1408 * 1280 * 4096;
+    t = emu::model_kernel(op_cost(g), spec);
+    EXPECT_NEAR(t.work_us, flops / (1e8 * 110.0 / 200.0), 1e-6);  // 11 x 10 = 110 tiles
+    // A thin GEMM is bound by memory: k = 8 reads little and writes a 1280 x 1280 bf16 result.
+    g.m = 1280, g.k = 8;
+    const double bytes = 2.0 * (1280 * 8 + 8 * 1280) + 2.0 * 1280 * 1280;
+    EXPECT_NEAR(emu::model_kernel(op_cost(g), spec).work_us, bytes / 1e6, 1e-9);
+}
+
+TEST(EmuDevice, AGemmHoldsItsStreamForItsModeledTimeAndComputesNothing) {
+    auto device = round_device();
+    auto stream = device->create_stream();
+    const std::int64_t m = 1280, n = 1280, k = 4096;
+    DeviceBuffer a(*device, m * k * 2), b(*device, k * n * 2), c(*device, m * n * 2);
+    GemmArgs g;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a.data(), g.b = b.data(), g.c = c.data();
+    g.ab_dtype = g.c_dtype = DType::kBF16;
+    const double t0 = device->host_time_us();
+    gemm(g, *stream);
+    EXPECT_DOUBLE_EQ(device->host_time_us() - t0, 2.0);  // the launch only
+    stream->synchronize();
+    const double work = emu::model_kernel(op_cost(g), test::round_spec()).work_us;
+    EXPECT_NEAR(device->host_time_us() - t0, 2.0 + 1.0 + work + 3.0, 1e-6);
+    // Nothing was computed: C is still the zero pages it was reserved as.
+    std::vector<std::uint16_t> out(16, 1);
+    stream->copy(out.data(), c.data(), out.size() * 2);
+    for (std::uint16_t v : out) EXPECT_EQ(v, 0);
+}
+
+TEST(EmuDevice, EventsTimeTheModeledTimeline) {
+    auto device = round_device();
+    auto stream = device->create_stream();
+    auto start = device->create_event(), end = device->create_event();
+    start->record(*stream);
+    stream->host_task([] {});
+    stream->host_task([] {});
+    end->record(*stream);
+    end->synchronize();
+    // The first task starts at its launch (2 us after the start event), then the two hold the
+    // callback lane 10 us each.
+    EXPECT_NEAR(end->elapsed_ms_since(*start) * 1000.0, 22.0, 1e-3);
+}
+
+TEST(EmuDevice, AllocationsBeyondTheCapacityFailAsCudaOutOfMemory) {
+    auto device = round_device();  // 1 GiB
+    auto& emu_device = emu::as_emu(*device);
+    DeviceBuffer a(*device, 600u << 20);
+    try {
+        DeviceBuffer b(*device, 500u << 20);
+        FAIL() << "a 500 MiB allocation with 600 of 1024 MiB in use succeeded";
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("out of memory"), std::string::npos) << what;
+        EXPECT_NE(what.find("cudaMalloc(500.0 MiB)"), std::string::npos) << what;
+        EXPECT_NE(what.find("600.0 MiB in use of 1024.0 MiB"), std::string::npos) << what;
+    }
+    { DeviceBuffer b(*device, 400u << 20); }
+    EXPECT_EQ(emu_device.memory().peak, 1000ull << 20);
+    EXPECT_EQ(emu_device.memory().in_use, 600ull << 20);
+    DeviceBuffer c(*device, 400u << 20);  // freed memory is usable again
+}
+
+// Payloads are never materialised: a GPU's worth of device memory costs this process no memory.
+TEST(EmuDevice, DeviceMemoryIsNotHostMemory) {
+    auto read_rss_mib = [] {
+        std::ifstream statm("/proc/self/statm");
+        long pages = 0, resident = 0;
+        statm >> pages >> resident;
+        return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
+    };
+    emu::EmuOptions options;
+    options.spec = emu::builtin_gpu_spec("h100");
+    auto device = emu::make_device(options);
+    auto stream = device->create_stream();
+    const double before = read_rss_mib();
+    const std::int64_t m = 65536, n = 8192, k = 8192;  // 1 GiB of A, 128 MiB of B, 1 GiB of C in bf16
+    DeviceBuffer a(*device, m * k * 2), b(*device, k * n * 2), c(*device, m * n * 2);
+    DeviceBuffer big(*device, 60ull << 30);
+    GemmArgs g;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a.data(), g.b = b.data(), g.c = c.data();
+    g.ab_dtype = g.c_dtype = DType::kBF16;
+    for (int i = 0; i < 10; ++i) gemm(g, *stream);
+    stream->fill_zero(big.data(), big.bytes());
+    stream->synchronize();
+    EXPECT_LT(read_rss_mib() - before, 64.0);
+    EXPECT_GE(emu::as_emu(*device).memory().peak, 62ull << 30);
+}
+
+TEST(EmuDevice, PageableCopiesBlockTheHostAndPinnedOnesDoNot) {
+    auto device = round_device();
+    auto stream = device->create_stream();
+    DeviceBuffer d(*device, 1 << 20);
+    std::vector<char> pageable(1 << 20);
+    void* pinned = device->allocate_host(1 << 20);
+    // 1 MiB over a 1e4 byte/us link: 104.8576 us, plus the 1 us gap.
+    const double copy_us = 1.0 + (1 << 20) / 1e4;
+    double t0 = device->host_time_us();
+    stream->copy(pinned, d.data(), 1 << 20);
+    EXPECT_DOUBLE_EQ(device->host_time_us() - t0, 2.0);
+    stream->synchronize();
+    t0 = device->host_time_us();
+    stream->copy(pageable.data(), d.data(), 1 << 20);
+    EXPECT_NEAR(device->host_time_us() - t0, 2.0 + copy_us + 3.0, 1e-6);
+    device->deallocate_host(pinned);
+}
+
+// The router's choices come from the routing model and are real: the layout runs on them, and the
+// grouped GEMM's time follows the rows each expert got.
+TEST(EmuDevice, RoutingMetadataIsRealAndDrivesTheGroupedGemmTime) {
+    emu::RoutingModel routing = emu::parse_routing_model("counts:6,2,0,0");
+    auto device = round_device(routing);
+    auto stream = device->create_stream();
+    const std::int64_t tokens = 4096, hidden = 256, ffn = 512;
+    const int experts = 4, top_k = 1;
+    DeviceBuffer index(*device, tokens * 4), fraction(*device, experts * 4), counts(*device, experts * 4),
+        offsets(*device, (experts + 1) * 4), slot(*device, tokens * 4), choice(*device, tokens * 4),
+        dropped(*device, 4), logits(*device, tokens * experts * 4), probs(*device, tokens * experts * 4),
+        lse(*device, tokens * 4), gates(*device, tokens * 4), losses(*device, 8);
+    RouterForwardArgs r;
+    r.tokens = tokens, r.num_experts = experts, r.top_k = top_k;
+    r.logits = logits.as<float>(), r.probs = probs.as<float>(), r.logsumexp = lse.as<float>();
+    r.expert_index = index.as<std::int32_t>(), r.gate_weight = gates.as<float>();
+    r.expert_fraction = fraction.as<float>(), r.losses = losses.as<float>();
+    router_forward(r, *stream);
+    LayoutArgs l;
+    l.tokens = tokens, l.num_experts = experts, l.top_k = top_k;
+    l.expert_index = index.as<std::int32_t>(), l.expert_counts = counts.as<std::int32_t>();
+    l.group_offsets = offsets.as<std::int32_t>(), l.slot_of_choice = slot.as<std::int32_t>();
+    l.choice_of_row = choice.as<std::int32_t>(), l.dropped = dropped.as<std::int32_t>();
+    compute_layout(l, *stream);
+    std::vector<std::int32_t> c(experts);
+    stream->copy(c.data(), counts.data(), experts * 4);  // pageable: returns when done
+    EXPECT_EQ(std::accumulate(c.begin(), c.end(), 0), tokens);
+    EXPECT_EQ(c[2] + c[3], 0);                   // zero weight: never chosen
+    EXPECT_NEAR(c[0] / double(tokens), 0.75, 0.03);  // 6 : 2
+
+    DeviceBuffer x(*device, tokens * hidden * 2), w(*device, experts * hidden * ffn * 2), y(*device, tokens * ffn * 2);
+    GroupedGemmArgs gg;
+    gg.num_groups = experts, gg.k = hidden, gg.n = ffn, gg.max_rows = tokens;
+    gg.group_offsets = offsets.as<std::int32_t>();
+    gg.a = x.data(), gg.b = w.data(), gg.c = y.data();
+    gg.ab_dtype = gg.c_dtype = DType::kBF16;
+    auto start = device->create_event(), end = device->create_event();
+    start->record(*stream);
+    grouped_gemm(gg, *stream);
+    end->record(*stream);
+    end->synchronize();
+    // launch 2 + gap 1 + the GEMM over the 4096 rows of the 2 experts that got any
+    const double expected = 3.0 + emu::model_kernel(op_cost(gg, tokens, 2), test::round_spec()).work_us;
+    EXPECT_NEAR(end->elapsed_ms_since(*start) * 1000.0, expected, 1e-3);
+}
+
+TEST(EmuRouting, DrawsAreDistinctPerTokenDeterministicAndFollowTheModel) {
+    const std::int64_t tokens = 20000;
+    const int experts = 8, k = 2;
+    auto draw = [&](const std::string& text, std::uint64_t key) {
+        std::vector<std::int32_t> idx(tokens * k);
+        std::vector<float> f(experts);
+        emu::draw_choices(emu::parse_routing_model(text), key, tokens, experts, k, idx.data(), f.data());
+        for (std::int64_t t = 0; t < tokens; ++t) EXPECT_NE(idx[t * k], idx[t * k + 1]);
+        return std::make_pair(idx, f);
+    };
+    auto [b1, fb] = draw("balanced", 7);
+    auto [b2, fb2] = draw("balanced", 7);
+    auto [b3, fb3] = draw("balanced", 8);
+    EXPECT_EQ(b1, b2);
+    EXPECT_NE(b1, b3);
+    for (float f : fb) EXPECT_NEAR(f, 1.0 / experts, 0.01);
+    auto [z, fz] = draw("zipf:1.5", 7);
+    for (int e = 1; e < experts; ++e) EXPECT_GT(fz[e - 1], fz[e]);
+    EXPECT_THROW(emu::parse_routing_model("zipf:"), Error);
+    EXPECT_THROW(emu::parse_routing_model("counts:1,-2"), Error);
+    EXPECT_THROW(emu::parse_routing_model("uniform"), Error);
+}
+
+TEST(EmuDevice, BuiltInSpecsAndBackendNames) {
+    for (const char* name : {"a30", "a800", "h100", "h200"}) {
+        const emu::GpuSpec& s = emu::builtin_gpu_spec(name);
+        EXPECT_GT(s.bf16_tflops, 0) << name;
+        EXPECT_FALSE(s.sources.empty()) << name;
+    }
+    EXPECT_EQ(emu::builtin_gpu_spec("A800").sms, 108);
+    EXPECT_THROW(emu::builtin_gpu_spec("v100"), Error);
+    auto device = make_device("emu", 0, "a30");
+    EXPECT_EQ(device->backend(), Backend::kEmu);
+    EXPECT_EQ(device->compute_dtype(), DType::kBF16);
+    EXPECT_NE(device->description().find("A30"), std::string::npos);
+    EXPECT_THROW(make_device("cpu", 0, "a30"), Error);
+}
+
+}  // namespace
+}  // namespace scmoe
