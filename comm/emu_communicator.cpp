@@ -136,11 +136,36 @@ public:
             data_meet = c.data_meet;
         }
         SCMOE_CHECK(total_send == 0 || send, "rank " << member_ << ": all_to_all_v: a null send buffer");
-        (void)recv;
         std::memcpy(recv_counts, staging_.data(), static_cast<std::size_t>(n) * sizeof(std::int64_t));
-        // 5. The data.
-        enqueue_comm(s, "all_to_all_v", data_meet, [&st, seq] {
+        // 5. The data. Small sends (routing metadata such as a layer's expert counts) move for real:
+        // staged when the stream reaches the exchange, delivered when it completes.
+        const std::size_t esize = dtype_size(dtype);
+        const std::size_t send_bytes = static_cast<std::size_t>(total_send) * esize;
+        emu::Work stage;
+        stage.kind = emu::WorkKind::kCopy;
+        stage.name = "stage";
+        if (send_bytes > 0 && send_bytes <= emu::kRealCopyBytes)
+            stage.effect = [&st, seq, m = member_, send, send_bytes] {
+                std::scoped_lock lock(st.mu);
+                st.calls.at(seq).staged[static_cast<std::size_t>(m)].assign(
+                    static_cast<const char*>(send), static_cast<const char*>(send) + send_bytes);
+            };
+        s.device().timeline().enqueue(s.id(), std::move(stage), 0.0);
+        enqueue_comm(s, "all_to_all_v", data_meet, [&st, seq, m = member_, n, recv, esize, received = staging_] {
             std::scoped_lock lock(st.mu);
+            EmuCall& c = st.calls.at(seq);
+            std::size_t at = 0;
+            for (int p = 0; p < n; ++p) {
+                const auto& from = c.staged[static_cast<std::size_t>(p)];
+                const auto& counts = c.send_counts[static_cast<std::size_t>(p)];
+                const std::size_t segment = static_cast<std::size_t>(received[static_cast<std::size_t>(p)]) * esize;
+                if (!from.empty() && segment > 0) {
+                    std::size_t offset = 0;  // where p's segment for m starts in p's send buffer
+                    for (int q = 0; q < m; ++q) offset += static_cast<std::size_t>(counts[static_cast<std::size_t>(q)]) * esize;
+                    std::memcpy(static_cast<char*>(recv) + at, from.data() + offset, segment);
+                }
+                at += segment;
+            }
             st.finish(seq);
         });
     }

@@ -10,8 +10,9 @@
 //    their download, then synchronizes the stream (the host clock jumps to the exchange's end),
 //    then enqueues the data exchange and returns.
 //  - Payload is not moved (emulated device memory holds no payload). Small buffers (up to
-//    emu::kRealCopyBytes: a loss, a flag, measured times) are reduced, gathered and broadcast for
-//    real, so host-side agreements among ranks work.
+//    emu::kRealCopyBytes: a layer's expert counts, a loss, a flag, measured times) are exchanged,
+//    reduced, gathered and broadcast for real, so routing metadata and host-side agreements among
+//    ranks are the real ones.
 //  - Each collective is a communication kernel on the stream: it holds Topology::comm_sms of the
 //    GPU's SMs from its arrival, waits for every member to arrive, then takes the Topology's time
 //    for its bytes (comm/topology.h).
