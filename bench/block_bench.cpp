@@ -27,9 +27,11 @@
 #include <thread>
 
 #include "benches.h"
+#include "comm/emu_communicator.h"
 #include "comm/emulated_link.h"
 #include "comm/local_communicator.h"
 #include "common.h"
+#include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
 #include "launch/local_rank.h"
 #include "moe/block_stack.h"
@@ -57,6 +59,7 @@ struct BlockArgs {
     float capacity_factor = 1.25f;
     int chunks = 0;  // chunked a2a/expert pipeline: 0 = auto, N = forced
     std::string trace;
+    std::string cluster;  // emu: the Topology preset of the in-process ranks
 };
 
 struct VariantResult {
@@ -78,7 +81,7 @@ struct VariantResult {
 
 struct RankOutput {
     std::vector<VariantResult> results;
-    std::vector<std::string> notes;  // rank 0: link calibration, chosen schedules
+    std::vector<std::string> notes;  // rank 0: link calibration, chosen schedules, emulator figures
 };
 
 // Element-wise mean over the ranks of `comm` (device memory for the collective).
@@ -142,10 +145,11 @@ struct RankStack {
     }
 };
 
-double elapsed_ms(const std::function<void()>& fn) {
-    const auto t0 = std::chrono::steady_clock::now();
+// The host time fn takes, on the device's host clock (the emulated host's on emu).
+double elapsed_ms(Device& device, const std::function<void()>& fn) {
+    const double t0 = device.host_time_us();
     fn();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return (device.host_time_us() - t0) / 1000.0;
 }
 
 double ms_of(const Schedule& s, double Schedule::Branch::*field) {
@@ -192,7 +196,7 @@ LinkModel calibrate_link(const BlockArgs& a, Device& device, Stream& stream, Com
 }
 
 RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* comm, int rank) {
-    std::unique_ptr<Device> device = make_device(common.backend);
+    std::unique_ptr<Device> device = make_bench_device(common);
     auto stream = device->create_stream();
     RankOutput out;
     std::optional<LinkModel> link = a.link;
@@ -245,7 +249,7 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
         for (int i = 0; i < common.iters; ++i)
             for (std::size_t v = 0; v < nv; ++v) {
                 barrier();
-                results[v].*field += elapsed_ms([&] { stacks[v]->step(train, true); }) / common.iters;
+                results[v].*field += elapsed_ms(*device, [&] { stacks[v]->step(train, true); }) / common.iters;
             }
     };
     timed(false, &VariantResult::fwd_ms);
@@ -290,6 +294,19 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
             }
         }
     }
+    if (device->backend() == Backend::kEmu && rank == 0) {
+        emu::EmuDevice& e = emu::as_emu(*device);
+        const emu::MemoryStats m = e.memory();
+        const emu::TimelineStats t = e.timeline().stats();
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "emu rank 0: peak device memory %.2f GiB of %.1f GiB; %llu ops emulated; %llu ops started late "
+                      "(%.1f us; 0 in a faithful run)",
+                      static_cast<double>(m.peak) / (1 << 30), static_cast<double>(m.capacity) / (1 << 30),
+                      static_cast<unsigned long long>(t.works), static_cast<unsigned long long>(t.late_starts),
+                      t.late_us);
+        out.notes.push_back(line);
+    }
     out.results = std::move(results);
     return out;
 }
@@ -323,7 +340,10 @@ cxxopts::Options block_options() {
          "local experts): auto (chosen per branch from the calibrated times) or N (1 = off, at most experts / ranks)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json",
-         cxxopts::value<std::string>()->default_value(""));
+         cxxopts::value<std::string>()->default_value(""))
+        ("cluster", "emu: the emulated cluster the in-process ranks form (comm/topology.h presets: a30-pcie-8, "
+         "a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, h200-nvlink-8; default: the --gpu's 8-GPU node)",
+         cxxopts::value<std::string>());
     add_link_options(o, "block");
     return o;
 }
@@ -376,7 +396,28 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
                          " local experts per rank (--experts / ranks)");
     if (a.tokens <= 0 || a.seq <= 0 || a.tokens % a.seq) throw UsageError("--tokens must be a positive multiple of --seq");
     if (a.experts % a.ranks) throw UsageError("--experts must be a multiple of the number of ranks");
+    if (r.count("cluster")) a.cluster = r["cluster"].as<std::string>();
     return a;
+}
+
+// Emulated runs: the cluster (from --cluster or the GPU), checked against the other flags.
+void resolve_emu_cluster(const CommonArgs& common, BlockArgs& a) {
+    if (common.backend != "emu") {
+        if (!a.cluster.empty()) throw UsageError("--cluster describes emulated GPUs: it needs --backend emu");
+        return;
+    }
+    if (a.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
+    if (a.link || a.comm_share > 0)
+        throw UsageError("--backend emu models the interconnect itself (--cluster): drop --link* and --comm-share");
+    if (a.cluster.empty()) a.cluster = default_cluster_for_gpu(common.gpu.empty() ? "h100" : common.gpu);
+    try {
+        const Topology& t = topology_preset(a.cluster);
+        if (a.ranks > t.world_size())
+            throw UsageError("--ranks " + std::to_string(a.ranks) + ": cluster " + t.name + " has " +
+                             std::to_string(t.world_size()) + " GPUs");
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
 }
 
 nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs& a) {
@@ -397,6 +438,7 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
     j["capacity_factor"] = a.capacity_factor;
     j["gate"] = a.coefficient_gate ? "cg1" : "add";
     j["chunks"] = a.chunks == 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.chunks);
+    if (!a.cluster.empty()) j["cluster"] = a.cluster;
     return j;
 }
 
@@ -474,20 +516,35 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
 }
 
 int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& command) {
-    std::unique_ptr<Device> device = make_device(common.backend);
+    std::unique_ptr<Device> device = make_bench_device(common);
     Report report(std::cout, "block", command, *device, common, block_args_json(common, a));
     report.print_preamble();
-    report.note(std::to_string(a.ranks) + " in-process rank(s) (LocalCommunicator), pid " + std::to_string(getpid()) +
+    const bool emulated = common.backend == "emu";
+    report.note(std::to_string(a.ranks) + " in-process rank(s) (" +
+                (emulated ? "EmuCommunicator on " + describe(topology_preset(a.cluster)) : "LocalCommunicator") +
+                "), pid " + std::to_string(getpid()) +
                 (a.link ? ", EmulatedLink " + describe_link_model(*a.link) : std::string()) + "; tokens " +
                 std::to_string(a.tokens) + " per rank");
+    if (emulated)
+        report.note("emu: times are the emulator's predictions for " + device->description() +
+                    ", not measurements; nothing is computed, so there is no check");
+    device.reset();
     std::vector<RankOutput> outputs(static_cast<std::size_t>(a.ranks));
     std::vector<std::string> errors(outputs.size());
-    std::shared_ptr<LocalGroup> group = a.ranks > 1 ? LocalGroup::create(a.ranks) : nullptr;
+    std::shared_ptr<LocalGroup> group = a.ranks > 1 && !emulated ? LocalGroup::create(a.ranks) : nullptr;
+    std::shared_ptr<EmuGroup> emu_group;
+    if (emulated && a.ranks > 1) {
+        std::vector<int> ranks(static_cast<std::size_t>(a.ranks));
+        for (int r = 0; r < a.ranks; ++r) ranks[static_cast<std::size_t>(r)] = r;
+        emu_group = EmuGroup::create(topology_preset(a.cluster), ranks);
+    }
     std::vector<std::thread> threads;
     for (int r = 0; r < a.ranks; ++r) {
         threads.emplace_back([&, r] {
             try {
-                std::unique_ptr<Communicator> comm = group ? group->communicator(r) : nullptr;
+                std::unique_ptr<Communicator> comm = group       ? group->communicator(r)
+                                                     : emu_group ? emu_group->communicator(r)
+                                                                 : nullptr;
                 outputs[static_cast<std::size_t>(r)] = run_rank(a, common, comm.get(), r);
             } catch (const std::exception& e) {
                 errors[static_cast<std::size_t>(r)] = e.what();
@@ -508,7 +565,7 @@ int run_mpi(CommonArgs common, const BlockArgs& a, const std::string& command) {
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     try {
-        std::unique_ptr<Device> device = make_device(common.backend);
+        std::unique_ptr<Device> device = make_bench_device(common);
         MpiCommunicator comm(MPI_COMM_WORLD);
         std::ostream null_stream(nullptr);
         if (me != 0) common.json_path.clear();
@@ -547,9 +604,10 @@ int run_block_bench(int argc, char** argv, const std::string& command) {
     }
     reject_unmatched(result);
     CommonArgs common = read_common_options(result);
-    const BlockArgs args = read_block_args(result);
-    std::unique_ptr<Device> probe = make_device(common.backend);
-    common.backend = probe->backend() == Backend::kCuda ? "cuda" : "cpu";
+    BlockArgs args = read_block_args(result);
+    resolve_emu_cluster(common, args);
+    std::unique_ptr<Device> probe = make_bench_device(common);
+    common.backend = backend_name(probe->backend());
     resolve_iters(common, probe->backend());
     probe.reset();
     if (args.mpi) {

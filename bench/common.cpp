@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "kernels/elementwise.h"
+#include "kernels/emu/emu_device.h"
+#include "kernels/error.h"
 
 namespace scmoe::bench {
 
@@ -11,8 +13,12 @@ void add_common_options(cxxopts::Options& options) {
     // clang-format off
     options.add_options("common")
         ("h,help", "Print this help and exit")
-        ("backend", "Device backend: auto (CUDA when a GPU answers, else CPU), cpu or cuda",
+        ("backend", "Device backend: auto (CUDA when a GPU answers, else CPU), cpu, cuda or emu (an emulated GPU: "
+                    "modeled times, nothing computed)",
          cxxopts::value<std::string>()->default_value("auto"))
+        ("gpu", "emu: the emulated GPU, a30, a800, h100 or h200 (default h100)", cxxopts::value<std::string>())
+        ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
+         cxxopts::value<std::string>()->default_value("balanced"))
         ("n,iters", "Timed iterations (default: " + std::to_string(kDefaultItersCuda) + " on cuda, " +
                     std::to_string(kDefaultItersCpu) + " on cpu)", cxxopts::value<int>())
         ("w,warmup", "Untimed warmup iterations before the timed loop", cxxopts::value<int>()->default_value("2"))
@@ -24,8 +30,20 @@ void add_common_options(cxxopts::Options& options) {
 CommonArgs read_common_options(const cxxopts::ParseResult& result) {
     CommonArgs a;
     a.backend = result["backend"].as<std::string>();
-    if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda")
-        throw UsageError("--backend " + a.backend + ": expected auto, cpu or cuda");
+    if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda" && a.backend != "emu")
+        throw UsageError("--backend " + a.backend + ": expected auto, cpu, cuda or emu");
+    if (result.count("gpu")) a.gpu = result["gpu"].as<std::string>();
+    a.routing = result["routing"].as<std::string>();
+    if (a.backend != "emu" && (!a.gpu.empty() || result["routing"].count()))
+        throw UsageError("--gpu and --routing describe an emulated GPU: they need --backend emu");
+    if (a.backend == "emu") {
+        try {
+            emu::builtin_gpu_spec(a.gpu.empty() ? "h100" : a.gpu);
+            emu::parse_routing_model(a.routing);
+        } catch (const Error& e) {
+            throw UsageError(e.what());
+        }
+    }
     if (result.count("iters")) {
         a.iters = result["iters"].as<int>();
         if (a.iters < 1) throw UsageError("--iters " + std::to_string(a.iters) + ": must be >= 1");
@@ -34,18 +52,33 @@ CommonArgs read_common_options(const cxxopts::ParseResult& result) {
     if (a.warmup < 0) throw UsageError("--warmup " + std::to_string(a.warmup) + ": must be >= 0");
     const int check = result["check"].as<int>();
     if (check != 0 && check != 1) throw UsageError("--check " + std::to_string(check) + ": expected 0 or 1");
-    a.check = check == 1;
+    a.check = check == 1 && a.backend != "emu";
     if (result.count("json")) a.json_path = result["json"].as<std::string>();
     return a;
 }
 
 void resolve_iters(CommonArgs& args, Backend backend) {
-    if (args.iters == 0) args.iters = backend == Backend::kCuda ? kDefaultItersCuda : kDefaultItersCpu;
+    if (args.iters == 0)
+        args.iters = backend == Backend::kCuda ? kDefaultItersCuda
+                     : backend == Backend::kEmu ? kDefaultItersEmu
+                                                : kDefaultItersCpu;
+}
+
+std::unique_ptr<Device> make_bench_device(const CommonArgs& args) {
+    if (args.backend != "emu") return make_device(args.backend);
+    emu::EmuOptions options;
+    options.spec = emu::builtin_gpu_spec(args.gpu.empty() ? "h100" : args.gpu);
+    options.routing = emu::parse_routing_model(args.routing);
+    return emu::make_device(std::move(options));
 }
 
 nlohmann::ordered_json common_args_json(const CommonArgs& args) {
     nlohmann::ordered_json j;
     j["backend"] = args.backend;
+    if (args.backend == "emu") {
+        j["gpu"] = args.gpu.empty() ? "h100" : args.gpu;
+        j["routing"] = args.routing;
+    }
     j["iters"] = args.iters;
     j["warmup"] = args.warmup;
     j["check"] = args.check ? 1 : 0;
@@ -154,7 +187,7 @@ void fill_uniform(float* dst, std::int64_t n, float scale, std::uint64_t seed) {
 
 void upload_uniform(Device& device, Stream& stream, void* dst, DType dtype, std::int64_t n, float scale,
                     std::uint64_t seed) {
-    if (n == 0) return;
+    if (n == 0 || device.backend() == Backend::kEmu) return;  // an emulated GPU holds no payload
     const std::size_t f32_bytes = static_cast<std::size_t>(n) * sizeof(float);
     auto* staging = static_cast<float*>(device.allocate_host(f32_bytes));
     fill_uniform(staging, n, scale, seed);

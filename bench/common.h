@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cxxopts.hpp>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -27,7 +28,9 @@ struct UsageError : std::runtime_error {
 };
 
 struct CommonArgs {
-    std::string backend = "auto";  // auto | cpu | cuda
+    std::string backend = "auto";  // auto | cpu | cuda | emu
+    std::string gpu;               // emu: the emulated GPU (a30, a800, h100, h200; default h100)
+    std::string routing = "balanced";  // emu: the synthetic router's model (kernels/emu/routing.h)
     int iters = 0;                 // timed iterations; 0 until resolved for the backend
     int warmup = 2;                // untimed iterations before the timed loop
     bool check = true;             // correctness check after the timed loop
@@ -36,11 +39,15 @@ struct CommonArgs {
 
 inline constexpr int kDefaultItersCuda = 20;
 inline constexpr int kDefaultItersCpu = 5;
+inline constexpr int kDefaultItersEmu = 3;  // emulated time is deterministic: a few steps show it
 
-// Adds -h --backend -n -w -c -J to `options` (group "common").
+// Adds -h --backend --gpu --routing -n -w -c -J to `options` (group "common").
 void add_common_options(cxxopts::Options& options);
 // Reads them back; iters stays 0 when -n was not given (resolve_iters picks the backend default).
+// On emu the check is off (an emulated GPU computes nothing to check).
 CommonArgs read_common_options(const cxxopts::ParseResult& result);
+// The device the arguments name (an emulated GPU with its routing model for emu).
+std::unique_ptr<Device> make_bench_device(const CommonArgs& args);
 void resolve_iters(CommonArgs& args, Backend backend);
 nlohmann::ordered_json common_args_json(const CommonArgs& args);
 

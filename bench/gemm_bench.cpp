@@ -129,7 +129,7 @@ int run_gemm_bench(int argc, char** argv, const std::string& command) {
     CommonArgs common = read_common_options(result);
     const GemmBenchArgs args = read_gemm_args(result);
 
-    std::unique_ptr<Device> device = make_device(common.backend);
+    std::unique_ptr<Device> device = make_bench_device(common);
     const Backend backend = device->backend();
     resolve_iters(common, backend);
     const DType dtype = resolve_dtype(args.dtype, *device);

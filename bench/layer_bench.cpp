@@ -29,7 +29,7 @@ int run_layer_bench(int argc, char** argv, const std::string& command) {
     for (DispatchMode d : args.dispatch) make_config(args, d, DType::kF32);  // bad configs fail before any work
     if (args.ep > 1) return run_layer_ep_bench(common, args, command);
 
-    std::unique_ptr<Device> device = make_device(common.backend);
+    std::unique_ptr<Device> device = make_bench_device(common);
     const Backend backend = device->backend();
     resolve_iters(common, backend);
     const DType dtype = device->compute_dtype();

@@ -143,6 +143,13 @@ const Topology& topology_preset(std::string_view name) {
     SCMOE_FAIL("unknown cluster preset '" << name << "': presets are " << names);
 }
 
+std::string default_cluster_for_gpu(std::string_view gpu) {
+    if (gpu == "a30") return "a30-pcie-8";
+    if (gpu == "a800") return "a800-nvlink-8";
+    if (gpu == "h200") return "h200-nvlink-8";
+    return "h100-nvlink-8";
+}
+
 std::string describe(const Topology& t) {
     char buf[320];
     std::snprintf(buf, sizeof buf, "%s: %s; %s %.0f GB/s per GPU per direction (x%.2f)%s; comm kernels hold %d SMs",

@@ -52,6 +52,9 @@ struct Topology {
 const std::vector<Topology>& topology_presets();
 const Topology& topology_preset(std::string_view name);  // throws Error listing the names
 std::string describe(const Topology& t);
+// The single-node preset of an emulated GPU: a30 -> a30-pcie-8, a800 -> a800-nvlink-8, h100 ->
+// h100-nvlink-8, h200 -> h200-nvlink-8.
+std::string default_cluster_for_gpu(std::string_view gpu);
 
 // Times in microseconds for the members of a collective; `ranks` are the members' global ranks
 // (their places in the topology), in member order.

@@ -1,7 +1,6 @@
 #include "moe/layer_scheduler.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -179,13 +178,13 @@ Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats, int fo
     SCMOE_CHECK(repeats >= 1, "LayerScheduler.calibrate: repeats = " << repeats);
     SCMOE_CHECK(forced_chunks >= 0, "LayerScheduler.calibrate: chunks = " << forced_chunks
                                                                          << ": must be >= 1, or 0 for auto");
-    using Clock = std::chrono::steady_clock;
+    // On the device's host clock: wall time on CPU and CUDA, the emulated host's on emu.
     auto timed = [&](const ScheduleOp& op) {
         if (!op.run) return 0.0;
-        const auto t0 = Clock::now();
+        const double t0 = device_.host_time_us();
         op.run(backbone_);
         backbone_.synchronize();
-        return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        return (device_.host_time_us() - t0) / 1000.0;
     };
     // Every piece of a chunked stage, serially; the sum of their times.
     auto timed_pieces = [&](const ChunkedOp& op, int chunks) {
