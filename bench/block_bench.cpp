@@ -528,7 +528,6 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     if (emulated)
         report.note("emu: times are the emulator's predictions for " + device->description() +
                     ", not measurements; nothing is computed, so there is no check");
-    device.reset();
     std::vector<RankOutput> outputs(static_cast<std::size_t>(a.ranks));
     std::vector<std::string> errors(outputs.size());
     std::shared_ptr<LocalGroup> group = a.ranks > 1 && !emulated ? LocalGroup::create(a.ranks) : nullptr;
