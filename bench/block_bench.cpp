@@ -56,6 +56,7 @@ struct BlockArgs {
     bool train = true;
     bool coefficient_gate = true;
     DispatchMode dispatch = DispatchMode::kCapacity;
+    Activation activation = Activation::kSwiGLU;
     float capacity_factor = 1.25f;
     int chunks = 0;  // chunked a2a/expert pipeline: 0 = auto, N = forced
     std::string trace;
@@ -101,12 +102,14 @@ BlockStackConfig variant_config(const BlockArgs& a, const std::string& name, DTy
     s.heads = a.heads;
     s.seq_len = a.seq;
     s.ffn = a.ffn;
+    s.activation = a.activation;
     s.dtype = dtype;
     MoeConfig m;
     m.hidden = a.hidden;
     m.ffn = a.ffn;
     m.num_experts = a.experts;
     m.dispatch = a.dispatch;
+    m.activation = a.activation;
     m.capacity_factor = a.capacity_factor;
     m.dtype = dtype;
     return block_variant(name, s, m, a.coefficient_gate, a.blocks);
@@ -334,6 +337,7 @@ cxxopts::Options block_options() {
         ("blocks", "blocks of the every-block-pos1 variant", cxxopts::value<int>()->default_value("4"))
         ("mode", "fwd | train", cxxopts::value<std::string>()->default_value("train"))
         ("dispatch", "capacity | dropless", cxxopts::value<std::string>()->default_value("capacity"))
+        ("activation", "swiglu | gelu (dense MLP and experts)", cxxopts::value<std::string>()->default_value("swiglu"))
         ("capacity-factor", "capacity mode slots per expert", cxxopts::value<float>()->default_value("1.25"))
         ("gate", "how the shared expert joins: cg1 (coefficient gate) | add", cxxopts::value<std::string>()->default_value("cg1"))
         ("chunks", "pieces of the chunked a2a / expert-FFN pipeline (Tutel-style; a piece is a group of each rank's "
@@ -374,6 +378,11 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
     if (mode != "fwd" && mode != "train") throw UsageError("--mode must be fwd or train");
     a.train = mode == "train";
     a.dispatch = parse_dispatch_mode(r["dispatch"].as<std::string>());
+    try {
+        a.activation = parse_activation(r["activation"].as<std::string>());
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
     a.capacity_factor = r["capacity-factor"].as<float>();
     const std::string gate = r["gate"].as<std::string>();
     if (gate != "cg1" && gate != "add") throw UsageError("--gate must be cg1 or add");
@@ -435,6 +444,7 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
     j["seq"] = a.seq;
     j["mode"] = a.train ? "train" : "fwd";
     j["dispatch"] = dispatch_mode_name(a.dispatch);
+    j["activation"] = activation_name(a.activation);
     j["capacity_factor"] = a.capacity_factor;
     j["gate"] = a.coefficient_gate ? "cg1" : "add";
     j["chunks"] = a.chunks == 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.chunks);
@@ -445,6 +455,8 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
 // The table from every rank's results: times are the slowest rank's, #wrong the sum.
 int report_results(Report& report, const BlockArgs& a, const std::vector<RankOutput>& ranks) {
     for (const std::string& n : ranks.front().notes) report.note(n);
+    report.note("a2a/moe = a2a / (serial - backbone): the all-to-alls' share of the MoE layers' time, op by op "
+                "(the ScMoE paper's Fig. 1 measure)");
     report.note("times: the slowest rank's mean over the timed steps (the variants interleaved step by step, each "
                 "step started after a barrier); backbone and a2a: measured op by op (serially) during calibration; "
                 "exposed = time with an a2a running and no compute running, as a share of the traced steps (the "
@@ -460,6 +472,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                         {"train_us", "train_time", "(us)", 10, 1},
                         {"backbone_us", "backbone", "(us)", 10, 1},
                         {"a2a_us", "a2a", "(us)", 10, 1},
+                        {"a2a_of_moe_pct", "a2a/moe", "(%)", 7, 1},
                         {"exposed_comm_pct", "exposed", "(%)", 7, 1},
                         {"exposed_comm_max_rank_pct", "exposed_max", "(%)", 11, 1},
                         {"beyond_serial_pct", "beyond_serial", "(%)", 13, 1},
@@ -502,7 +515,9 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
         const double nolink = a.train ? w.train_nolink_ms : w.fwd_nolink_ms;
         const Cell link_cost = nolink > 0 ? Cell(std::max(0.0, step - nolink) / step * 100.0) : Cell();
         report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
-                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms, exposed_mean[v], exposed_max[v], beyond_serial,
+                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms,
+                        w.serial_ms - w.backbone_ms > 0 ? Cell(100.0 * w.a2a_ms / (w.serial_ms - w.backbone_ms)) : Cell(),
+                        exposed_mean[v], exposed_max[v], beyond_serial,
                         link_cost,
                         w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
                         w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +

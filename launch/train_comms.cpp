@@ -3,6 +3,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/emu_communicator.h"
 #include "comm/local_communicator.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
@@ -31,10 +32,36 @@ LocalTrainGroups::LocalTrainGroups(int world, int ep, std::optional<LinkModel> l
     for (int e = 0; e < ep; ++e) expert_dp_groups_.push_back(LocalGroup::create(world / ep));
 }
 
+LocalTrainGroups::LocalTrainGroups(int world, int ep, const Topology& topology) : world_(world), ep_(ep) {
+    models::ParallelLayout{world, 0, ep}.validate();
+    SCMOE_CHECK(world <= topology.world_size(), world << " ranks on cluster " << topology.name << " of "
+                                                      << topology.world_size() << " GPUs");
+    // Each group's members in member order: rank r is member l.ep_rank() of expert-parallel group
+    // l.ep_group(), and member l.ep_group() of expert-data-parallel group l.ep_rank().
+    std::vector<int> all(static_cast<std::size_t>(world));
+    std::vector<std::vector<int>> ep_members(static_cast<std::size_t>(world / ep), std::vector<int>(ep));
+    std::vector<std::vector<int>> dp_members(static_cast<std::size_t>(ep), std::vector<int>(world / ep));
+    for (int r = 0; r < world; ++r) {
+        const models::ParallelLayout l{world, r, ep};
+        all[static_cast<std::size_t>(r)] = r;
+        ep_members[static_cast<std::size_t>(l.ep_group())][static_cast<std::size_t>(l.ep_rank())] = r;
+        dp_members[static_cast<std::size_t>(l.ep_rank())][static_cast<std::size_t>(l.ep_group())] = r;
+    }
+    emu_world_ = EmuGroup::create(topology, all);
+    for (auto& m : ep_members) emu_ep_.push_back(EmuGroup::create(topology, m));
+    for (auto& m : dp_members) emu_expert_dp_.push_back(EmuGroup::create(topology, m));
+}
+
 RankComms LocalTrainGroups::rank_comms(int rank) {
     const models::ParallelLayout l{world_, rank, ep_};
     l.validate();
     RankComms r;
+    if (emu_world_) {
+        r.owned.push_back(emu_world_->communicator(rank));
+        r.owned.push_back(emu_ep_[static_cast<std::size_t>(l.ep_group())]->communicator(l.ep_rank()));
+        r.owned.push_back(emu_expert_dp_[static_cast<std::size_t>(l.ep_rank())]->communicator(l.ep_group()));
+        return r;
+    }
     const std::optional<LinkModel> dense_link = scope_ == LinkScope::kAll ? link_ : std::nullopt;
     r.owned.push_back(behind(world_group_->communicator(rank), dense_link));
     r.owned.push_back(behind(ep_groups_[static_cast<std::size_t>(l.ep_group())]->communicator(l.ep_rank()), link_));

@@ -13,7 +13,9 @@
 
 namespace scmoe {
 class LocalGroup;
+class EmuGroup;
 class Device;
+struct Topology;
 }  // namespace scmoe
 
 namespace scmoe::launch {
@@ -29,18 +31,23 @@ struct RankComms {
 };
 
 // The groups of `world` in-process ranks with expert-parallel size `ep`; created once, shared by
-// the rank threads, each of which calls rank_comms(rank) once.
+// the rank threads, each of which calls rank_comms(rank) once. With a topology the ranks are
+// emulated GPUs (rank r at place r of the topology) and the groups are EmuGroups; without, they
+// are LocalGroups, optionally behind an emulated link.
 class LocalTrainGroups {
   public:
     LocalTrainGroups(int world, int ep, std::optional<LinkModel> link, LinkScope scope = LinkScope::kExpertParallel);
+    LocalTrainGroups(int world, int ep, const Topology& topology);
     RankComms rank_comms(int rank);
 
   private:
     int world_, ep_;
     std::optional<LinkModel> link_;
-    LinkScope scope_;
+    LinkScope scope_ = LinkScope::kExpertParallel;
     std::shared_ptr<LocalGroup> world_group_;
     std::vector<std::shared_ptr<LocalGroup>> ep_groups_, expert_dp_groups_;
+    std::shared_ptr<EmuGroup> emu_world_;
+    std::vector<std::shared_ptr<EmuGroup>> emu_ep_, emu_expert_dp_;
 };
 
 // Runs fn(rank, comms) for every rank of `groups` on its own thread; after joining them all, throws

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -25,7 +26,9 @@
 
 #include "comm/communicator.h"
 #include "comm/emulated_link.h"
+#include "comm/topology.h"
 #include "kernels/device.h"
+#include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
 #include "launch/local_rank.h"
 #include "launch/train_comms.h"
@@ -51,6 +54,7 @@ struct Args {
     int ranks = 1, ep = 0;  // ep 0: = world
     bool mpi = false;
     std::string backend = "auto";
+    std::string gpu, cluster, routing = "balanced";  // emu only
     std::optional<int> device;
     std::optional<LinkModel> link;
     LinkScope link_scope = LinkScope::kExpertParallel;
@@ -121,7 +125,13 @@ Args parse(int argc, char** argv) {
     o.add_options("parallel")
         ("ranks", "In-process ranks (threads) when not under mpirun", cxxopts::value<int>()->default_value("1"))
         ("ep", "Expert-parallel size (divides the world; default: the world)", cxxopts::value<int>())
-        ("backend", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))
+        ("backend", "cpu, cuda, emu (emulated GPUs: modeled times, nothing computed, losses meaningless) or auto",
+         cxxopts::value<std::string>()->default_value("auto"))
+        ("gpu", "emu: the emulated GPU, a30, a800, h100 or h200 (default h100)", cxxopts::value<std::string>())
+        ("cluster", "emu: the emulated cluster (a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, "
+                    "h200-nvlink-8; default: the --gpu's 8-GPU node)", cxxopts::value<std::string>())
+        ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
+         cxxopts::value<std::string>()->default_value("balanced"))
         ("device", "GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK)",
          cxxopts::value<int>())
         ("link", "Emulated link under the expert-parallel all-to-all: pcie4, nvlink4, ib-ndr, 100gbe or gbps=X,latency_us=Y",
@@ -223,6 +233,28 @@ Args parse(int argc, char** argv) {
     if (a.mpi && r.count("ranks")) throw UsageError("--ranks is for in-process ranks; under mpirun use -np");
     a.ep = r.count("ep") ? r["ep"].as<int>() : 0;
     a.backend = r["backend"].as<std::string>();
+    if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda" && a.backend != "emu")
+        throw UsageError("--backend " + a.backend + ": expected auto, cpu, cuda or emu");
+    if (r.count("gpu")) a.gpu = r["gpu"].as<std::string>();
+    if (r.count("cluster")) a.cluster = r["cluster"].as<std::string>();
+    a.routing = r["routing"].as<std::string>();
+    if (a.backend != "emu" && (r.count("gpu") || r.count("cluster") || r["routing"].count()))
+        throw UsageError("--gpu, --cluster and --routing describe emulated GPUs: they need --backend emu");
+    if (a.backend == "emu") {
+        if (a.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
+        if (a.gpu.empty()) a.gpu = "h100";
+        if (a.cluster.empty()) a.cluster = default_cluster_for_gpu(a.gpu);
+        try {
+            emu::builtin_gpu_spec(a.gpu);
+            emu::parse_routing_model(a.routing);
+            const Topology& cluster = topology_preset(a.cluster);
+            if (a.ranks > cluster.world_size())
+                throw UsageError("--ranks " + std::to_string(a.ranks) + ": cluster " + cluster.name + " has " +
+                                 std::to_string(cluster.world_size()) + " GPUs");
+        } catch (const Error& e) {
+            throw UsageError(e.what());
+        }
+    }
     if (r.count("device")) a.device = r["device"].as<int>();
     if (r.count("link")) {
         try {
@@ -231,6 +263,8 @@ Args parse(int argc, char** argv) {
             throw UsageError(std::string("--link: ") + e.what());
         }
     }
+    if (a.link && a.backend == "emu")
+        throw UsageError("--backend emu models the interconnect itself (--cluster): drop --link");
     if (r.count("link-all")) {
         if (!a.link) throw UsageError("--link-all needs --link");
         a.link_scope = LinkScope::kAll;
@@ -377,6 +411,14 @@ std::string device_choice(const Args& args) {
     return args.backend;
 }
 
+std::unique_ptr<Device> make_train_device(const Args& args, int index) {
+    if (args.backend != "emu") return make_device(device_choice(args), index);
+    emu::EmuOptions options;
+    options.spec = emu::builtin_gpu_spec(args.gpu);
+    options.routing = emu::parse_routing_model(args.routing);
+    return emu::make_device(std::move(options));
+}
+
 int run_in_process(const Args& args) {
     const int world = args.ranks, ep = args.ep > 0 ? args.ep : world;
     models::ParallelLayout{world, 0, ep}.validate();
@@ -388,17 +430,36 @@ int run_in_process(const Args& args) {
                                                                       : " under the expert-parallel a2a")
                             : std::string())
               << std::endl;
+    const bool emulated = backend == "emu";
+    if (emulated)
+        std::cout << "# emu: " << make_train_device(args, 0)->description() << "; cluster "
+                  << describe(topology_preset(args.cluster))
+                  << "\n# emu: step times are the emulator's predictions, not measurements; nothing is computed, so "
+                     "the losses are meaningless (zero)"
+                  << std::endl;
     std::vector<RunSummary> runs;
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
-        LocalTrainGroups groups(world, ep, args.link, args.link_scope);
+        std::unique_ptr<LocalTrainGroups> groups =
+            emulated ? std::make_unique<LocalTrainGroups>(world, ep, topology_preset(args.cluster))
+                     : std::make_unique<LocalTrainGroups>(world, ep, args.link, args.link_scope);
         std::vector<RunSummary> results(static_cast<std::size_t>(world));
-        run_local_ranks(groups, world, [&](int r, const RankComms& comms) {
+        std::vector<emu::MemoryStats> memory(static_cast<std::size_t>(world));
+        run_local_ranks(*groups, world, [&](int r, const RankComms& comms) {
             const LocalRank local = local_rank(args.device);
-            std::unique_ptr<Device> device = make_device(backend, local.value);
+            std::unique_ptr<Device> device = make_train_device(args, local.value);
             results[static_cast<std::size_t>(r)] = run_variant(args, variant, variant == args.variants.front(), *device,
                                                                {world, r, ep}, comms.comms(), print_mutex);
+            if (emulated) memory[static_cast<std::size_t>(r)] = emu::as_emu(*device).memory();
         });
+        if (emulated && !args.quiet) {
+            std::uint64_t peak = 0;
+            for (const emu::MemoryStats& m : memory) peak = std::max(peak, m.peak);
+            std::cout << "# emu: peak device memory per GPU " << std::fixed << std::setprecision(2)
+                      << static_cast<double>(peak) / (1ull << 30) << " GiB of "
+                      << static_cast<double>(memory[0].capacity) / (1ull << 30) << " GiB (" << variant << ")"
+                      << std::defaultfloat << std::endl;
+        }
         runs.push_back(results[0]);
     }
     if (!args.eval_only) print_summary(runs, args.peak_tflops);
@@ -428,7 +489,7 @@ int run_mpi(const Args& launch_args) {
         layout.validate();
         const std::string backend = device_choice(args);
         const LocalRank local = local_rank(args.device);
-        std::unique_ptr<Device> device = make_device(backend, local.value);
+        std::unique_ptr<Device> device = make_train_device(args, local.value);
         char host[64] = {};
         gethostname(host, sizeof host - 1);
         std::ostringstream hello;

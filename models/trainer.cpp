@@ -1,7 +1,6 @@
 #include "models/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <optional>
 #include <span>
@@ -129,12 +128,12 @@ void Trainer::calibrate_once(const ByteBatcher::Batch& batch) {
 }
 
 StepMetrics Trainer::step() {
-    using Clock = std::chrono::steady_clock;
-    auto t0 = Clock::now();
+    // The device's host clock: wall time on CPU and CUDA, the emulated host's on emu.
+    double t0 = device_.host_time_us();
     const ByteBatcher::Batch batch = batcher_->next();
     if (config_.calibrate && !calibrated_) {
         calibrate_once(batch);
-        t0 = Clock::now();  // the one-off calibration is not part of the step time
+        t0 = device_.host_time_us();  // the one-off calibration is not part of the step time
     }
     const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
     const bool overlap_reduce = config_.overlap && config_.overlap_grad_reduce;
@@ -174,7 +173,7 @@ StepMetrics Trainer::step() {
     float lr = 0;
     for (std::size_t g = 0; g < adamw_.size(); ++g) lr = adamw_[g]->step(model_->param_groups()[g].grads, scale, s);
     model_->blocks().synchronize();
-    const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const double step_ms = (device_.host_time_us() - t0) / 1000.0;
 
     ++steps_done_;
     StepMetrics m;
@@ -214,7 +213,7 @@ class EvalMode {
 
 EvalMetrics Trainer::evaluate() {
     SCMOE_CHECK(eval_windows_, "Trainer::evaluate: no eval data (TrainConfig::eval_data is empty)");
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = device_.host_time_us();
     const EvalWindows& w = *eval_windows_;
     const std::int64_t seq_len = config_.model.backbone.seq_len, batch = config_.batch;
     std::vector<std::int32_t> inputs(static_cast<std::size_t>(batch * seq_len)), targets(inputs.size());
@@ -249,7 +248,7 @@ EvalMetrics Trainer::evaluate() {
     e.tokens = w.num_windows() * seq_len;
     e.loss = total / static_cast<double>(e.tokens);
     e.ppl = std::exp(e.loss);
-    e.eval_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    e.eval_ms = (device_.host_time_us() - t0) / 1000.0;
     return e;
 }
 
