@@ -63,6 +63,7 @@ struct Args {
     int keep = 2;
     std::int64_t eval_every = 0;  // 0: only after the last step
     bool eval_only = false;
+    int infer_passes = 0;  // 0: no inference timing
     bool quiet = false;
     double peak_tflops = 0;
 };
@@ -83,7 +84,7 @@ Args parse(int argc, char** argv) {
     o.set_width(110);
     // clang-format off
     o.add_options("model")
-        ("preset", "Model preset: tiny, gpt2-moe-small", cxxopts::value<std::string>()->default_value("tiny"))
+        ("preset", "Model preset: tiny, gpt2-moe-small, gpt2-moe-medium", cxxopts::value<std::string>()->default_value("tiny"))
         ("variants", "Block variants to train in turn, compared side by side (top2, top1, shared, scmoe-pos1, "
                      "scmoe-pos2, scmoe-pos3, scmoe2, every-block-pos1)",
          cxxopts::value<std::string>()->default_value("scmoe-pos2"))
@@ -94,6 +95,8 @@ Args parse(int argc, char** argv) {
         ("ffn", "Dense MLP width", cxxopts::value<std::int64_t>())
         ("experts", "Routed experts per MoE layer", cxxopts::value<int>())
         ("expert-ffn", "Expert FFN width", cxxopts::value<std::int64_t>())
+        ("vocab", "Vocabulary size (default 256: the byte tokens the data has; larger sizes only cost, e.g. GPT-2's "
+                  "50257 to plan with --backend emu)", cxxopts::value<std::int64_t>())
         ("dispatch", "capacity or dropless", cxxopts::value<std::string>())
         ("capacity-factor", "Capacity factor (capacity dispatch)", cxxopts::value<float>())
         ("aux-loss", "Load-balancing loss weight", cxxopts::value<float>())
@@ -121,7 +124,9 @@ Args parse(int argc, char** argv) {
          cxxopts::value<std::int64_t>()->default_value("0"))
         ("eval-batches", "Evaluate at most the first K x batch x world windows of the eval data (0: all)",
          cxxopts::value<std::int64_t>()->default_value("64"))
-        ("eval-only", "Evaluate the --resume checkpoint (or the initial parameters) and exit without training");
+        ("eval-only", "Evaluate the --resume checkpoint (or the initial parameters) and exit without training")
+        ("infer-passes", "After training, time N forward-only passes (inference) of a training batch; the summary "
+                         "gets their mean and its speedup (0: off)", cxxopts::value<int>()->default_value("0"));
     o.add_options("parallel")
         ("ranks", "In-process ranks (threads) when not under mpirun", cxxopts::value<int>()->default_value("1"))
         ("ep", "Expert-parallel size (divides the world; default: the world)", cxxopts::value<int>())
@@ -182,6 +187,10 @@ Args parse(int argc, char** argv) {
         if (r.count("ffn")) m.backbone.ffn = r["ffn"].as<std::int64_t>();
         if (r.count("experts")) m.moe.num_experts = r["experts"].as<int>();
         if (r.count("expert-ffn")) m.moe.ffn = r["expert-ffn"].as<std::int64_t>();
+        if (r.count("vocab")) {
+            m.vocab = r["vocab"].as<std::int64_t>();
+            if (m.vocab < 256) throw UsageError("--vocab " + std::to_string(m.vocab) + ": the data has 256 byte tokens");
+        }
         if (r.count("dispatch")) m.moe.dispatch = parse_dispatch_mode(r["dispatch"].as<std::string>());
         if (r.count("capacity-factor")) m.moe.capacity_factor = r["capacity-factor"].as<float>();
         if (r.count("aux-loss")) m.moe.aux_loss_coef = r["aux-loss"].as<float>();
@@ -223,6 +232,8 @@ Args parse(int argc, char** argv) {
     a.eval_every = r["eval-every"].as<std::int64_t>();
     t.eval_batches = r["eval-batches"].as<std::int64_t>();
     a.eval_only = r.count("eval-only") > 0;
+    a.infer_passes = r["infer-passes"].as<int>();
+    if (a.infer_passes < 0) throw UsageError("--infer-passes must be >= 0");
     if (a.eval_every < 0 || t.eval_batches < 0) throw UsageError("--eval-every and --eval-batches must be >= 0");
     a.ranks = r["ranks"].as<int>();
     if (a.ranks <= 0) throw UsageError("--ranks must be > 0");
@@ -390,6 +401,7 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
         }
     }
     if (tracer) tracer->write(args.trace + ".rank" + std::to_string(layout.rank) + ".json");
+    if (args.infer_passes > 0) sum.forward_ms = trainer.time_forward(args.infer_passes);
     sum.steps = trainer.steps_done();
     if (!losses.empty()) {
         const std::size_t tail = std::max<std::size_t>(1, losses.size() / 10);

@@ -67,11 +67,13 @@ std::string eval_json(const std::string& variant, const models::EvalMetrics& e) 
 
 void print_summary(const std::vector<RunSummary>& runs, double peak_tflops) {
     const bool eval = std::any_of(runs.begin(), runs.end(), [](const RunSummary& r) { return r.eval.has_value(); });
+    const bool infer = std::any_of(runs.begin(), runs.end(), [](const RunSummary& r) { return r.forward_ms > 0; });
     std::cout << "#\n# summary (loss: first step, mean of the last 10% of steps; times: mean over steps after the first"
-              << (eval ? "; eval: held-out loss after the last step, nats per byte, and its perplexity" : "") << ")\n";
+              << (eval ? "; eval: held-out loss after the last step, nats per byte, and its perplexity" : "")
+              << (infer ? "; fwd: mean forward-only pass (inference) after training, and its speedup" : "") << ")\n";
     std::cout << "#  variant              steps  first loss  final loss     tok/s   ms/step  exposed%   dropped  "
                  "speedup  loss vs first"
-              << (eval ? "   eval loss  eval ppl" : "") << "\n";
+              << (eval ? "   eval loss  eval ppl" : "") << (infer ? "    fwd ms  fwd speedup" : "") << "\n";
     for (const RunSummary& r : runs) {
         const RunSummary& base = runs.front();
         std::cout << "   " << std::left << std::setw(20) << r.variant << std::right << std::fixed << std::setw(6)
@@ -84,6 +86,9 @@ void print_summary(const std::vector<RunSummary>& runs, double peak_tflops) {
         if (r.eval)
             std::cout << std::setprecision(4) << std::setw(12) << r.eval->loss << std::setprecision(2) << std::setw(10)
                       << r.eval->ppl;
+        if (infer)
+            std::cout << std::setprecision(2) << std::setw(10) << r.forward_ms << std::setprecision(3) << std::setw(12)
+                      << (r.forward_ms > 0 ? base.forward_ms / r.forward_ms : 0.0) << "x";
         std::cout << "\n";
     }
     for (const RunSummary& r : runs) {

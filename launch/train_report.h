@@ -19,6 +19,7 @@ struct RunSummary {
     double tflops_per_device = 0;  // model training FLOP/s per rank (tokens/s x FLOPs per token / world)
     std::int64_t steps = 0, dropped = 0;
     std::optional<models::EvalMetrics> eval;  // the last evaluation, with --eval-data
+    double forward_ms = 0;                    // --infer-passes: mean forward-only pass (0: not measured)
 };
 
 // "42s", "3m07s", "1h05m".

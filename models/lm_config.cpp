@@ -111,7 +111,7 @@ std::string LmConfig::describe() const {
     return o.str();
 }
 
-std::vector<std::string> lm_preset_names() { return {"tiny", "gpt2-moe-small"}; }
+std::vector<std::string> lm_preset_names() { return {"tiny", "gpt2-moe-small", "gpt2-moe-medium"}; }
 
 LmConfig lm_preset(const std::string& name) {
     LmConfig c;
@@ -129,6 +129,9 @@ LmConfig lm_preset(const std::string& name) {
     };
     if (name == "tiny") shape(4, 128, 4, 64, 256, 8);
     else if (name == "gpt2-moe-small") shape(12, 768, 12, 1024, 3072, 8);
+    // The ScMoE paper's GPT2-MoE-Medium (Table 8: 24 layers, hidden 1024, 16 heads, sequence 2K; the
+    // FFN at 4x hidden as fairseq's GPT-2 configs; 8 experts as its Table 7 and Fig. 13).
+    else if (name == "gpt2-moe-medium") shape(24, 1024, 16, 2048, 4096, 8);
     else {
         std::string names;
         for (const std::string& n : lm_preset_names()) names += (names.empty() ? "" : ", ") + n;

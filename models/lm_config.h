@@ -40,6 +40,7 @@ struct LmConfig {
 
 // "tiny": 4 layers, hidden 128, 4 heads, seq 64, ffn 256, 8 experts of ffn 256 (minutes on 2 CPU cores).
 // "gpt2-moe-small": 12 layers, hidden 768, 12 heads, seq 1024, ffn 3072, 8 experts of ffn 3072 (the paper's).
+// "gpt2-moe-medium": 24 layers, hidden 1024, 16 heads, seq 2048, ffn 4096, 8 experts of ffn 4096 (the paper's).
 // The dtype is left f32; the trainer sets the backend's compute dtype.
 LmConfig lm_preset(const std::string& name);
 std::vector<std::string> lm_preset_names();

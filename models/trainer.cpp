@@ -211,6 +211,23 @@ class EvalMode {
 
 }  // namespace
 
+double Trainer::time_forward(int passes) {
+    SCMOE_CHECK(passes >= 1, "Trainer::time_forward: passes = " << passes << ", expected >= 1");
+    const ByteBatcherState before = batcher_->state();
+    const ByteBatcher::Batch batch = batcher_->next();
+    batcher_->restore(before);
+    const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
+    EvalMode eval_mode(*model_);
+    double total_us = 0;
+    for (int i = 0; i <= passes; ++i) {
+        const double t0 = device_.host_time_us();
+        model_->forward(batch.inputs.data(), batch.targets.data(), tokens, config_.overlap);
+        model_->blocks().synchronize();
+        if (i > 0) total_us += device_.host_time_us() - t0;  // the first pass is the warm-up
+    }
+    return total_us / 1000.0 / passes;
+}
+
 EvalMetrics Trainer::evaluate() {
     SCMOE_CHECK(eval_windows_, "Trainer::evaluate: no eval data (TrainConfig::eval_data is empty)");
     const double t0 = device_.host_time_us();

@@ -92,6 +92,10 @@ class Trainer {
     // The held-out loss of the current parameters (collective; see the top of this file). Changes
     // nothing a later step depends on. Throws scmoe::Error without eval data or on a non-finite loss.
     EvalMetrics evaluate();
+    // Inference speed: the mean host time in ms of `passes` (>= 1) forward-only passes (no gate
+    // noise, no backward) over the batch the next step would read, after one untimed pass.
+    // Collective like a step; changes nothing a later step depends on.
+    double time_forward(int passes);
     bool has_eval_data() const { return eval_windows_ != nullptr; }
     const EvalWindows* eval_windows() const { return eval_windows_.get(); }
     std::string eval_description() const { return eval_description_; }
