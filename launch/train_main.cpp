@@ -444,7 +444,7 @@ int run_in_process(const Args& args) {
               << std::endl;
     const bool emulated = backend == "emu";
     if (emulated)
-        std::cout << "# emu: " << make_train_device(args, 0)->description() << "; cluster "
+        std::cout << "# " << make_train_device(args, 0)->description() << "; cluster "
                   << describe(topology_preset(args.cluster))
                   << "\n# emu: step times are the emulator's predictions, not measurements; nothing is computed, so "
                      "the losses are meaningless (zero)"

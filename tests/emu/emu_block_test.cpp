@@ -1,4 +1,5 @@
-// The GPU stream drain of review L1, reproduced on emulated GPUs: the real BlockStack and
+// The real BlockStack on emulated GPUs. The emulated timeline is deterministic; and the GPU stream
+// drain of review L1 is reproduced: the real BlockStack and
 // LayerScheduler on two emulated A800s with emulated NCCL. At a branch's `ready` index the
 // scheduler issues the MoE stream's pre + send before the backbone's next segment; send's
 // all-to-all blocks the host (as NcclCommunicator does) until the MoE stream has run pre and the
@@ -130,6 +131,18 @@ TEST(EmuDrain, BlockingExchangesIdleTheBackboneAtTheBranchStartAndAtTheSlot) {
                 "experts\n",
                 idle_total, trace.back().start_us + trace.back().duration_us, idle_within(idle, pre_and_send),
                 idle_within(idle, after_experts));
+}
+
+// Virtual time: the same run gives the same timeline to the last bit, whatever the host's load or
+// the order in which the rank threads happen to run.
+TEST(EmuBlock, TheEmulatedTimelineIsDeterministic) {
+    const std::vector<TraceEntry> a = traced_forward(true), b = traced_forward(true);
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].name, b[i].name);
+        EXPECT_EQ(a[i].start_us, b[i].start_us) << a[i].name;
+        EXPECT_EQ(a[i].duration_us, b[i].duration_us) << a[i].name;
+    }
 }
 
 }  // namespace
