@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cxxopts.hpp>
 #include <fstream>
 #include <iomanip>
@@ -64,6 +65,7 @@ struct Args {
     std::int64_t eval_every = 0;  // 0: only after the last step
     bool eval_only = false;
     int infer_passes = 0;  // 0: no inference timing
+    int chunks = 0;        // the a2a / expert pipeline's pieces: 0 = auto
     bool quiet = false;
     double peak_tflops = 0;
 };
@@ -115,7 +117,10 @@ Args parse(int argc, char** argv) {
         ("no-overlap", "Run every op on one stream (same numerics, no overlap)")
         ("no-grad-overlap", "Run the gradient all-reduce after the backward instead of overlapping each block's "
                             "with the rest of it (same numerics)")
-        ("no-calibrate", "Keep every expert FFN at its earliest slot instead of Eq. 11's");
+        ("no-calibrate", "Keep every expert FFN at its earliest slot instead of Eq. 11's")
+        ("chunks", "Pieces of the chunked all-to-all / expert-FFN pipeline: auto (chosen per branch from the "
+                   "calibrated times) or N (1 = off, at most the local experts)",
+         cxxopts::value<std::string>()->default_value("auto"));
     o.add_options("evaluation")
         ("eval-data", "Held-out text files, comma separated, for the eval loss (mean CE in nats per byte, forward "
                       "only, no gate noise); 'default': the default corpus's last tenth, which training never reads",
@@ -233,6 +238,12 @@ Args parse(int argc, char** argv) {
     t.eval_batches = r["eval-batches"].as<std::int64_t>();
     a.eval_only = r.count("eval-only") > 0;
     a.infer_passes = r["infer-passes"].as<int>();
+    if (const std::string chunks = r["chunks"].as<std::string>(); chunks != "auto") {
+        char* end = nullptr;
+        const long n = std::strtol(chunks.c_str(), &end, 10);
+        if (chunks.empty() || *end != 0 || n < 1) throw UsageError("--chunks must be auto or a positive integer");
+        a.chunks = static_cast<int>(n);
+    }
     if (a.infer_passes < 0) throw UsageError("--infer-passes must be >= 0");
     if (a.eval_every < 0 || t.eval_batches < 0) throw UsageError("--eval-every and --eval-batches must be >= 0");
     a.ranks = r["ranks"].as<int>();
@@ -313,6 +324,7 @@ RunSummary run_variant(const Args& args, const std::string& variant, bool first_
         std::cout << line << std::endl;
     };
     models::Trainer trainer(config, device, layout, comms);
+    trainer.model().blocks().set_expert_chunks(args.chunks);
     say("# variant " + variant + ": " + trainer.model().config().describe());
     say("# data: " + trainer.data_description() + "; " + std::to_string(trainer.batcher().num_windows()) +
         " windows on rank 0");

@@ -1,0 +1,278 @@
+// scmoe-plan: design for your compute. Given a model and a cluster, trains every candidate
+// configuration a few steps on emulated GPUs of that cluster and prints them ranked by predicted
+// throughput, with the best one as the scmoe-train command to run. See launch/plan.h.
+//
+//   scmoe-plan --preset gpt2-moe-small --gpu a30 --cluster a30-pcie-8 -J plan.json
+//   python3 launch/plan_chart.py chart.png plan.json [more.json ...]   # step time per variant
+#include <cstdlib>
+#include <cxxopts.hpp>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "comm/topology.h"
+#include "kernels/emu/emu_device.h"
+#include "kernels/error.h"
+#include "launch/plan.h"
+#include "models/lm_config.h"
+#include "moe/config.h"
+
+namespace {
+
+using namespace scmoe;
+using namespace scmoe::launch;
+
+constexpr int kExitUsage = 2, kExitError = 3;
+
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream in(s);
+    for (std::string item; std::getline(in, item, ',');)
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+template <class T>
+std::vector<T> numbers(const std::string& flag, const std::string& text) {
+    std::vector<T> out;
+    for (const std::string& item : split(text)) {
+        std::istringstream in(item);
+        T v{};
+        if (!(in >> v) || !in.eof() || v <= 0) throw UsageError("--" + flag + ": '" + item + "' is not a positive number");
+        out.push_back(v);
+    }
+    if (out.empty()) throw UsageError("--" + flag + " is empty");
+    return out;
+}
+
+struct Args {
+    PlanRequest request;
+    std::string model_name;  // "gpt2-moe-small: 12 layers, hidden 768, ..."
+    std::string json;
+};
+
+std::string describe_shape(const std::string& preset, const models::LmConfig& m) {
+    std::ostringstream os;
+    os << preset << ": " << m.layers << " layers, hidden " << m.backbone.hidden << ", " << m.backbone.heads
+       << " heads, seq " << m.backbone.seq_len << ", ffn " << m.backbone.ffn << ", " << m.moe.num_experts
+       << " experts of ffn " << m.moe.ffn << ", vocab " << m.vocab;
+    return os.str();
+}
+
+Args parse(int argc, char** argv) {
+    cxxopts::Options o("scmoe-plan",
+                       "scmoe-plan: design for your compute. Trains each candidate configuration a few steps on "
+                       "emulated GPUs of your cluster (--backend emu) and ranks them by predicted tokens/s.\n"
+                       "Predictions of a model (kernels/emu/, comm/topology.h), not measurements.");
+    o.set_width(110);
+    std::string variants;
+    for (const std::string& n : block_variant_names()) variants += (variants.empty() ? "" : ", ") + n;
+    // clang-format off
+    o.add_options("model")
+        ("preset", "Model preset: tiny, gpt2-moe-small, gpt2-moe-medium", cxxopts::value<std::string>()->default_value("gpt2-moe-small"))
+        ("layers", "Transformer blocks", cxxopts::value<std::int64_t>())
+        ("hidden", "Model width", cxxopts::value<std::int64_t>())
+        ("heads", "Attention heads", cxxopts::value<std::int64_t>())
+        ("seq", "Sequence length", cxxopts::value<std::int64_t>())
+        ("ffn", "Dense MLP width", cxxopts::value<std::int64_t>())
+        ("experts", "Routed experts per MoE layer", cxxopts::value<int>())
+        ("expert-ffn", "Expert FFN width", cxxopts::value<std::int64_t>())
+        ("vocab", "Vocabulary size", cxxopts::value<std::int64_t>()->default_value("50257"));
+    o.add_options("cluster")
+        ("gpu", "The GPU: a30, a800, h100 or h200", cxxopts::value<std::string>()->default_value("h100"))
+        ("cluster", "A cluster preset (comm/topology.h: a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, "
+                    "h100-ib-2x8, h200-nvlink-8; default: the GPU's 8-GPU node)", cxxopts::value<std::string>())
+        ("nodes", "Nodes (overrides the preset's; more than one needs NICs)", cxxopts::value<int>())
+        ("gpus-per-node", "GPUs per node (overrides the preset's)", cxxopts::value<int>())
+        ("fabric", "Within a node: nvlink or pcie (overrides the preset's; pcie = the GPU's PCIe link, 4 GPUs per "
+                   "switch)", cxxopts::value<std::string>())
+        ("nic-gbps", "Per node, one direction, all NICs together, GB/s (overrides the preset's)", cxxopts::value<double>())
+        ("routing", "How the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
+         cxxopts::value<std::string>()->default_value("balanced"));
+    o.add_options("search")
+        ("variants", "Comma list of: " + variants, cxxopts::value<std::string>()->default_value("top2,shared,scmoe-pos2"))
+        ("ep", "Expert-parallel sizes to try (default: every one that divides the GPUs and the experts)",
+         cxxopts::value<std::string>())
+        ("chunks", "Pipeline pieces to try: auto and/or N", cxxopts::value<std::string>()->default_value("auto"))
+        ("capacity-factors", "Capacity factors to try", cxxopts::value<std::string>()->default_value("1.25"))
+        ("batches", "Sequences per GPU per step (micro-batch) to try", cxxopts::value<std::string>()->default_value("8"))
+        ("steps", "Emulated steps per candidate (the first, which calibrates, is not timed)",
+         cxxopts::value<int>()->default_value("3"))
+        ("J,json", "Write the ranked table as JSON (for launch/plan_chart.py)", cxxopts::value<std::string>())
+        ("h,help", "Print this help and exit");
+    // clang-format on
+    const auto r = o.parse(argc, argv);
+    if (r.count("help")) {
+        std::cout << o.help({"model", "cluster", "search"}) << "\nExample:\n"
+                  << "  scmoe-plan --preset gpt2-moe-small --gpu a30 --cluster a30-pcie-8 -J a30.json\n";
+        std::exit(0);
+    }
+    if (!r.unmatched().empty()) throw UsageError("unexpected argument '" + r.unmatched()[0] + "'");
+    Args a;
+    PlanRequest& q = a.request;
+    try {
+        models::LmConfig& m = q.model;
+        m = models::lm_preset(r["preset"].as<std::string>());
+        if (r.count("layers")) m.layers = r["layers"].as<std::int64_t>();
+        if (r.count("hidden")) m.backbone.hidden = r["hidden"].as<std::int64_t>();
+        if (r.count("heads")) m.backbone.heads = r["heads"].as<std::int64_t>();
+        if (r.count("seq")) m.backbone.seq_len = r["seq"].as<std::int64_t>();
+        if (r.count("ffn")) m.backbone.ffn = r["ffn"].as<std::int64_t>();
+        if (r.count("experts")) m.moe.num_experts = r["experts"].as<int>();
+        if (r.count("expert-ffn")) m.moe.ffn = r["expert-ffn"].as<std::int64_t>();
+        m.vocab = r["vocab"].as<std::int64_t>();
+        if (m.vocab < 256) throw UsageError("--vocab must be >= 256 (the data's byte tokens)");
+        q.gpu = r["gpu"].as<std::string>();
+        emu::builtin_gpu_spec(q.gpu);
+        q.routing = r["routing"].as<std::string>();
+        emu::parse_routing_model(q.routing);
+        q.cluster = topology_preset(r.count("cluster") ? r["cluster"].as<std::string>() : default_cluster_for_gpu(q.gpu));
+        if (r.count("nodes")) q.cluster.nodes = r["nodes"].as<int>();
+        if (r.count("gpus-per-node")) q.cluster.gpus_per_node = r["gpus-per-node"].as<int>();
+        if (r.count("nic-gbps")) q.cluster.nic_gbps = r["nic-gbps"].as<double>();
+        if (r.count("fabric")) {
+            const std::string f = r["fabric"].as<std::string>();
+            if (f == "pcie" && q.cluster.fabric != Topology::Fabric::kPcie) {
+                q.cluster.fabric = Topology::Fabric::kPcie;
+                q.cluster.gpu_link_gbps = emu::builtin_gpu_spec(q.gpu).host_link_gbps;
+                q.cluster.gpus_per_switch = 4;
+                q.cluster.switch_uplink_gbps = q.cluster.gpu_link_gbps;
+                q.cluster.hop_latency_us = 5.7;
+                q.cluster.comm_sms = 8;
+            } else if (f == "nvlink" && q.cluster.fabric != Topology::Fabric::kNvlink) {
+                throw UsageError("--fabric nvlink: start from an NVLink --cluster preset (its link bandwidth)");
+            } else if (f != "pcie" && f != "nvlink") {
+                throw UsageError("--fabric must be nvlink or pcie");
+            }
+        }
+        if (q.cluster.nodes < 1 || q.cluster.gpus_per_node < 1) throw UsageError("--nodes and --gpus-per-node must be >= 1");
+        if (q.cluster.nodes > 1 && q.cluster.nic_gbps <= 0) throw UsageError("more than one node needs --nic-gbps > 0");
+        if (r.count("nodes") || r.count("gpus-per-node") || r.count("fabric") || r.count("nic-gbps"))
+            q.cluster.name += "+custom";
+        const int world = q.cluster.world_size();
+        q.space.variants = split(r["variants"].as<std::string>());
+        if (q.space.variants.empty()) throw UsageError("--variants is empty");
+        if (r.count("ep")) {
+            q.space.ep = numbers<int>("ep", r["ep"].as<std::string>());
+        } else {
+            for (int ep = 1; ep <= world; ++ep)
+                if (world % ep == 0 && m.moe.num_experts % ep == 0) q.space.ep.push_back(ep);
+        }
+        for (const std::string& c : split(r["chunks"].as<std::string>()))
+            q.space.chunks.push_back(c == "auto" ? 0 : numbers<int>("chunks", c).front());
+        if (q.space.chunks.empty()) throw UsageError("--chunks is empty");
+        q.space.capacity_factors = numbers<float>("capacity-factors", r["capacity-factors"].as<std::string>());
+        q.space.batches = numbers<std::int64_t>("batches", r["batches"].as<std::string>());
+        q.steps = r["steps"].as<int>();
+        if (q.steps < 2) throw UsageError("--steps must be >= 2 (the first calibrates and is not timed)");
+        for (const std::string& v : q.space.variants) {
+            models::LmConfig c = m;
+            c.variant = v;
+            c.validate();
+        }
+        plan_cases(q);  // checks the ep sizes
+        const bool custom = r.count("layers") || r.count("hidden") || r.count("heads") || r.count("seq") ||
+                            r.count("ffn") || r.count("experts") || r.count("expert-ffn");
+        a.model_name = describe_shape(r["preset"].as<std::string>() + (custom ? "+custom" : ""), m);
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+    if (r.count("json")) a.json = r["json"].as<std::string>();
+    return a;
+}
+
+std::string chunks_name(int c) { return c == 0 ? "auto" : std::to_string(c); }
+
+std::string format_ms(double ms) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << ms;
+    return os.str();
+}
+
+int run(const Args& args) {
+    const PlanRequest& q = args.request;
+    std::vector<PlanCase> cases = plan_cases(q);
+    emu::EmuOptions o;
+    o.spec = emu::builtin_gpu_spec(q.gpu);
+    std::cout << "# scmoe-plan: " << cases.size() << " candidate(s) on " << describe(q.cluster) << "\n"
+              << "# GPU: " << emu::make_device(o)->description() << "\n"
+              << "# model: " << args.model_name << "\n"
+              << "# predictions of the emulator (kernels/emu/, comm/topology.h), not measurements; " << q.steps
+              << " steps per candidate, the first not timed" << std::endl;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        PlanCase& c = cases[i];
+        run_plan_case(q, c);
+        std::cout << "# [" << i + 1 << "/" << cases.size() << "] " << c.variant << " ep " << c.ep << " dp " << c.dp
+                  << " chunks " << chunks_name(c.chunks) << " cf " << c.capacity_factor << " batch " << c.batch << ": "
+                  << (c.error.empty() ? format_ms(c.step_ms) + " ms/step" : c.out_of_memory ? "out of memory" : "failed: " + c.error)
+                  << std::endl;
+    }
+    rank_plan(cases);
+    std::cout << "#\n# rank  variant          ep   dp chunks    cf  batch   step ms     tokens/s  exposed%  peak GiB  status\n";
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+        const PlanCase& c = cases[i];
+        std::cout << std::setw(6) << i + 1 << "  " << std::left << std::setw(15) << c.variant << std::right
+                  << std::setw(4) << c.ep << std::setw(5) << c.dp << std::setw(7) << chunks_name(c.chunks) << std::fixed
+                  << std::setprecision(2) << std::setw(6) << c.capacity_factor << std::setw(7) << c.batch
+                  << std::setprecision(1) << std::setw(10) << c.step_ms << std::setprecision(0) << std::setw(13)
+                  << c.tokens_per_s << std::setprecision(1) << std::setw(10) << c.exposed_comm_pct
+                  << std::setprecision(2) << std::setw(10) << c.peak_gib << "  "
+                  << (c.error.empty() ? "ok" : c.out_of_memory ? "OUT OF MEMORY" : "failed") << std::defaultfloat
+                  << "\n";
+    }
+    const bool any = !cases.empty() && cases.front().error.empty();
+    if (any) std::cout << "#\n# best: " << train_command(q, cases.front()) << "\n";
+    else std::cout << "#\n# no candidate fits this cluster\n";
+    if (!args.json.empty()) {
+        nlohmann::ordered_json j;
+        j["cluster"] = q.cluster.name;
+        j["cluster_description"] = describe(q.cluster);
+        j["gpu"] = q.gpu;
+        j["model"] = args.model_name;
+        j["routing"] = q.routing;
+        j["steps"] = q.steps;
+        j["note"] = "predictions of the emulator, not measurements";
+        j["cases"] = nlohmann::ordered_json::array();
+        for (const PlanCase& c : cases)
+            j["cases"].push_back({{"variant", c.variant},
+                                  {"ep", c.ep},
+                                  {"dp", c.dp},
+                                  {"chunks", chunks_name(c.chunks)},
+                                  {"capacity_factor", c.capacity_factor},
+                                  {"batch", c.batch},
+                                  {"step_ms", c.step_ms},
+                                  {"tokens_per_s", c.tokens_per_s},
+                                  {"exposed_comm_pct", c.exposed_comm_pct},
+                                  {"peak_gib", c.peak_gib},
+                                  {"out_of_memory", c.out_of_memory},
+                                  {"error", c.error}});
+        if (any) j["best_command"] = train_command(q, cases.front());
+        std::ofstream f(args.json);
+        if (!f) throw Error("-J " + args.json + ": cannot open for writing");
+        f << j.dump(2) << "\n";
+    }
+    return any ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(parse(argc, argv));
+    } catch (const UsageError& e) {
+        std::cerr << "scmoe-plan: " << e.what() << " (see --help)" << std::endl;
+        return kExitUsage;
+    } catch (const cxxopts::exceptions::exception& e) {
+        std::cerr << "scmoe-plan: " << e.what() << " (see --help)" << std::endl;
+        return kExitUsage;
+    } catch (const std::exception& e) {
+        std::cerr << "scmoe-plan: error: " << e.what() << std::endl;
+        return kExitError;
+    }
+}
