@@ -33,6 +33,7 @@
 #include "common.h"
 #include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
+#include "launch/cli_options.h"
 #include "launch/local_rank.h"
 #include "moe/block_stack.h"
 #include "moe/trace.h"
@@ -418,12 +419,8 @@ void resolve_emu_cluster(const CommonArgs& common, BlockArgs& a) {
     if (a.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
     if (a.link || a.comm_share > 0)
         throw UsageError("--backend emu models the interconnect itself (--cluster): drop --link* and --comm-share");
-    if (a.cluster.empty()) a.cluster = default_cluster_for_gpu(common.gpu.empty() ? "h100" : common.gpu);
     try {
-        const Topology& t = topology_preset(a.cluster);
-        if (a.ranks > t.world_size())
-            throw UsageError("--ranks " + std::to_string(a.ranks) + ": cluster " + t.name + " has " +
-                             std::to_string(t.world_size()) + " GPUs");
+        a.cluster = launch::resolve_emu_choice(common.gpu, a.cluster, common.routing, a.ranks).cluster;
     } catch (const Error& e) {
         throw UsageError(e.what());
     }

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kernels/elementwise.h"
-#include "kernels/emu/emu_device.h"
+#include "launch/cli_options.h"
 #include "kernels/error.h"
 
 namespace scmoe::bench {
@@ -38,8 +38,7 @@ CommonArgs read_common_options(const cxxopts::ParseResult& result) {
         throw UsageError("--gpu and --routing describe an emulated GPU: they need --backend emu");
     if (a.backend == "emu") {
         try {
-            emu::builtin_gpu_spec(a.gpu.empty() ? "h100" : a.gpu);
-            emu::parse_routing_model(a.routing);
+            launch::resolve_emu_choice(a.gpu, "", a.routing, 1);
         } catch (const Error& e) {
             throw UsageError(e.what());
         }
@@ -66,10 +65,7 @@ void resolve_iters(CommonArgs& args, Backend backend) {
 
 std::unique_ptr<Device> make_bench_device(const CommonArgs& args) {
     if (args.backend != "emu") return make_device(args.backend);
-    emu::EmuOptions options;
-    options.spec = emu::builtin_gpu_spec(args.gpu.empty() ? "h100" : args.gpu);
-    options.routing = emu::parse_routing_model(args.routing);
-    return emu::make_device(std::move(options));
+    return launch::make_emu_device(launch::resolve_emu_choice(args.gpu, "", args.routing, 1));
 }
 
 nlohmann::ordered_json common_args_json(const CommonArgs& args) {

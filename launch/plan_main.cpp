@@ -13,10 +13,10 @@
 #include <sstream>
 
 #include "comm/topology.h"
-#include "kernels/emu/emu_device.h"
+#include "kernels/emu/gpu_spec.h"
 #include "kernels/error.h"
+#include "launch/cli_options.h"
 #include "launch/plan.h"
-#include "models/lm_config.h"
 #include "moe/config.h"
 
 namespace {
@@ -30,18 +30,11 @@ struct UsageError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-std::vector<std::string> split(const std::string& s) {
-    std::vector<std::string> out;
-    std::stringstream in(s);
-    for (std::string item; std::getline(in, item, ',');)
-        if (!item.empty()) out.push_back(item);
-    return out;
-}
 
 template <class T>
 std::vector<T> numbers(const std::string& flag, const std::string& text) {
     std::vector<T> out;
-    for (const std::string& item : split(text)) {
+    for (const std::string& item : split_comma_list(text)) {
         std::istringstream in(item);
         T v{};
         if (!(in >> v) || !in.eof() || v <= 0) throw UsageError("--" + flag + ": '" + item + "' is not a positive number");
@@ -73,17 +66,8 @@ Args parse(int argc, char** argv) {
     o.set_width(110);
     std::string variants;
     for (const std::string& n : block_variant_names()) variants += (variants.empty() ? "" : ", ") + n;
+    add_model_shape_options(o, "gpt2-moe-small", "50257");
     // clang-format off
-    o.add_options("model")
-        ("preset", "Model preset: tiny, gpt2-moe-small, gpt2-moe-medium", cxxopts::value<std::string>()->default_value("gpt2-moe-small"))
-        ("layers", "Transformer blocks", cxxopts::value<std::int64_t>())
-        ("hidden", "Model width", cxxopts::value<std::int64_t>())
-        ("heads", "Attention heads", cxxopts::value<std::int64_t>())
-        ("seq", "Sequence length", cxxopts::value<std::int64_t>())
-        ("ffn", "Dense MLP width", cxxopts::value<std::int64_t>())
-        ("experts", "Routed experts per MoE layer", cxxopts::value<int>())
-        ("expert-ffn", "Expert FFN width", cxxopts::value<std::int64_t>())
-        ("vocab", "Vocabulary size", cxxopts::value<std::int64_t>()->default_value("50257"));
     o.add_options("cluster")
         ("gpu", "The GPU: a30, a800, h100 or h200", cxxopts::value<std::string>()->default_value("h100"))
         ("cluster", "A cluster preset (comm/topology.h: a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, "
@@ -117,22 +101,15 @@ Args parse(int argc, char** argv) {
     Args a;
     PlanRequest& q = a.request;
     try {
+        bool custom = false;
         models::LmConfig& m = q.model;
-        m = models::lm_preset(r["preset"].as<std::string>());
-        if (r.count("layers")) m.layers = r["layers"].as<std::int64_t>();
-        if (r.count("hidden")) m.backbone.hidden = r["hidden"].as<std::int64_t>();
-        if (r.count("heads")) m.backbone.heads = r["heads"].as<std::int64_t>();
-        if (r.count("seq")) m.backbone.seq_len = r["seq"].as<std::int64_t>();
-        if (r.count("ffn")) m.backbone.ffn = r["ffn"].as<std::int64_t>();
-        if (r.count("experts")) m.moe.num_experts = r["experts"].as<int>();
-        if (r.count("expert-ffn")) m.moe.ffn = r["expert-ffn"].as<std::int64_t>();
-        m.vocab = r["vocab"].as<std::int64_t>();
-        if (m.vocab < 256) throw UsageError("--vocab must be >= 256 (the data's byte tokens)");
-        q.gpu = r["gpu"].as<std::string>();
-        emu::builtin_gpu_spec(q.gpu);
-        q.routing = r["routing"].as<std::string>();
-        emu::parse_routing_model(q.routing);
-        q.cluster = topology_preset(r.count("cluster") ? r["cluster"].as<std::string>() : default_cluster_for_gpu(q.gpu));
+        m = read_model_shape_options(r, &custom);
+        const EmuChoice choice = resolve_emu_choice(r["gpu"].as<std::string>(),
+                                                    r.count("cluster") ? r["cluster"].as<std::string>() : "",
+                                                    r["routing"].as<std::string>(), 1);
+        q.gpu = choice.gpu;
+        q.routing = choice.routing;
+        q.cluster = topology_preset(choice.cluster);
         if (r.count("nodes")) q.cluster.nodes = r["nodes"].as<int>();
         if (r.count("gpus-per-node")) q.cluster.gpus_per_node = r["gpus-per-node"].as<int>();
         if (r.count("nic-gbps")) q.cluster.nic_gbps = r["nic-gbps"].as<double>();
@@ -156,7 +133,7 @@ Args parse(int argc, char** argv) {
         if (r.count("nodes") || r.count("gpus-per-node") || r.count("fabric") || r.count("nic-gbps"))
             q.cluster.name += "+custom";
         const int world = q.cluster.world_size();
-        q.space.variants = split(r["variants"].as<std::string>());
+        q.space.variants = split_comma_list(r["variants"].as<std::string>());
         if (q.space.variants.empty()) throw UsageError("--variants is empty");
         if (r.count("ep")) {
             q.space.ep = numbers<int>("ep", r["ep"].as<std::string>());
@@ -164,7 +141,7 @@ Args parse(int argc, char** argv) {
             for (int ep = 1; ep <= world; ++ep)
                 if (world % ep == 0 && m.moe.num_experts % ep == 0) q.space.ep.push_back(ep);
         }
-        for (const std::string& c : split(r["chunks"].as<std::string>()))
+        for (const std::string& c : split_comma_list(r["chunks"].as<std::string>()))
             q.space.chunks.push_back(c == "auto" ? 0 : numbers<int>("chunks", c).front());
         if (q.space.chunks.empty()) throw UsageError("--chunks is empty");
         q.space.capacity_factors = numbers<float>("capacity-factors", r["capacity-factors"].as<std::string>());
@@ -177,8 +154,6 @@ Args parse(int argc, char** argv) {
             c.validate();
         }
         plan_cases(q);  // checks the ep sizes
-        const bool custom = r.count("layers") || r.count("hidden") || r.count("heads") || r.count("seq") ||
-                            r.count("ffn") || r.count("experts") || r.count("expert-ffn");
         a.model_name = describe_shape(r["preset"].as<std::string>() + (custom ? "+custom" : ""), m);
     } catch (const Error& e) {
         throw UsageError(e.what());
@@ -198,10 +173,8 @@ std::string format_ms(double ms) {
 int run(const Args& args) {
     const PlanRequest& q = args.request;
     std::vector<PlanCase> cases = plan_cases(q);
-    emu::EmuOptions o;
-    o.spec = emu::builtin_gpu_spec(q.gpu);
     std::cout << "# scmoe-plan: " << cases.size() << " candidate(s) on " << describe(q.cluster) << "\n"
-              << "# GPU: " << emu::make_device(o)->description() << "\n"
+              << "# GPU: " << make_emu_device({q.gpu, q.cluster.name, q.routing})->description() << "\n"
               << "# model: " << args.model_name << "\n"
               << "# predictions of the emulator (kernels/emu/, comm/topology.h), not measurements; " << q.steps
               << " steps per candidate, the first not timed" << std::endl;

@@ -31,6 +31,7 @@
 #include "kernels/device.h"
 #include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
+#include "launch/cli_options.h"
 #include "launch/local_rank.h"
 #include "launch/train_comms.h"
 #include "launch/train_report.h"
@@ -55,7 +56,7 @@ struct Args {
     int ranks = 1, ep = 0;  // ep 0: = world
     bool mpi = false;
     std::string backend = "auto";
-    std::string gpu, cluster, routing = "balanced";  // emu only
+    EmuChoice emu;  // --backend emu only
     std::optional<int> device;
     std::optional<LinkModel> link;
     LinkScope link_scope = LinkScope::kExpertParallel;
@@ -70,13 +71,6 @@ struct Args {
     double peak_tflops = 0;
 };
 
-std::vector<std::string> split_list(const std::string& s) {
-    std::vector<std::string> out;
-    std::stringstream in(s);
-    for (std::string item; std::getline(in, item, ',');)
-        if (!item.empty()) out.push_back(item);
-    return out;
-}
 
 Args parse(int argc, char** argv) {
     cxxopts::Options o("scmoe-train",
@@ -85,20 +79,11 @@ Args parse(int argc, char** argv) {
                        "scmoe-train --ep 4 ...");
     o.set_width(110);
     // clang-format off
+    add_model_shape_options(o, "tiny", "256");
     o.add_options("model")
-        ("preset", "Model preset: tiny, gpt2-moe-small, gpt2-moe-medium", cxxopts::value<std::string>()->default_value("tiny"))
         ("variants", "Block variants to train in turn, compared side by side (top2, top1, shared, scmoe-pos1, "
                      "scmoe-pos2, scmoe-pos3, scmoe2, every-block-pos1)",
          cxxopts::value<std::string>()->default_value("scmoe-pos2"))
-        ("layers", "Transformer blocks (even for pair variants)", cxxopts::value<std::int64_t>())
-        ("hidden", "Model width", cxxopts::value<std::int64_t>())
-        ("heads", "Attention heads", cxxopts::value<std::int64_t>())
-        ("seq", "Sequence length", cxxopts::value<std::int64_t>())
-        ("ffn", "Dense MLP width", cxxopts::value<std::int64_t>())
-        ("experts", "Routed experts per MoE layer", cxxopts::value<int>())
-        ("expert-ffn", "Expert FFN width", cxxopts::value<std::int64_t>())
-        ("vocab", "Vocabulary size (default 256: the byte tokens the data has; larger sizes only cost, e.g. GPT-2's "
-                  "50257 to plan with --backend emu)", cxxopts::value<std::int64_t>())
         ("dispatch", "capacity or dropless", cxxopts::value<std::string>())
         ("capacity-factor", "Capacity factor (capacity dispatch)", cxxopts::value<float>())
         ("aux-loss", "Load-balancing loss weight", cxxopts::value<float>())
@@ -184,23 +169,12 @@ Args parse(int argc, char** argv) {
     Args a;
     try {
         models::LmConfig& m = a.train.model;
-        m = models::lm_preset(r["preset"].as<std::string>());
-        if (r.count("layers")) m.layers = r["layers"].as<std::int64_t>();
-        if (r.count("hidden")) m.backbone.hidden = r["hidden"].as<std::int64_t>();
-        if (r.count("heads")) m.backbone.heads = r["heads"].as<std::int64_t>();
-        if (r.count("seq")) m.backbone.seq_len = r["seq"].as<std::int64_t>();
-        if (r.count("ffn")) m.backbone.ffn = r["ffn"].as<std::int64_t>();
-        if (r.count("experts")) m.moe.num_experts = r["experts"].as<int>();
-        if (r.count("expert-ffn")) m.moe.ffn = r["expert-ffn"].as<std::int64_t>();
-        if (r.count("vocab")) {
-            m.vocab = r["vocab"].as<std::int64_t>();
-            if (m.vocab < 256) throw UsageError("--vocab " + std::to_string(m.vocab) + ": the data has 256 byte tokens");
-        }
+        m = read_model_shape_options(r);
         if (r.count("dispatch")) m.moe.dispatch = parse_dispatch_mode(r["dispatch"].as<std::string>());
         if (r.count("capacity-factor")) m.moe.capacity_factor = r["capacity-factor"].as<float>();
         if (r.count("aux-loss")) m.moe.aux_loss_coef = r["aux-loss"].as<float>();
         m.coefficient_gate = !r.count("no-cg");
-        a.variants = split_list(r["variants"].as<std::string>());
+        a.variants = split_comma_list(r["variants"].as<std::string>());
         if (a.variants.empty()) throw UsageError("--variants is empty");
         for (const std::string& v : a.variants) {
             models::LmConfig c = m;
@@ -220,14 +194,14 @@ Args parse(int argc, char** argv) {
     t.adamw.weight_decay = r["weight-decay"].as<float>();
     t.max_grad_norm = r["clip"].as<float>();
     t.seed = r["seed"].as<std::uint64_t>();
-    if (r.count("data")) t.data = split_list(r["data"].as<std::string>());
+    if (r.count("data")) t.data = split_comma_list(r["data"].as<std::string>());
     t.overlap = !r.count("no-overlap");
     t.overlap_grad_reduce = !r.count("no-grad-overlap");
     t.calibrate = !r.count("no-calibrate");
     if (t.steps <= 0) throw UsageError("--steps must be > 0");
     if (t.batch <= 0) throw UsageError("--batch must be > 0");
     if (t.adamw.schedule.warmup_steps < 0) throw UsageError("--warmup must be >= 0");
-    if (r.count("eval-data")) t.eval_data = split_list(r["eval-data"].as<std::string>());
+    if (r.count("eval-data")) t.eval_data = split_comma_list(r["eval-data"].as<std::string>());
     for (const char* flag : {"eval-every", "eval-batches", "eval-only"})
         if (r.count(flag) && t.eval_data.empty()) throw UsageError(std::string("--") + flag + " needs --eval-data");
     if (r.count("eval-data") && t.eval_data.empty()) throw UsageError("--eval-data is empty");
@@ -257,22 +231,14 @@ Args parse(int argc, char** argv) {
     a.backend = r["backend"].as<std::string>();
     if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda" && a.backend != "emu")
         throw UsageError("--backend " + a.backend + ": expected auto, cpu, cuda or emu");
-    if (r.count("gpu")) a.gpu = r["gpu"].as<std::string>();
-    if (r.count("cluster")) a.cluster = r["cluster"].as<std::string>();
-    a.routing = r["routing"].as<std::string>();
     if (a.backend != "emu" && (r.count("gpu") || r.count("cluster") || r["routing"].count()))
         throw UsageError("--gpu, --cluster and --routing describe emulated GPUs: they need --backend emu");
     if (a.backend == "emu") {
         if (a.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
-        if (a.gpu.empty()) a.gpu = "h100";
-        if (a.cluster.empty()) a.cluster = default_cluster_for_gpu(a.gpu);
         try {
-            emu::builtin_gpu_spec(a.gpu);
-            emu::parse_routing_model(a.routing);
-            const Topology& cluster = topology_preset(a.cluster);
-            if (a.ranks > cluster.world_size())
-                throw UsageError("--ranks " + std::to_string(a.ranks) + ": cluster " + cluster.name + " has " +
-                                 std::to_string(cluster.world_size()) + " GPUs");
+            a.emu = resolve_emu_choice(r.count("gpu") ? r["gpu"].as<std::string>() : "",
+                                       r.count("cluster") ? r["cluster"].as<std::string>() : "",
+                                       r["routing"].as<std::string>(), a.ranks);
         } catch (const Error& e) {
             throw UsageError(e.what());
         }
@@ -437,10 +403,7 @@ std::string device_choice(const Args& args) {
 
 std::unique_ptr<Device> make_train_device(const Args& args, int index) {
     if (args.backend != "emu") return make_device(device_choice(args), index);
-    emu::EmuOptions options;
-    options.spec = emu::builtin_gpu_spec(args.gpu);
-    options.routing = emu::parse_routing_model(args.routing);
-    return emu::make_device(std::move(options));
+    return make_emu_device(args.emu);
 }
 
 int run_in_process(const Args& args) {
@@ -457,7 +420,7 @@ int run_in_process(const Args& args) {
     const bool emulated = backend == "emu";
     if (emulated)
         std::cout << "# " << make_train_device(args, 0)->description() << "; cluster "
-                  << describe(topology_preset(args.cluster))
+                  << describe(topology_preset(args.emu.cluster))
                   << "\n# emu: step times are the emulator's predictions, not measurements; nothing is computed, so "
                      "the losses are meaningless (zero)"
                   << std::endl;
@@ -465,7 +428,7 @@ int run_in_process(const Args& args) {
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
         std::unique_ptr<LocalTrainGroups> groups =
-            emulated ? std::make_unique<LocalTrainGroups>(world, ep, topology_preset(args.cluster))
+            emulated ? std::make_unique<LocalTrainGroups>(world, ep, topology_preset(args.emu.cluster))
                      : std::make_unique<LocalTrainGroups>(world, ep, args.link, args.link_scope);
         std::vector<RunSummary> results(static_cast<std::size_t>(world));
         std::vector<emu::MemoryStats> memory(static_cast<std::size_t>(world));

@@ -11,93 +11,63 @@ namespace {
 
 constexpr std::uint64_t kGiB = 1ull << 30;
 
-// Fixed costs shared by the A100/H100 generation; quotes in docs/emu-sources.md, items 1-3.
+// One GPU from its datasheet peaks (dense bf16 and fp32 TFLOP/s, HBM GB/s, capacity, SMs, PCIe GB/s
+// per direction) and its achieved large-GEMM efficiency. Shared by every built-in spec:
+//   bandwidth_efficiency 0.90: STREAM-like kernels reach 87-93% of HBM peak on A100 and H100;
 //   launch_us 2.5: 10,000 back-to-back tiny kernels ran at 2.4-2.6 us per kernel on A100 and H200
 //     with ordinary launches (the host's launch rate bounds them);
 //   kernel_gap_us 1.3: the same kernels inside a CUDA Graph (no host launch cost) ran at ~1.3 us each;
 //   host_task_us 26: cudaLaunchHostFunc round trip measured by Meta's torchcomms;
 //   sync_us 3: an estimate (no published figure; a small kernel plus synchronize took 4.7-7.1 us).
-GpuSpec with_fixed_costs(GpuSpec s) {
+// Quotes for all of them in docs/emu-sources.md.
+GpuSpec spec(std::string name, std::string description, double bf16_tflops, double fp32_tflops, double hbm_gbps,
+             std::uint64_t memory_bytes, int sms, double host_link_gbps, double gemm_efficiency,
+             std::vector<std::string> sources) {
+    GpuSpec s;
+    s.name = std::move(name);
+    s.description = std::move(description);
+    s.bf16_tflops = bf16_tflops;
+    s.fp32_tflops = fp32_tflops;
+    s.hbm_gbps = hbm_gbps;
+    s.memory_bytes = memory_bytes;
+    s.sms = sms;
+    s.host_link_gbps = host_link_gbps;
+    s.gemm_efficiency = gemm_efficiency;
+    s.bandwidth_efficiency = 0.90;
     s.launch_us = 2.5;
     s.kernel_gap_us = 1.3;
     s.host_task_us = 26.0;
     s.sync_us = 3.0;
-    s.sources.push_back("fixed costs: docs/emu-sources.md, items 1-3 (sync_us is an estimate)");
+    s.sources = std::move(sources);
+    s.sources.push_back("efficiencies and fixed costs: docs/emu-sources.md, items 1-3 and 5 (sync_us is an estimate)");
     return s;
 }
 
 std::vector<GpuSpec> make_specs() {
-    std::vector<GpuSpec> v;
-    {
-        GpuSpec s;
-        s.name = "a30";
-        s.description = "NVIDIA A30 PCIe 24GB";
-        s.bf16_tflops = 165;
-        s.fp32_tflops = 10.3;
-        s.hbm_gbps = 933;
-        s.memory_bytes = 24 * kGiB;
-        s.sms = 56;
-        s.host_link_gbps = 32;  // PCIe Gen4 x16: 64 GB/s both directions together
-        s.gemm_efficiency = 0.87;  // as the A100 (same GA100 architecture): no A30 measurement found
-        s.bandwidth_efficiency = 0.90;  // STREAM-like kernels: 87-93% of HBM peak on A100, H100
-        s.sources = {"NVIDIA A30 Tensor Core GPU datasheet (BF16 165 TFLOPS dense, FP32 10.3 TFLOPS, 24GB HBM2, "
-                     "933 GB/s, PCIe Gen4 64GB/s)",
-                     "56 SMs: NVIDIA A30 product brief / GA100 configuration (docs/emu-sources.md)"};
-        v.push_back(with_fixed_costs(s));
-    }
-    {
-        GpuSpec s;
-        s.name = "a800";
-        s.description = "NVIDIA A800 SXM4 80GB";
-        s.bf16_tflops = 312;
-        s.fp32_tflops = 19.5;
-        s.hbm_gbps = 2039;
-        s.memory_bytes = 80 * kGiB;
-        s.sms = 108;
-        s.host_link_gbps = 32;  // PCIe Gen4 x16
-        s.gemm_efficiency = 0.87;  // best measured large bf16 matmul on A100 SXM: 86.9% of peak
-        s.bandwidth_efficiency = 0.90;  // STREAM-like kernels: 87-93% of HBM peak on A100, H100
-        s.sources = {"NVIDIA A800 Tensor Core GPU datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, 80GB HBM2e, "
-                     "2039 GB/s, NVLink 400GB/s, PCIe Gen4 64GB/s)",
-                     "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A800 is the A100 with NVLink "
-                     "limited to 400 GB/s)"};
-        v.push_back(with_fixed_costs(s));
-    }
-    {
-        GpuSpec s;
-        s.name = "h100";
-        s.description = "NVIDIA H100 SXM5 80GB";
-        s.bf16_tflops = 989;
-        s.fp32_tflops = 67;
-        s.hbm_gbps = 3350;
-        s.memory_bytes = 80 * kGiB;
-        s.sms = 132;
-        s.host_link_gbps = 64;  // PCIe Gen5 x16: 128 GB/s both directions together
-        s.gemm_efficiency = 0.80;  // best measured large bf16 matmul on H100 SXM: 80.3% of peak
-        s.bandwidth_efficiency = 0.90;  // STREAM-like kernels: 87-93% of HBM peak on A100, H100
-        s.sources = {"NVIDIA H100 Tensor Core GPU datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, "
-                     "FP32 67 TFLOPS, 80GB, 3.35TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
-                     "132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"};
-        v.push_back(with_fixed_costs(s));
-    }
-    {
-        GpuSpec s;
-        s.name = "h200";
-        s.description = "NVIDIA H200 SXM 141GB";
-        s.bf16_tflops = 989;
-        s.fp32_tflops = 67;
-        s.hbm_gbps = 4800;
-        s.memory_bytes = 141ull * 1000 * 1000 * 1000;
-        s.sms = 132;
-        s.host_link_gbps = 64;
-        s.gemm_efficiency = 0.80;  // as the H100 (same compute; measured the same)
-        s.bandwidth_efficiency = 0.90;  // STREAM-like kernels: 87-93% of HBM peak on A100, H100
-        s.sources = {"NVIDIA H200 Tensor Core GPU product page/datasheet (SXM: BF16 1979 TFLOPS with sparsity = "
-                     "989 dense, FP32 67 TFLOPS, 141GB HBM3e, 4.8TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
-                     "132 SMs: the H200 is the GH100 of the H100 SXM5 with HBM3e (docs/emu-sources.md)"};
-        v.push_back(with_fixed_costs(s));
-    }
-    return v;
+    // PCIe per direction: Gen4 x16 64 GB/s and Gen5 x16 128 GB/s both directions together.
+    return {
+        // gemm_efficiency as the A100 (same GA100 architecture): no A30 measurement found.
+        spec("a30", "NVIDIA A30 PCIe 24GB", 165, 10.3, 933, 24 * kGiB, 56, 32, 0.87,
+             {"NVIDIA A30 Tensor Core GPU datasheet (BF16 165 TFLOPS dense, FP32 10.3 TFLOPS, 24GB HBM2, 933 GB/s, "
+              "PCIe Gen4 64GB/s)",
+              "56 SMs: NVIDIA A30 product brief / GA100 configuration (docs/emu-sources.md)"}),
+        // gemm_efficiency: the best measured large bf16 matmul on A100 SXM, 86.9% of peak.
+        spec("a800", "NVIDIA A800 SXM4 80GB", 312, 19.5, 2039, 80 * kGiB, 108, 32, 0.87,
+             {"NVIDIA A800 Tensor Core GPU datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, 80GB HBM2e, "
+              "2039 GB/s, NVLink 400GB/s, PCIe Gen4 64GB/s)",
+              "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A800 is the A100 with NVLink limited to "
+              "400 GB/s)"}),
+        // gemm_efficiency: the best measured large bf16 matmul on H100 SXM, 80.3% of peak.
+        spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
+             {"NVIDIA H100 Tensor Core GPU datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, FP32 67 "
+              "TFLOPS, 80GB, 3.35TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
+              "132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"}),
+        // gemm_efficiency as the H100 (the same compute, measured the same).
+        spec("h200", "NVIDIA H200 SXM 141GB", 989, 67, 4800, 141ull * 1000 * 1000 * 1000, 132, 64, 0.80,
+             {"NVIDIA H200 Tensor Core GPU product page/datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, "
+              "FP32 67 TFLOPS, 141GB HBM3e, 4.8TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
+              "132 SMs: the H200 is the GH100 of the H100 SXM5 with HBM3e (docs/emu-sources.md)"}),
+    };
 }
 
 std::string lower(std::string_view s) {

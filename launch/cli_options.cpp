@@ -1,0 +1,76 @@
+#include "launch/cli_options.h"
+
+#include <sstream>
+
+#include "kernels/emu/emu_device.h"
+#include "kernels/error.h"
+
+namespace scmoe::launch {
+
+std::vector<std::string> split_comma_list(const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream in(text);
+    for (std::string item; std::getline(in, item, ',');)
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+void add_model_shape_options(cxxopts::Options& o, const std::string& default_preset, const std::string& default_vocab) {
+    std::string presets;
+    for (const std::string& n : models::lm_preset_names()) {
+        if (!presets.empty()) presets += ", ";
+        presets += n;
+    }
+    // clang-format off
+    o.add_options("model")
+        ("preset", "Model preset: " + presets, cxxopts::value<std::string>()->default_value(default_preset))
+        ("layers", "Transformer blocks (even for pair variants)", cxxopts::value<std::int64_t>())
+        ("hidden", "Model width", cxxopts::value<std::int64_t>())
+        ("heads", "Attention heads", cxxopts::value<std::int64_t>())
+        ("seq", "Sequence length", cxxopts::value<std::int64_t>())
+        ("ffn", "Dense MLP width", cxxopts::value<std::int64_t>())
+        ("experts", "Routed experts per MoE layer", cxxopts::value<int>())
+        ("expert-ffn", "Expert FFN width", cxxopts::value<std::int64_t>())
+        ("vocab", "Vocabulary size (256: the byte tokens the data has; larger sizes only cost, e.g. GPT-2's 50257 "
+                  "to plan with emulated GPUs)", cxxopts::value<std::int64_t>()->default_value(default_vocab));
+    // clang-format on
+}
+
+models::LmConfig read_model_shape_options(const cxxopts::ParseResult& r, bool* custom) {
+    models::LmConfig m = models::lm_preset(r["preset"].as<std::string>());
+    if (r.count("layers")) m.layers = r["layers"].as<std::int64_t>();
+    if (r.count("hidden")) m.backbone.hidden = r["hidden"].as<std::int64_t>();
+    if (r.count("heads")) m.backbone.heads = r["heads"].as<std::int64_t>();
+    if (r.count("seq")) m.backbone.seq_len = r["seq"].as<std::int64_t>();
+    if (r.count("ffn")) m.backbone.ffn = r["ffn"].as<std::int64_t>();
+    if (r.count("experts")) m.moe.num_experts = r["experts"].as<int>();
+    if (r.count("expert-ffn")) m.moe.ffn = r["expert-ffn"].as<std::int64_t>();
+    m.vocab = r["vocab"].as<std::int64_t>();
+    SCMOE_CHECK(m.vocab >= 256, "--vocab " << m.vocab << ": the data has 256 byte tokens");
+    if (custom)
+        *custom = r.count("layers") || r.count("hidden") || r.count("heads") || r.count("seq") || r.count("ffn") ||
+                  r.count("experts") || r.count("expert-ffn");
+    return m;
+}
+
+EmuChoice resolve_emu_choice(std::string gpu, std::string cluster, std::string routing, int ranks) {
+    EmuChoice c;
+    if (!gpu.empty()) c.gpu = std::move(gpu);
+    if (!routing.empty()) c.routing = std::move(routing);
+    emu::builtin_gpu_spec(c.gpu);
+    emu::parse_routing_model(c.routing);
+    c.cluster = cluster.empty() ? default_cluster_for_gpu(c.gpu) : std::move(cluster);
+    const Topology& t = topology_preset(c.cluster);
+    SCMOE_CHECK(ranks <= t.world_size(),
+                "--ranks " << ranks << ": cluster " << t.name << " has " << t.world_size() << " GPUs");
+    return c;
+}
+
+std::unique_ptr<Device> make_emu_device(const EmuChoice& choice) {
+    emu::EmuOptions options;
+    options.spec = emu::builtin_gpu_spec(choice.gpu);
+    options.routing = emu::parse_routing_model(choice.routing);
+    return emu::make_device(std::move(options));
+}
+
+}  // namespace scmoe::launch
