@@ -2,9 +2,12 @@
 #pragma once
 
 #include "comm/communicator.h"
+#include "comm/emu_communicator.h"
 #include "comm/local_communicator.h"
+#include "comm/topology.h"
 #include "kernels/attention.h"
 #include "kernels/device.h"
+#include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/host_io.h"

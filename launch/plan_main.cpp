@@ -4,6 +4,7 @@
 //
 //   scmoe-plan --preset gpt2-moe-small --gpu a30 --cluster a30-pcie-8 -J plan.json
 //   python3 launch/plan_chart.py chart.png plan.json [more.json ...]   # step time per variant
+#include <algorithm>
 #include <cstdlib>
 #include <cxxopts.hpp>
 #include <fstream>
@@ -178,6 +179,10 @@ int run(const Args& args) {
               << "# model: " << args.model_name << "\n"
               << "# predictions of the emulator (kernels/emu/, comm/topology.h), not measurements; " << q.steps
               << " steps per candidate, the first not timed" << std::endl;
+    if (std::find(q.space.variants.begin(), q.space.variants.end(), "top1") != q.space.variants.end())
+        std::cout << "# note: top1 sends each token to one expert: half the expert FLOPs per token of top2, shared, "
+                     "scmoe-*; compare it knowing it is a smaller model"
+                  << std::endl;
     for (std::size_t i = 0; i < cases.size(); ++i) {
         PlanCase& c = cases[i];
         run_plan_case(q, c);
