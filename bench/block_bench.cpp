@@ -33,7 +33,7 @@
 #include "common.h"
 #include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
-#include "launch/cli_options.h"
+#include "launch/emu_choice.h"
 #include "launch/local_rank.h"
 #include "moe/block_stack.h"
 #include "moe/trace.h"

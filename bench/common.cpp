@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kernels/elementwise.h"
-#include "launch/cli_options.h"
+#include "launch/emu_choice.h"
 #include "kernels/error.h"
 
 namespace scmoe::bench {
@@ -16,7 +16,8 @@ void add_common_options(cxxopts::Options& options) {
         ("backend", "Device backend: auto (CUDA when a GPU answers, else CPU), cpu, cuda or emu (an emulated GPU: "
                     "modeled times, nothing computed)",
          cxxopts::value<std::string>()->default_value("auto"))
-        ("gpu", "emu: the emulated GPU, a30, a800, h100 or h200 (default h100)", cxxopts::value<std::string>())
+        ("gpu", "emu: the emulated GPU, a30, a800, h100, h200 (default h100) or a profile JSON (docs/emu.md)",
+         cxxopts::value<std::string>())
         ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
          cxxopts::value<std::string>()->default_value("balanced"))
         ("n,iters", "Timed iterations (default: " + std::to_string(kDefaultItersCuda) + " on cuda, " +

@@ -2,7 +2,6 @@
 
 #include <sstream>
 
-#include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
 
 namespace scmoe::launch {
@@ -51,26 +50,6 @@ models::LmConfig read_model_shape_options(const cxxopts::ParseResult& r, bool* c
         *custom = r.count("layers") || r.count("hidden") || r.count("heads") || r.count("seq") || r.count("ffn") ||
                   r.count("experts") || r.count("expert-ffn");
     return m;
-}
-
-EmuChoice resolve_emu_choice(std::string gpu, std::string cluster, std::string routing, int ranks) {
-    EmuChoice c;
-    if (!gpu.empty()) c.gpu = std::move(gpu);
-    if (!routing.empty()) c.routing = std::move(routing);
-    emu::builtin_gpu_spec(c.gpu);
-    emu::parse_routing_model(c.routing);
-    c.cluster = cluster.empty() ? default_cluster_for_gpu(c.gpu) : std::move(cluster);
-    const Topology& t = topology_preset(c.cluster);
-    SCMOE_CHECK(ranks <= t.world_size(),
-                "--ranks " << ranks << ": cluster " << t.name << " has " << t.world_size() << " GPUs");
-    return c;
-}
-
-std::unique_ptr<Device> make_emu_device(const EmuChoice& choice) {
-    emu::EmuOptions options;
-    options.spec = emu::builtin_gpu_spec(choice.gpu);
-    options.routing = emu::parse_routing_model(choice.routing);
-    return emu::make_device(std::move(options));
 }
 
 }  // namespace scmoe::launch

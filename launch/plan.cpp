@@ -6,7 +6,7 @@
 
 #include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
-#include "launch/cli_options.h"
+#include "launch/emu_choice.h"
 #include "launch/train_comms.h"
 #include "models/trainer.h"
 
@@ -50,7 +50,7 @@ void run_plan_case(const PlanRequest& r, PlanCase& c) {
         LocalTrainGroups groups(world, c.ep, r.cluster);
         run_local_ranks(groups, world, [&](int rank, const RankComms& comms) {
             PlanCase& mine = per_rank[static_cast<std::size_t>(rank)];
-            auto device = make_emu_device({r.gpu, r.cluster.name, r.routing});
+            auto device = make_emu_device(r.emu);
             try {
                 models::Trainer trainer(config, *device, {world, rank, c.ep}, comms.comms());
                 trainer.model().blocks().set_expert_chunks(c.chunks);

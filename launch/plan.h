@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/topology.h"
+#include "launch/emu_choice.h"
 #include "models/lm_config.h"
 
 namespace scmoe::launch {
@@ -38,8 +39,7 @@ struct PlanCase {
 struct PlanRequest {
     models::LmConfig model;
     Topology cluster;
-    std::string gpu;               // built-in emulated GPU
-    std::string routing = "balanced";
+    EmuChoice emu;                 // the emulated GPU and routing (emu.cluster: the preset `cluster` came from)
     int steps = 3;                 // per candidate; the first (calibration) is not timed
     PlanSpace space;
 };

@@ -14,9 +14,9 @@
 #include <sstream>
 
 #include "comm/topology.h"
-#include "kernels/emu/gpu_spec.h"
 #include "kernels/error.h"
 #include "launch/cli_options.h"
+#include "launch/emu_choice.h"
 #include "launch/plan.h"
 #include "moe/config.h"
 
@@ -70,7 +70,8 @@ Args parse(int argc, char** argv) {
     add_model_shape_options(o, "gpt2-moe-small", "50257");
     // clang-format off
     o.add_options("cluster")
-        ("gpu", "The GPU: a30, a800, h100 or h200", cxxopts::value<std::string>()->default_value("h100"))
+        ("gpu", "The GPU: a30, a800, h100, h200 or a profile JSON (docs/emu.md)",
+         cxxopts::value<std::string>()->default_value("h100"))
         ("cluster", "A cluster preset (comm/topology.h: a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, "
                     "h100-ib-2x8, h200-nvlink-8; default: the GPU's 8-GPU node)", cxxopts::value<std::string>())
         ("nodes", "Nodes (overrides the preset's; more than one needs NICs)", cxxopts::value<int>())
@@ -108,8 +109,7 @@ Args parse(int argc, char** argv) {
         const EmuChoice choice = resolve_emu_choice(r["gpu"].as<std::string>(),
                                                     r.count("cluster") ? r["cluster"].as<std::string>() : "",
                                                     r["routing"].as<std::string>(), 1);
-        q.gpu = choice.gpu;
-        q.routing = choice.routing;
+        q.emu = choice;
         q.cluster = topology_preset(choice.cluster);
         if (r.count("nodes")) q.cluster.nodes = r["nodes"].as<int>();
         if (r.count("gpus-per-node")) q.cluster.gpus_per_node = r["gpus-per-node"].as<int>();
@@ -118,7 +118,7 @@ Args parse(int argc, char** argv) {
             const std::string f = r["fabric"].as<std::string>();
             if (f == "pcie" && q.cluster.fabric != Topology::Fabric::kPcie) {
                 q.cluster.fabric = Topology::Fabric::kPcie;
-                q.cluster.gpu_link_gbps = emu::builtin_gpu_spec(q.gpu).host_link_gbps;
+                q.cluster.gpu_link_gbps = q.emu.spec.host_link_gbps;
                 q.cluster.gpus_per_switch = 4;
                 q.cluster.switch_uplink_gbps = q.cluster.gpu_link_gbps;
                 q.cluster.hop_latency_us = 5.7;
@@ -175,7 +175,7 @@ int run(const Args& args) {
     const PlanRequest& q = args.request;
     std::vector<PlanCase> cases = plan_cases(q);
     std::cout << "# scmoe-plan: " << cases.size() << " candidate(s) on " << describe(q.cluster) << "\n"
-              << "# GPU: " << make_emu_device({q.gpu, q.cluster.name, q.routing})->description() << "\n"
+              << "# GPU: " << make_emu_device(q.emu)->description() << "\n"
               << "# model: " << args.model_name << "\n"
               << "# predictions of the emulator (kernels/emu/, comm/topology.h), not measurements; " << q.steps
               << " steps per candidate, the first not timed" << std::endl;
@@ -211,9 +211,9 @@ int run(const Args& args) {
         nlohmann::ordered_json j;
         j["cluster"] = q.cluster.name;
         j["cluster_description"] = describe(q.cluster);
-        j["gpu"] = q.gpu;
+        j["gpu"] = q.emu.spec.name;
         j["model"] = args.model_name;
-        j["routing"] = q.routing;
+        j["routing"] = q.emu.routing;
         j["steps"] = q.steps;
         j["note"] = "predictions of the emulator, not measurements";
         j["cases"] = nlohmann::ordered_json::array();

@@ -27,13 +27,15 @@ if [ "${SCMOE_TEST_SANITIZE:-0}" = 1 ]; then
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$build-asan" --output-on-failure -j "$jobs" -E packaging --timeout 900
 
-  echo "== thread sanitizer build (LayerScheduler / BlockStack and overlap tests: two streams per rank, rank threads)"
+  echo "== thread sanitizer build (LayerScheduler / BlockStack and overlap tests: two streams per rank, rank threads;"
+  echo "   the emulated GPUs: rank threads sharing the emulator's world)"
   cmake -S . -B "$build-tsan" -DCMAKE_BUILD_TYPE=Debug -DSCMOE_WITH_CUDA=OFF -DSCMOE_BUILD_BENCH=OFF \
         -DSCMOE_SANITIZE=thread
   cmake --build "$build-tsan" -j "$jobs" --target scmoe_block_scheduler_test scmoe_block_overlap_link_test \
-        scmoe_local_comm_test
+        scmoe_local_comm_test scmoe_emu_timeline_test scmoe_emu_comm_test scmoe_emu_block_test
   # The overlap tests prove overlap with rendezvous (no timing), so they run under TSan as well.
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_scheduler_test"
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_overlap_link_test"
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/comm/scmoe_local_comm_test"
+  for t in timeline comm block; do TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/emu/scmoe_emu_${t}_test"; done
 fi

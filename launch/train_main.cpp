@@ -32,6 +32,7 @@
 #include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
 #include "launch/cli_options.h"
+#include "launch/emu_choice.h"
 #include "launch/local_rank.h"
 #include "launch/train_comms.h"
 #include "launch/train_report.h"
@@ -122,7 +123,8 @@ Args parse(int argc, char** argv) {
         ("ep", "Expert-parallel size (divides the world; default: the world)", cxxopts::value<int>())
         ("backend", "cpu, cuda, emu (emulated GPUs: modeled times, nothing computed, losses meaningless) or auto",
          cxxopts::value<std::string>()->default_value("auto"))
-        ("gpu", "emu: the emulated GPU, a30, a800, h100 or h200 (default h100)", cxxopts::value<std::string>())
+        ("gpu", "emu: the emulated GPU, a30, a800, h100, h200 (default h100) or a profile JSON (docs/emu.md)",
+         cxxopts::value<std::string>())
         ("cluster", "emu: the emulated cluster (a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, "
                     "h200-nvlink-8; default: the --gpu's 8-GPU node)", cxxopts::value<std::string>())
         ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",

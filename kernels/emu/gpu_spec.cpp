@@ -95,7 +95,7 @@ const GpuSpec& builtin_gpu_spec(std::string_view name) {
 
 std::string describe(const GpuSpec& s) {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%s: %d SMs, %.0f TFLOP/s bf16, %.0f GB/s, %.1f GiB", s.description.c_str(), s.sms,
+    std::snprintf(buf, sizeof buf, "%s: %d SMs, %.4g TFLOP/s bf16, %.4g GB/s, %.1f GiB", s.description.c_str(), s.sms,
                   s.bf16_tflops, s.hbm_gbps, static_cast<double>(s.memory_bytes) / static_cast<double>(kGiB));
     return buf;
 }
