@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "benches.h"
+#include "comm/emu_communicator.h"
 #include "comm/emulated_link.h"
 #include "comm/local_communicator.h"
 #include "comm/mpi_communicator.h"
 #include "common.h"
 #include "kernels/error.h"
+#include "launch/emu_choice.h"
 #include "launch/local_rank.h"
 #include "multi_rank.h"
 #include "report.h"
@@ -37,6 +39,7 @@ struct A2aArgs {
     int ranks = 2;                    // in-process ranks (ignored under MPI)
     bool mpi = false;
     std::optional<LinkModel> link;
+    std::string cluster;  // emu: the Topology preset of the ranks
 };
 
 // Default -e: one default run (2 ranks, 5 + 2 iterations per size, 2 CPU cores) stays well under a
@@ -58,7 +61,9 @@ cxxopts::Options a2a_options() {
         ("ranks", "In-process ranks (LocalCommunicator, one thread and stream each); not under MPI",
          cxxopts::value<int>()->default_value("2"))
         ("mpi", "One MpiCommunicator rank per process (automatic under mpirun: OMPI_COMM_WORLD_SIZE or "
-                "PMI_SIZE > 1)");
+                "PMI_SIZE > 1)")
+        ("cluster", "emu: the emulated cluster (comm/topology.h presets; default: the --gpu's 8-GPU node)",
+         cxxopts::value<std::string>());
     // clang-format on
     add_link_options(options, "a2a");
     return options;
@@ -76,6 +81,7 @@ A2aArgs read_a2a_args(const cxxopts::ParseResult& r) {
     if (a.ranks < 1) throw UsageError("--ranks must be >= 1");
     a.mpi = r.count("mpi") > 0 || launch::launched_by_mpirun();
     a.link = read_link_options(r);
+    if (r.count("cluster")) a.cluster = r["cluster"].as<std::string>();
     return a;
 }
 
@@ -109,12 +115,20 @@ struct RankResult {
 // One rank: its communicator (plain or behind a link), stream and buffers sized for the largest case.
 class A2aRank {
   public:
-    A2aRank(std::unique_ptr<Communicator> comm, const std::optional<LinkModel>& link, std::int64_t max_count)
-        : device_(make_device("cpu")), stream_(device_->create_stream()) {
+    // In-process: on the CPU backend, or on an emulated GPU (`device`, whose memory then holds the
+    // buffers; nothing is computed there, so nothing is checked).
+    A2aRank(std::unique_ptr<Communicator> comm, const std::optional<LinkModel>& link, std::int64_t max_count,
+            std::unique_ptr<Device> device = nullptr)
+        : device_(device ? std::move(device) : make_device("cpu")), stream_(device_->create_stream()) {
         if (link) {
             link_ = std::make_unique<EmulatedLink>(std::shared_ptr<Communicator>(std::move(comm)), *link);
         } else {
             plain_ = std::move(comm);
+        }
+        if (device_->backend() == Backend::kEmu) {
+            emu_send_ = DeviceBuffer(*device_, static_cast<std::size_t>(max_count) * sizeof(float));
+            emu_recv_ = DeviceBuffer(*device_, static_cast<std::size_t>(max_count) * sizeof(float));
+            return;
         }
         send_.resize(static_cast<std::size_t>(max_count));
         recv_.resize(static_cast<std::size_t>(max_count));
@@ -143,6 +157,15 @@ class A2aRank {
         const std::int64_t per_peer = count / n;
         std::vector<std::int64_t> send_counts(static_cast<std::size_t>(n), per_peer);
         std::vector<std::int64_t> recv_counts(static_cast<std::size_t>(n), -1);
+        if (emu_send_.data()) {
+            c.barrier(*stream_);
+            RankResult result;
+            result.us = time_us(*device_, *stream_, common.warmup, common.iters, [&] {
+                c.all_to_all_v(emu_send_.data(), send_counts.data(), emu_recv_.data(), recv_counts.data(),
+                               DType::kF32, *stream_);
+            });
+            return result;
+        }
         for (int p = 0; p < n; ++p)
             for (std::int64_t i = 0; i < per_peer; ++i)
                 send_[static_cast<std::size_t>(p * per_peer + i)] = a2a_value(me, p, i);
@@ -173,6 +196,7 @@ class A2aRank {
     Communicator* borrowed_ = nullptr;
     std::unique_ptr<EmulatedLink> link_;
     std::vector<float> send_, recv_;
+    DeviceBuffer emu_send_, emu_recv_;
 };
 
 // The table, shared by both modes; rows are printed by the caller with every rank's result reduced.
@@ -256,12 +280,22 @@ void print_notes(Report& report, const A2aArgs& args, int num_ranks, double memc
 
 int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& command) {
     const int n = args.ranks;
-    std::unique_ptr<Device> device = make_device("cpu");
+    const bool emulated = common.backend == "emu";
+    std::unique_ptr<Device> device = make_bench_device(common);
     const std::int64_t max_count = elements_for(args.sizes.back(), n);
-    auto group = LocalGroup::create(n);
     std::vector<std::unique_ptr<A2aRank>> ranks;
-    for (int r = 0; r < n; ++r)
-        ranks.push_back(std::make_unique<A2aRank>(group->communicator(r), args.link, max_count));
+    if (emulated) {
+        std::vector<int> members(static_cast<std::size_t>(n));
+        for (int r = 0; r < n; ++r) members[static_cast<std::size_t>(r)] = r;
+        auto group = EmuGroup::create(topology_preset(args.cluster), members);
+        for (int r = 0; r < n; ++r)
+            ranks.push_back(std::make_unique<A2aRank>(group->communicator(r), std::nullopt, max_count,
+                                                      make_bench_device(common)));
+    } else {
+        auto group = LocalGroup::create(n);
+        for (int r = 0; r < n; ++r)
+            ranks.push_back(std::make_unique<A2aRank>(group->communicator(r), args.link, max_count));
+    }
 
     Report report(std::cout, "a2a", command, *device, common, args_json(common, args, n));
     report.print_preamble();
@@ -269,7 +303,13 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
     for (int r = 0; r < n; ++r)
         rank_lines.push_back("Rank " + std::to_string(r) + " Pid " + std::to_string(getpid()) + " thread " +
                              std::to_string(r) + ": " + ranks[static_cast<std::size_t>(r)]->comm().name());
-    print_notes(report, args, n, memcpy_gbps(), rank_lines);
+    if (emulated) {
+        for (const std::string& line : rank_lines) report.note(line);
+        report.note("emu: times are the emulator's predictions for " + describe(topology_preset(args.cluster)) +
+                    ", not measurements; nothing is moved, so there is no check");
+    } else {
+        print_notes(report, args, n, memcpy_gbps(), rank_lines);
+    }
     A2aTable table(report, n, args.link, common.check);
 
     run_ranks_in_lockstep<RankResult>(
@@ -352,12 +392,25 @@ int run_a2a_bench(int argc, char** argv, const std::string& command) {
     }
     reject_unmatched(result);
     CommonArgs common = read_common_options(result);
-    const A2aArgs args = read_a2a_args(result);
-    // The host-buffer communicators (LocalCommunicator, MpiCommunicator) run on CPU streams.
+    A2aArgs args = read_a2a_args(result);
+    // The host-buffer communicators (LocalCommunicator, MpiCommunicator) run on CPU streams;
+    // emulated GPUs run EmuCommunicator over a cluster.
     if (common.backend == "cuda")
         throw UsageError(
             "--backend cuda: a2a runs the host communicators (LocalCommunicator, MpiCommunicator) "
             "on the cpu backend; NCCL is not wired into scmoe-bench yet");
+    if (common.backend == "emu") {
+        if (args.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
+        if (args.link) throw UsageError("--backend emu models the interconnect itself (--cluster): drop --link*");
+        try {
+            args.cluster = launch::resolve_emu_choice(common.gpu, args.cluster, common.routing, args.ranks).cluster;
+        } catch (const Error& e) {
+            throw UsageError(e.what());
+        }
+        resolve_iters(common, Backend::kEmu);
+        return run_local(common, args, command);
+    }
+    if (!args.cluster.empty()) throw UsageError("--cluster describes emulated GPUs: it needs --backend emu");
     common.backend = "cpu";
     resolve_iters(common, Backend::kCpu);
     if (args.mpi) {
