@@ -1,0 +1,146 @@
+#include "block_args.h"
+
+#include <algorithm>
+
+#include "kernels/error.h"
+#include "launch/emu_choice.h"
+#include "launch/local_rank.h"
+#include "moe/block_stack.h"
+#include "multi_rank.h"
+
+namespace scmoe::bench {
+
+cxxopts::Options block_options() {
+    cxxopts::Options o("scmoe-bench block",
+                       "ScMoE block configurations side by side: forward and train-step time, exposed comm, slot K, "
+                       "speedup vs top-2");
+    add_common_options(o);
+    std::string names;
+    for (const std::string& n : block_variant_names()) names += (names.empty() ? "" : ",") + n;
+    o.add_options("block")
+        ("variants", "comma list of: " + names,
+         cxxopts::value<std::string>()->default_value("top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3,scmoe2"))
+        ("ranks", "in-process expert-parallel ranks (threads); under mpirun the world size is used",
+         cxxopts::value<int>()->default_value("1"))
+        ("comm-share", "calibrate the emulated link so the a2a takes this fraction of the top-2 MoE layer time "
+         "(0.60 ~ 8xA30 PCIe, 0.15 ~ 8xA800 NVLink); 0 = off", cxxopts::value<double>()->default_value("0"))
+        ("tokens", "tokens per rank per step (a multiple of --seq)", cxxopts::value<std::int64_t>()->default_value("512"))
+        ("hidden", "model width", cxxopts::value<std::int64_t>()->default_value("256"))
+        ("ffn", "dense MLP and expert FFN width", cxxopts::value<std::int64_t>()->default_value("512"))
+        ("experts", "routed experts (a multiple of the ranks)", cxxopts::value<int>()->default_value("8"))
+        ("heads", "attention heads", cxxopts::value<int>()->default_value("8"))
+        ("seq", "tokens per sequence", cxxopts::value<std::int64_t>()->default_value("128"))
+        ("blocks", "blocks of the every-block-pos1 variant", cxxopts::value<int>()->default_value("4"))
+        ("mode", "fwd | train", cxxopts::value<std::string>()->default_value("train"))
+        ("dispatch", "capacity | dropless", cxxopts::value<std::string>()->default_value("capacity"))
+        ("activation", "swiglu | gelu (dense MLP and experts)", cxxopts::value<std::string>()->default_value("swiglu"))
+        ("capacity-factor", "capacity mode slots per expert", cxxopts::value<float>()->default_value("1.25"))
+        ("gate", "how the shared expert joins: cg1 (coefficient gate) | add", cxxopts::value<std::string>()->default_value("cg1"))
+        ("chunks", "pieces of the chunked a2a / expert-FFN pipeline (Tutel-style; a piece is a group of each rank's "
+         "local experts): auto (chosen per branch from the calibrated times) or N (1 = off, at most experts / ranks)",
+         cxxopts::value<std::string>()->default_value("auto"))
+        ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json",
+         cxxopts::value<std::string>()->default_value(""))
+        ("cluster", "emu: the emulated cluster the in-process ranks form (comm/topology.h presets: a30-pcie-8, "
+         "a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, h200-nvlink-8; default: the --gpu's 8-GPU node)",
+         cxxopts::value<std::string>());
+    add_link_options(o, "block");
+    return o;
+}
+
+BlockArgs read_block_args(const cxxopts::ParseResult& r) {
+    BlockArgs a;
+    a.variants = split_list(r["variants"].as<std::string>());
+    if (a.variants.empty()) throw UsageError("--variants is empty");
+    for (const std::string& v : a.variants) {
+        const auto names = block_variant_names();
+        if (std::find(names.begin(), names.end(), v) == names.end()) throw UsageError("--variants: unknown variant '" + v + "'");
+    }
+    a.mpi = launch::launched_by_mpirun();
+    a.ranks = a.mpi ? launch::launcher_world_size() : r["ranks"].as<int>();
+    if (a.ranks < 1) throw UsageError("--ranks must be >= 1");
+    a.link = read_link_options(r);
+    a.comm_share = r["comm-share"].as<double>();
+    if (a.comm_share < 0 || a.comm_share >= 1) throw UsageError("--comm-share must be in [0, 1)");
+    if (a.comm_share > 0 && a.link) throw UsageError("--comm-share sets the emulated link itself: drop --link*");
+    a.tokens = r["tokens"].as<std::int64_t>();
+    a.hidden = r["hidden"].as<std::int64_t>();
+    a.ffn = r["ffn"].as<std::int64_t>();
+    a.experts = r["experts"].as<int>();
+    a.heads = r["heads"].as<int>();
+    a.seq = r["seq"].as<std::int64_t>();
+    a.blocks = r["blocks"].as<int>();
+    const std::string mode = r["mode"].as<std::string>();
+    if (mode != "fwd" && mode != "train") throw UsageError("--mode must be fwd or train");
+    a.train = mode == "train";
+    a.dispatch = parse_dispatch_mode(r["dispatch"].as<std::string>());
+    try {
+        a.activation = parse_activation(r["activation"].as<std::string>());
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+    a.capacity_factor = r["capacity-factor"].as<float>();
+    const std::string gate = r["gate"].as<std::string>();
+    if (gate != "cg1" && gate != "add") throw UsageError("--gate must be cg1 or add");
+    a.coefficient_gate = gate == "cg1";
+    a.trace = r["trace"].as<std::string>();
+    const std::string chunks = r["chunks"].as<std::string>();
+    if (chunks != "auto") {
+        std::size_t used = 0;
+        int n = 0;
+        try {
+            n = std::stoi(chunks, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != chunks.size() || n < 1) throw UsageError("--chunks must be auto or a positive integer, got '" + chunks + "'");
+        a.chunks = n;
+    }
+    if (a.ranks > 0 && a.experts % a.ranks == 0 && a.chunks > a.experts / a.ranks)
+        throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most the " + std::to_string(a.experts / a.ranks) +
+                         " local experts per rank (--experts / ranks)");
+    if (a.tokens <= 0 || a.seq <= 0 || a.tokens % a.seq) throw UsageError("--tokens must be a positive multiple of --seq");
+    if (a.experts % a.ranks) throw UsageError("--experts must be a multiple of the number of ranks");
+    if (r.count("cluster")) a.cluster = r["cluster"].as<std::string>();
+    return a;
+}
+
+void resolve_emu_cluster(const CommonArgs& common, BlockArgs& a) {
+    if (common.backend != "emu") {
+        if (!a.cluster.empty()) throw UsageError("--cluster describes emulated GPUs: it needs --backend emu");
+        return;
+    }
+    if (a.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
+    if (a.link || a.comm_share > 0)
+        throw UsageError("--backend emu models the interconnect itself (--cluster): drop --link* and --comm-share");
+    try {
+        a.cluster = launch::resolve_emu_choice(common.gpu, a.cluster, common.routing, a.ranks).cluster;
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+}
+
+nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs& a) {
+    nlohmann::ordered_json j = common_args_json(common);
+    j["variants"] = a.variants;
+    j["ranks"] = a.ranks;
+    j["mpi"] = a.mpi;
+    j["link"] = link_json(a.link);
+    j["comm_share"] = a.comm_share;
+    j["tokens_per_rank"] = a.tokens;
+    j["hidden"] = a.hidden;
+    j["ffn"] = a.ffn;
+    j["experts"] = a.experts;
+    j["heads"] = a.heads;
+    j["seq"] = a.seq;
+    j["mode"] = a.train ? "train" : "fwd";
+    j["dispatch"] = dispatch_mode_name(a.dispatch);
+    j["activation"] = activation_name(a.activation);
+    j["capacity_factor"] = a.capacity_factor;
+    j["gate"] = a.coefficient_gate ? "cg1" : "add";
+    j["chunks"] = a.chunks == 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.chunks);
+    if (!a.cluster.empty()) j["cluster"] = a.cluster;
+    return j;
+}
+
+}  // namespace scmoe::bench

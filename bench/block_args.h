@@ -1,0 +1,43 @@
+// scmoe-bench block's command line: the variants, ranks, shapes, schedule and emulated-cluster flags,
+// parsed and checked (UsageError), and echoed into the JSON report.
+#pragma once
+
+#include <cstdint>
+#include <cxxopts.hpp>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/emulated_link.h"
+#include "common.h"
+#include "kernels/activation.h"
+#include "moe/config.h"
+
+namespace scmoe::bench {
+
+struct BlockArgs {
+    std::vector<std::string> variants;
+    int ranks = 1;
+    bool mpi = false;
+    std::optional<LinkModel> link;
+    double comm_share = 0;  // 0 = off
+    std::int64_t tokens = 0, hidden = 0, ffn = 0, heads = 0, seq = 0;
+    int experts = 0, blocks = 4;
+    bool train = true;
+    bool coefficient_gate = true;
+    DispatchMode dispatch = DispatchMode::kCapacity;
+    Activation activation = Activation::kSwiGLU;
+    float capacity_factor = 1.25f;
+    int chunks = 0;  // chunked a2a/expert pipeline: 0 = auto, N = forced
+    std::string trace;
+    std::string cluster;  // emu: the Topology preset of the in-process ranks
+};
+
+cxxopts::Options block_options();
+BlockArgs read_block_args(const cxxopts::ParseResult& r);
+// Emulated runs: the cluster (from --cluster or the GPU), checked against the other flags.
+void resolve_emu_cluster(const CommonArgs& common, BlockArgs& a);
+nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs& a);
+
+}  // namespace scmoe::bench
