@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
+#include <sstream>
+#include <cstdlib>
 
 #include "kernels/error.h"
 
@@ -134,13 +136,40 @@ const std::vector<Topology>& topology_presets() {
     return presets;
 }
 
-const Topology& topology_preset(std::string_view name) {
+Topology cluster_topology(std::string_view name) {
+    if (name.rfind("link:", 0) == 0) {
+        Topology t;
+        t.name = std::string(name);
+        t.description = "one emulated link per GPU (no SM share)";
+        t.gpus_per_node = 64;
+        t.link_efficiency = 1.0;
+        t.base_latency_us = 0.0;
+        t.hop_latency_us = 0.0;
+        t.comm_sms = 0;
+        std::stringstream in{std::string(name.substr(5))};
+        for (std::string item; std::getline(in, item, ',');) {
+            const auto eq = item.find('=');
+            SCMOE_CHECK(eq != std::string::npos, "cluster '" << name << "': '" << item << "' is not key=value");
+            const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+            char* end = nullptr;
+            const double v = std::strtod(value.c_str(), &end);
+            SCMOE_CHECK(!value.empty() && end && *end == 0 && v >= 0,
+                        "cluster '" << name << "': " << key << " = '" << value << "' is not a number >= 0");
+            if (key == "gbps") t.gpu_link_gbps = v;
+            else if (key == "latency_us") t.base_latency_us = v;
+            else if (key == "gpus") t.gpus_per_node = static_cast<int>(v);
+            else SCMOE_FAIL("cluster '" << name << "': unknown key '" << key << "' (gbps, latency_us, gpus)");
+        }
+        SCMOE_CHECK(t.gpu_link_gbps > 0 && t.gpus_per_node >= 1,
+                    "cluster '" << name << "': needs gbps > 0 and gpus >= 1");
+        return t;
+    }
     std::string names;
     for (const Topology& t : topology_presets()) {
         if (t.name == name) return t;
         names += (names.empty() ? "" : ", ") + t.name;
     }
-    SCMOE_FAIL("unknown cluster preset '" << name << "': presets are " << names);
+    SCMOE_FAIL("unknown cluster '" << name << "': presets are " << names << ", or link:gbps=X[,latency_us=Y][,gpus=N]");
 }
 
 std::string default_cluster_for_gpu(std::string_view gpu) {

@@ -50,7 +50,10 @@ struct Topology {
 
 // Presets: a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, h200-nvlink-8.
 const std::vector<Topology>& topology_presets();
-const Topology& topology_preset(std::string_view name);  // throws Error listing the names
+// A preset by name, or a single emulated link like EmulatedLink's: "link:gbps=X[,latency_us=Y][,gpus=N]"
+// (N GPUs, default 64, each with X GB/s each way, no SM share, Y us per collective). Throws Error
+// listing the presets otherwise.
+Topology cluster_topology(std::string_view name);
 std::string describe(const Topology& t);
 // The single-node preset of an emulated GPU: a30 -> a30-pcie-8, a800 -> a800-nvlink-8, h100 ->
 // h100-nvlink-8, h200 -> h200-nvlink-8.

@@ -70,7 +70,7 @@ EmuChoice resolve_emu_choice(std::string gpu, std::string cluster, std::string r
     c.spec = load_gpu(c.gpu);
     emu::parse_routing_model(c.routing);
     c.cluster = cluster.empty() ? default_cluster_for_gpu(c.spec.name) : std::move(cluster);
-    const Topology& t = topology_preset(c.cluster);
+    const Topology& t = cluster_topology(c.cluster);
     SCMOE_CHECK(ranks <= t.world_size(),
                 "--ranks " << ranks << ": cluster " << t.name << " has " << t.world_size() << " GPUs");
     return c;

@@ -110,7 +110,7 @@ Args parse(int argc, char** argv) {
                                                     r.count("cluster") ? r["cluster"].as<std::string>() : "",
                                                     r["routing"].as<std::string>(), 1);
         q.emu = choice;
-        q.cluster = topology_preset(choice.cluster);
+        q.cluster = cluster_topology(choice.cluster);
         if (r.count("nodes")) q.cluster.nodes = r["nodes"].as<int>();
         if (r.count("gpus-per-node")) q.cluster.gpus_per_node = r["gpus-per-node"].as<int>();
         if (r.count("nic-gbps")) q.cluster.nic_gbps = r["nic-gbps"].as<double>();

@@ -60,7 +60,7 @@ BlockStackConfig gpt2_small_pos2() {
 
 // One traced forward of the stack on each of two emulated A800s; rank 0's trace.
 std::vector<TraceEntry> traced_forward(bool overlap) {
-    auto group = EmuGroup::create(topology_preset("a800-nvlink-8"), {0, 1});
+    auto group = EmuGroup::create(cluster_topology("a800-nvlink-8"), {0, 1});
     std::vector<std::vector<TraceEntry>> traces(2);
     std::vector<std::string> errors(2);
     std::vector<std::thread> threads;

@@ -16,7 +16,7 @@ namespace scmoe {
 namespace {
 
 TEST(Topology, AllToAllOnNvlinkIsBoundByEachGpusLink) {
-    const Topology& t = topology_preset("a800-nvlink-8");
+    const Topology& t = cluster_topology("a800-nvlink-8");
     const std::vector<int> ranks = {0, 1, 2, 3, 4, 5, 6, 7};
     const double b = 1e6;  // bytes per pair
     std::vector<double> bytes(64, b);
@@ -26,7 +26,7 @@ TEST(Topology, AllToAllOnNvlinkIsBoundByEachGpusLink) {
 }
 
 TEST(Topology, AllToAllOnPcieIsBoundByTheSharedSwitchUplink) {
-    const Topology& t = topology_preset("a30-pcie-8");
+    const Topology& t = cluster_topology("a30-pcie-8");
     const std::vector<int> ranks = {0, 1, 2, 3, 4, 5, 6, 7};
     std::vector<double> bytes(64, 1e6);
     const auto us = all_to_all_us(t, ranks, bytes);
@@ -41,7 +41,7 @@ TEST(Topology, AllToAllOnPcieIsBoundByTheSharedSwitchUplink) {
 }
 
 TEST(Topology, InterNodeTrafficSharesTheNodesNics) {
-    const Topology& t = topology_preset("a800-2x8");
+    const Topology& t = cluster_topology("a800-2x8");
     std::vector<int> ranks(16);
     for (int i = 0; i < 16; ++i) ranks[static_cast<std::size_t>(i)] = i;
     std::vector<double> bytes(256, 1e6);
@@ -52,7 +52,20 @@ TEST(Topology, InterNodeTrafficSharesTheNodesNics) {
     const double ring = 8.4 + (30 - 2) * 3.4 + 2 * 14.0 + 2.0 * 15 / 16 * 1e8 / (12.5 * 0.9 * 1e3);
     EXPECT_LE(all_reduce_us(t, ranks, 1e8), ring + 1e-9);
     EXPECT_GT(all_reduce_us(t, ranks, 1e8), 2.0 * 15 / 16 * 1e8 / (12.5 * 0.9 * 1e3));
-    EXPECT_THROW(topology_preset("dgx-1"), Error);
+    EXPECT_THROW(cluster_topology("dgx-1"), Error);
+}
+
+// A cluster of single links stands for EmulatedLink: latency + (n-1)/n of a rank's bytes / bandwidth,
+// the same formula as the link's model (comm/emulated_link.h), and no SM share.
+TEST(Topology, ALinkClusterMatchesTheEmulatedLinksModel) {
+    const Topology t = cluster_topology("link:gbps=10,latency_us=50,gpus=4");
+    EXPECT_EQ(t.comm_sms, 0);
+    EXPECT_EQ(t.world_size(), 4);
+    const std::vector<int> ranks = {0, 1, 2, 3};
+    std::vector<double> bytes(16, 1e6);  // each rank sends 4 MB, 1 MB to each rank (itself included)
+    EXPECT_NEAR(all_to_all_us(t, ranks, bytes)[2], 50 + 3e6 / (10 * 1e3), 1e-9);
+    EXPECT_THROW(cluster_topology("link:gbps=0"), Error);
+    EXPECT_THROW(cluster_topology("link:gbps=10,speed=3"), Error);
 }
 
 // Runs body(member, device, comm) on `n` emulated GPUs, one host thread each.
@@ -60,7 +73,7 @@ void on_emu_ranks(int n, const std::function<void(int, Device&, Communicator&)>&
                   const std::string& preset = "a800-nvlink-8") {
     std::vector<int> ranks(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) ranks[static_cast<std::size_t>(i)] = i;
-    auto group = EmuGroup::create(topology_preset(preset), ranks);
+    auto group = EmuGroup::create(cluster_topology(preset), ranks);
     std::vector<std::string> errors(static_cast<std::size_t>(n));
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r)
@@ -132,7 +145,7 @@ TEST(EmuCommunicator, SmallBuffersAreReducedGatheredAndBroadcastForReal) {
 
 TEST(EmuCommunicator, MismatchedCallsAreNamed) {
     std::vector<int> ranks = {0, 1};
-    auto group = EmuGroup::create(topology_preset("a800-nvlink-8"), ranks);
+    auto group = EmuGroup::create(cluster_topology("a800-nvlink-8"), ranks);
     emu::EmuOptions o;
     o.spec = test::round_spec();
     auto device = emu::make_device(o);
@@ -150,8 +163,8 @@ TEST(EmuCommunicator, MismatchedCallsAreNamed) {
     c1->all_reduce_sum(buf.data(), 4, DType::kF32, *s1);
     s0->synchronize();
     s1->synchronize();
-    EXPECT_THROW(EmuGroup::create(topology_preset("a800-nvlink-8"), {0, 0}), Error);
-    EXPECT_THROW(EmuGroup::create(topology_preset("a800-nvlink-8"), {8}), Error);
+    EXPECT_THROW(EmuGroup::create(cluster_topology("a800-nvlink-8"), {0, 0}), Error);
+    EXPECT_THROW(EmuGroup::create(cluster_topology("a800-nvlink-8"), {8}), Error);
 }
 
 }  // namespace
