@@ -287,7 +287,7 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
     if (emulated) {
         std::vector<int> members(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) members[static_cast<std::size_t>(r)] = r;
-        auto group = EmuGroup::create(topology_preset(args.cluster), members);
+        auto group = EmuGroup::create(cluster_topology(args.cluster), members);
         for (int r = 0; r < n; ++r)
             ranks.push_back(std::make_unique<A2aRank>(group->communicator(r), std::nullopt, max_count,
                                                       make_bench_device(common)));
@@ -305,7 +305,7 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
                              std::to_string(r) + ": " + ranks[static_cast<std::size_t>(r)]->comm().name());
     if (emulated) {
         for (const std::string& line : rank_lines) report.note(line);
-        report.note("emu: times are the emulator's predictions for " + describe(topology_preset(args.cluster)) +
+        report.note("emu: times are the emulator's predictions for " + describe(cluster_topology(args.cluster)) +
                     ", not measurements; nothing is moved, so there is no check");
     } else {
         print_notes(report, args, n, memcpy_gbps(), rank_lines);

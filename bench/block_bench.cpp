@@ -380,7 +380,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     report.print_preamble();
     const bool emulated = common.backend == "emu";
     report.note(std::to_string(a.ranks) + " in-process rank(s) (" +
-                (emulated ? "EmuCommunicator on " + describe(topology_preset(a.cluster)) : "LocalCommunicator") +
+                (emulated ? "EmuCommunicator on " + describe(cluster_topology(a.cluster)) : "LocalCommunicator") +
                 "), pid " + std::to_string(getpid()) +
                 (a.link ? ", EmulatedLink " + describe_link_model(*a.link) : std::string()) + "; tokens " +
                 std::to_string(a.tokens) + " per rank");
@@ -394,7 +394,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     if (emulated && a.ranks > 1) {
         std::vector<int> ranks(static_cast<std::size_t>(a.ranks));
         for (int r = 0; r < a.ranks; ++r) ranks[static_cast<std::size_t>(r)] = r;
-        emu_group = EmuGroup::create(topology_preset(a.cluster), ranks);
+        emu_group = EmuGroup::create(cluster_topology(a.cluster), ranks);
     }
     std::vector<std::thread> threads;
     for (int r = 0; r < a.ranks; ++r) {
