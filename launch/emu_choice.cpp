@@ -49,6 +49,11 @@ emu::GpuSpec load_gpu(const std::string& name) {
         num("kernel_gap_us", s.kernel_gap_us);
         num("host_task_us", s.host_task_us);
         num("sync_us", s.sync_us);
+        if (j.contains("compute_dtype")) {
+            const std::string d = j.at("compute_dtype").get<std::string>();
+            SCMOE_CHECK(d == "bf16" || d == "f32", "--gpu " << name << ": compute_dtype '" << d << "': bf16 or f32");
+            s.compute_dtype = d == "f32" ? DType::kF32 : DType::kBF16;
+        }
         if (j.contains("sources")) {
             for (const auto& v : j.at("sources")) s.sources.push_back(v.get<std::string>());
         }

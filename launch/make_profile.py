@@ -63,7 +63,8 @@ def main():
                    "hbm_gbps": a.memcpy_gbps * a.share, "bandwidth_efficiency": 1.0,
                    "host_link_gbps": a.memcpy_gbps * a.share,
                    "memory_gib": a.memory_gib, "sms": a.cores, "threads_per_sm": 1,
-                   "launch_us": 0.0, "kernel_gap_us": 0.0, "host_task_us": 0.0, "sync_us": 0.0}
+                   "launch_us": 0.0, "kernel_gap_us": 0.0, "host_task_us": 0.0, "sync_us": 0.0,
+                   "compute_dtype": "f32"}
     profile["sources"] = ["best dense GEMM measured by scmoe-bench gemm, times %g: %.4f TFLOP/s"
                           % (a.share if a.cpu else 1.0, best)] + sources
     json.dump(profile, sys.stdout, indent=2)

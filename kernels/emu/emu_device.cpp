@@ -130,7 +130,7 @@ public:
         return "emu: " + describe(options_.spec) + " (modeled, nothing computed); routing " +
                emu::describe(options_.routing);
     }
-    DType compute_dtype() const override { return DType::kBF16; }
+    DType compute_dtype() const override { return options_.spec.compute_dtype; }
     void* allocate(std::size_t bytes) override {
         if (bytes == 0) return nullptr;
         const std::size_t rounded = (bytes + 255) / 256 * 256;

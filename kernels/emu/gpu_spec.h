@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/dtype.h"
+
 namespace scmoe::emu {
 
 struct GpuSpec {
@@ -31,6 +33,10 @@ struct GpuSpec {
     double kernel_gap_us = 0; // device time between back-to-back kernels of a stream
     double host_task_us = 0;  // callback thread time per cudaLaunchHostFunc task
     double sync_us = 0;       // host time from a stream's completion to cudaStreamSynchronize returning
+
+    // The dtype activations and weights are stored in (Device::compute_dtype): bf16 as on the CUDA
+    // backend; f32 for a profile of a CPU, whose backend computes in f32.
+    DType compute_dtype = DType::kBF16;
 
     std::vector<std::string> sources;  // citations for the numbers above
 };

@@ -43,6 +43,10 @@ TEST(EmuProfile, ACompleteProfileAndItsErrors) {
                        "gemm_efficiency": 1, "bandwidth_efficiency": 1, "launch_us": 0})");
     const emu::GpuSpec s = launch::load_gpu(full);
     EXPECT_EQ(s.sms, 2);
+    EXPECT_EQ(s.compute_dtype, DType::kBF16);  // the default: a GPU's
+    const std::string f32 = write_profile("cpu32.json", R"({"base": "a30", "name": "x", "compute_dtype": "f32"})");
+    EXPECT_EQ(launch::make_emu_device(launch::resolve_emu_choice(f32, "", "", 1))->compute_dtype(), DType::kF32);
+    EXPECT_THROW(launch::load_gpu(write_profile("f16.json", R"({"base": "a30", "compute_dtype": "f16"})")), Error);
     EXPECT_EQ(s.memory_bytes, 16ull << 30);
     EXPECT_THROW(launch::load_gpu(write_profile("partial.json", R"({"name": "x", "sms": 2})")), Error);
     EXPECT_THROW(launch::load_gpu(write_profile("broken.json", "{not json")), Error);
