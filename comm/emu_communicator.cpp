@@ -140,17 +140,7 @@ public:
         // 5. The data. Small sends (routing metadata such as a layer's expert counts) move for real:
         // staged when the stream reaches the exchange, delivered when it completes.
         const std::size_t esize = dtype_size(dtype);
-        const std::size_t send_bytes = static_cast<std::size_t>(total_send) * esize;
-        emu::Work stage;
-        stage.kind = emu::WorkKind::kCopy;
-        stage.name = "stage";
-        if (send_bytes > 0 && send_bytes <= emu::kRealCopyBytes)
-            stage.effect = [&st, seq, m = member_, send, send_bytes] {
-                std::scoped_lock lock(st.mu);
-                st.calls.at(seq).staged[static_cast<std::size_t>(m)].assign(
-                    static_cast<const char*>(send), static_cast<const char*>(send) + send_bytes);
-            };
-        s.device().timeline().enqueue(s.id(), std::move(stage), 0.0);
+        enqueue_stage(s, seq, send, static_cast<std::size_t>(total_send) * esize);
         enqueue_comm(s, "all_to_all_v", data_meet, [&st, seq, m = member_, n, recv, esize, received = staging_] {
             std::scoped_lock lock(st.mu);
             EmuCall& c = st.calls.at(seq);
@@ -174,7 +164,7 @@ public:
         const std::size_t bytes = comm_detail::checked_bytes(count, dtype, "all_reduce_sum count");
         collective(CommOp::kAllReduceSum, count, dtype, 0, stream, buf, bytes,
                    [&](const Topology& t, const std::vector<int>& r) { return all_reduce_us(t, r, double(bytes)); },
-                   [buf, count, dtype, bytes](EmuCall& c, int) {
+                   [buf, count, dtype, bytes](EmuCall& c) {
                        std::vector<const void*> inputs;
                        for (const auto& v : c.staged) inputs.push_back(v.data());
                        std::vector<char> out(bytes);
@@ -186,9 +176,9 @@ public:
 
     void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override {
         const std::size_t bytes = comm_detail::checked_bytes(count_per_rank, dtype, "all_gather count");
-        collective(CommOp::kAllGather, count_per_rank, dtype, 0, stream, const_cast<void*>(send), bytes,
+        collective(CommOp::kAllGather, count_per_rank, dtype, 0, stream, send, bytes,
                    [&](const Topology& t, const std::vector<int>& r) { return all_gather_us(t, r, double(bytes)); },
-                   [recv, bytes](EmuCall& c, int) {
+                   [recv, bytes](EmuCall& c) {
                        for (std::size_t p = 0; p < c.staged.size(); ++p)
                            std::memcpy(static_cast<char*>(recv) + p * bytes, c.staged[p].data(), bytes);
                    });
@@ -199,7 +189,7 @@ public:
         const std::size_t bytes = comm_detail::checked_bytes(count, dtype, "broadcast count");
         collective(CommOp::kBroadcast, count, dtype, root, stream, buf, bytes,
                    [&](const Topology& t, const std::vector<int>& r) { return broadcast_us(t, r, double(bytes)); },
-                   [buf, bytes, root](EmuCall& c, int) {
+                   [buf, bytes, root](EmuCall& c) {
                        std::memcpy(buf, c.staged[static_cast<std::size_t>(root)].data(), bytes);
                    });
     }
@@ -207,7 +197,7 @@ public:
     void barrier(Stream& stream) override {
         collective(CommOp::kBarrier, 0, DType::kF32, 0, stream, nullptr, 0,
                    [](const Topology& t, const std::vector<int>& r) { return all_reduce_us(t, r, 4.0); },
-                   [](EmuCall&, int) {});
+                   [](EmuCall&) {});
     }
 
 private:
@@ -245,10 +235,29 @@ private:
         s.device().timeline().enqueue(s.id(), std::move(w), spec.launch_us);
     }
 
+    // Enqueues, zero-time, the staging of this member's `bytes` of `data` into call `seq` when they
+    // are small enough to move for real (emu::kRealCopyBytes); returns whether they are. Staged when
+    // the stream reaches it, so earlier work on the stream may still write `data`.
+    bool enqueue_stage(emu::EmuStream& s, std::uint64_t seq, const void* data, std::size_t bytes) {
+        const bool real = bytes > 0 && bytes <= emu::kRealCopyBytes;
+        EmuGroup::State& st = state();
+        emu::Work stage;
+        stage.kind = emu::WorkKind::kCopy;
+        stage.name = "stage";
+        if (real)
+            stage.effect = [&st, seq, m = member_, data, bytes] {
+                std::scoped_lock lock(st.mu);
+                st.calls.at(seq).staged[static_cast<std::size_t>(m)].assign(
+                    static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+            };
+        s.device().timeline().enqueue(s.id(), std::move(stage), 0.0);
+        return real;
+    }
+
     // A collective with one duration for every member: stages this member's `bytes` of `data` (when
     // small), meets the others, then runs `finish_real` (when small) and forgets the call.
     template <class Duration, class Finish>
-    void collective(CommOp op, std::int64_t count, DType dtype, int root, Stream& stream, void* data,
+    void collective(CommOp op, std::int64_t count, DType dtype, int root, Stream& stream, const void* data,
                     std::size_t bytes, Duration duration, Finish finish_real) {
         emu::EmuStream& s = emu_stream(stream, comm_detail::comm_op_name(op));
         EmuGroup::State& st = state();
@@ -264,20 +273,10 @@ private:
             }
             meet = c.data_meet;
         }
-        const bool real = bytes > 0 && bytes <= emu::kRealCopyBytes;
-        emu::Work stage;
-        stage.kind = emu::WorkKind::kCopy;
-        stage.name = "stage";
-        if (real)
-            stage.effect = [&st, seq, m = member_, data, bytes] {
-                std::scoped_lock lock(st.mu);
-                auto& v = st.calls.at(seq).staged[static_cast<std::size_t>(m)];
-                v.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
-            };
-        s.device().timeline().enqueue(s.id(), std::move(stage), 0.0);
-        enqueue_comm(s, comm_detail::comm_op_name(op), meet, [&st, seq, m = member_, real, finish_real] {
+        const bool real = enqueue_stage(s, seq, data, bytes);
+        enqueue_comm(s, comm_detail::comm_op_name(op), meet, [&st, seq, real, finish_real] {
             std::scoped_lock lock(st.mu);
-            if (real) finish_real(st.calls.at(seq), m);
+            if (real) finish_real(st.calls.at(seq));
             st.finish(seq);
         });
     }

@@ -73,47 +73,45 @@ public:
         timeline().enqueue(id_, std::move(w), spec().launch_us);
     }
     void launch(const std::string& name, const OpCost& cost, std::function<void()> effect) override {
+        Work w = kernel(name, std::move(effect));
         const KernelTime t = model_kernel(cost, spec());
-        Work w;
-        w.kind = WorkKind::kKernel;
-        w.name = name;
-        w.fixed_us = spec().kernel_gap_us;
         w.work_us = t.work_us;
         w.demand = t.demand;
-        w.effect = std::move(effect);
         timeline().enqueue(id_, std::move(w), spec().launch_us);
     }
     void launch_sized_at_start(const std::string& name, std::function<OpCost()> cost,
                                std::function<void()> effect) override {
-        Work w;
-        w.kind = WorkKind::kKernel;
-        w.name = name;
-        w.fixed_us = spec().kernel_gap_us;
-        const GpuSpec* s = &spec();
-        w.at_start = [cost = std::move(cost), s](Work& work) {
+        Work w = kernel(name, std::move(effect));
+        w.at_start = [cost = std::move(cost), s = &spec()](Work& work) {
             const KernelTime t = model_kernel(cost(), *s);
             work.work_us = t.work_us;
             work.demand = t.demand;
         };
-        w.effect = std::move(effect);
         timeline().enqueue(id_, std::move(w), spec().launch_us);
     }
-    void record(EmuEventImpl& event, const std::shared_ptr<EventState>& state) {
+    // Enqueues a record of `state`; the host-side generation bump (as CpuEvent's) makes waits
+    // enqueued from now on wait for it.
+    void record(const std::shared_ptr<EventState>& state) {
         Work w;
         w.kind = WorkKind::kRecord;
         w.name = "record_event";
         w.event = state;
-        {
-            // The host-side generation bump, as CpuEvent: waits enqueued from now on wait for it.
-            w.generation = ++state->recorded;
-        }
-        (void)event;
+        w.generation = ++state->recorded;
         timeline().enqueue(id_, std::move(w), 0.0);
     }
     Timeline& timeline();
 
 private:
     const GpuSpec& spec() const;
+    // A kernel's Work without its time: the stream's kernel gap first, `effect` at its end.
+    Work kernel(const std::string& name, std::function<void()> effect) const {
+        Work w;
+        w.kind = WorkKind::kKernel;
+        w.name = name;
+        w.fixed_us = spec().kernel_gap_us;
+        w.effect = std::move(effect);
+        return w;
+    }
     EmuDeviceImpl& device_;
     int id_;
 };
@@ -262,7 +260,7 @@ void EmuStreamImpl::fill_zero(void* dst, std::size_t bytes) {
 void EmuEventImpl::record(Stream& stream) {
     auto& s = dynamic_cast<EmuStreamImpl&>(stream);
     timeline_ = &s.timeline();
-    s.record(*this, state_);
+    s.record(state_);
 }
 
 }  // namespace

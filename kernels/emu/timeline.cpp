@@ -339,10 +339,20 @@ void Timeline::start(StreamState& s, double at) {
     }
     a.work = std::move(w);
     s.active = std::move(a);
-    const bool instant = s.active->work.kind == WorkKind::kRecord || s.active->work.kind == WorkKind::kWait ||
-                         (s.active->work.kind != WorkKind::kComm && s.active->fixed_left <= kEps &&
-                          s.active->work_left <= kEps);
-    if (instant) complete(s);
+    if (finished(*s.active)) complete(s);
+}
+
+// Whether active Work has nothing left at now_: records and waits at once, a collective at its
+// (resolved) end, a kernel after its gap and work, anything else after its fixed time.
+bool Timeline::finished(const Active& a) const {
+    switch (a.work.kind) {
+        case WorkKind::kRecord:
+        case WorkKind::kWait: return true;
+        case WorkKind::kComm:
+            return a.work.rendezvous->resolved() && a.work.rendezvous->end_us(a.work.member) <= now_ + kEps;
+        case WorkKind::kKernel: return a.fixed_left <= kEps && a.work_left <= kEps;
+        default: return a.fixed_left <= kEps;
+    }
 }
 
 void Timeline::complete(StreamState& s) {
@@ -390,7 +400,7 @@ double Timeline::next_event(bool& blocked) const {
                 if (a.work.rendezvous->resolved())
                     next = std::min(next, std::max(now_, a.work.rendezvous->end_us(a.work.member)));
                 else
-                    bound = std::min(bound, std::max(now_, a.work.rendezvous->end_lower_bound_us(a.work.member)));
+                    bound = std::min(bound, std::max(now_, a.work.rendezvous->end_us(a.work.member)));
                 break;
             case WorkKind::kKernel:
                 if (a.fixed_left > kEps)
@@ -436,18 +446,15 @@ void Timeline::set_rates() {
 void Timeline::progress_to(double t) {
     const double dt = t - now_;
     if (dt <= 0) return;
-    bool busy = false;
     for (StreamState& s : streams_) {
         if (!s.active) continue;
         Active& a = *s.active;
-        busy |= a.work.kind != WorkKind::kHostTask;
         if (a.work.kind == WorkKind::kComm) continue;
         if (a.fixed_left > kEps)
             a.fixed_left -= dt;
         else if (a.work.kind == WorkKind::kKernel)
             a.work_left -= a.rate * dt;
     }
-    if (busy) stats_.device_busy_us += dt;
     now_ = t;
 }
 
@@ -461,19 +468,8 @@ bool Timeline::advance() {
         if (blocked || next == kInf || next > horizon() + kEps) break;
         progress_to(next);
         moved = true;
-        for (StreamState& s : streams_) {
-            if (!s.active) continue;
-            const Active& a = *s.active;
-            bool done = false;
-            switch (a.work.kind) {
-                case WorkKind::kComm:
-                    done = a.work.rendezvous->resolved() && a.work.rendezvous->end_us(a.work.member) <= now_ + kEps;
-                    break;
-                case WorkKind::kKernel: done = a.fixed_left <= kEps && a.work_left <= kEps; break;
-                default: done = a.fixed_left <= kEps; break;
-            }
-            if (done) complete(s);
-        }
+        for (StreamState& s : streams_)
+            if (s.active && finished(*s.active)) complete(s);
     }
     return moved;
 }

@@ -53,9 +53,9 @@ public:
     explicit Rendezvous(std::vector<double> durations_us);
     int members() const { return static_cast<int>(durations_.size()); }
     bool resolved() const { return arrived_ == members(); }
+    // Member's end once resolved; before that, its earliest possible end (the latest arrival so far
+    // plus its duration).
     double end_us(int member) const { return latest_ + durations_[static_cast<std::size_t>(member)]; }
-    // While unresolved: member's earliest possible end (the latest arrival so far plus its duration).
-    double end_lower_bound_us(int member) const { return end_us(member); }
     // Under the world lock.
     void arrive(int member, double time_us);
 
@@ -104,7 +104,6 @@ struct Work {
 // Counters of one timeline (model time in us).
 struct TimelineStats {
     std::uint64_t works = 0;       // Work completed
-    double device_busy_us = 0;     // time some kernel, comm or copy was active
     std::uint64_t late_starts = 0; // Work that became ready in the model's past (see horizon); 0 in
     double late_us = 0;            // a faithful run: their total delay
 };
@@ -167,6 +166,7 @@ private:
     void start_ready();
     void start(StreamState& s, double at);
     void complete(StreamState& s);
+    bool finished(const Active& a) const;
     double next_event(bool& blocked) const;
     void set_rates();
     void progress_to(double t);
