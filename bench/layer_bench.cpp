@@ -44,6 +44,9 @@ int run_layer_bench(int argc, char** argv, const std::string& command) {
     report.note(
         "fwd = MoeLayer::forward; train = forward + backward; stage columns: each stage method alone, "
         "events between stages, mean over the timed iterations");
+    report.note(
+        "exp_TF/s, sh_TF/s: the routed (capacity mode: capacity rows per expert; dropless: the rows routed) and "
+        "shared experts' GEMM FLOPs over their stage's time (activation included), forward and backward");
     if (common.check)
         report.note(
             "check: outputs and gradients finite, and a second forward+backward bitwise equal "
@@ -64,6 +67,13 @@ int run_layer_bench(int argc, char** argv, const std::string& command) {
     for (int s : {kCombineBwd, kExpertsBwd, kPermuteBwd, kRouteBwd}) stage_columns.push_back(s);
     if (args.shared_expert) stage_columns.push_back(kSharedBwd);
     for (int s : stage_columns) columns.push_back({kStageKey[s], kStageHeader[s], "(us)", 9, 1});
+    // The grouped (and shared) GEMMs' rates within their stages: make_profile.py's source.
+    columns.push_back({"experts_tflops", "exp_TF/s", "", 8, 4});
+    columns.push_back({"experts_bwd_tflops", "exp_bw_TF/s", "", 11, 4});
+    if (args.shared_expert) {
+        columns.push_back({"shared_tflops", "sh_TF/s", "", 8, 4});
+        columns.push_back({"shared_bwd_tflops", "sh_bw_TF/s", "", 10, 4});
+    }
     columns.push_back({"dropped", "dropped", "", 7, 0});
     columns.push_back({"wrong", "#wrong", "", 6, 0});
 
@@ -144,6 +154,19 @@ int run_layer_bench(int argc, char** argv, const std::string& command) {
                 wrong = bad;
             }
 
+            // TFLOP/s = FLOPs / (us * 1e6); the backward does two GEMMs per forward GEMM.
+            const auto tflops = [&](double flops, int stage) {
+                const double us = stage_us[static_cast<std::size_t>(stage)];
+                return us > 0 ? flops / (us * 1e6) : 0.0;
+            };
+            const double expert_flops = expert_forward_flops(config, stats);
+            std::vector<double> gemm_rates = {tflops(expert_flops, kExperts), tflops(2 * expert_flops, kExpertsBwd)};
+            if (args.shared_expert) {
+                const double shared_flops = shared_forward_flops(config, T);
+                gemm_rates.push_back(tflops(shared_flops, kShared));
+                gemm_rates.push_back(tflops(2 * shared_flops, kSharedBwd));
+            }
+
             const double fwd_rate = static_cast<double>(T) / (fwd_us * 1e-6);
             const double train_rate = static_cast<double>(T) / (train_us * 1e-6);
             fwd_rate_sum += fwd_rate;
@@ -158,6 +181,7 @@ int run_layer_bench(int argc, char** argv, const std::string& command) {
                                        train_us,
                                        train_rate};
             for (int s : stage_columns) cells.push_back(stage_us[static_cast<std::size_t>(s)]);
+            for (double rate : gemm_rates) cells.push_back(rate);
             cells.push_back(stats.dropped_tokens);
             cells.push_back(wrong);
             report.add_row(std::move(cells));

@@ -128,6 +128,24 @@ MoeConfig make_config(const LayerBenchArgs& a, DispatchMode dispatch, DType dtyp
     return c;
 }
 
+double expert_forward_flops(const MoeConfig& config, const MoeStats& stats) {
+    std::int64_t rows = 0;
+    if (config.dispatch == DispatchMode::kCapacity)
+        rows = stats.capacity * static_cast<std::int64_t>(stats.expert_counts.size());
+    else
+        for (std::int32_t c : stats.expert_counts) rows += c;
+    const double H = static_cast<double>(config.hidden);
+    return 2.0 * static_cast<double>(rows) * H *
+           static_cast<double>(config.expert_inner_width() + config.ffn);
+}
+
+double shared_forward_flops(const MoeConfig& config, std::int64_t tokens) {
+    if (!config.shared_expert) return 0.0;
+    const std::int64_t F = config.shared_ffn_width();
+    return 2.0 * static_cast<double>(tokens) * static_cast<double>(config.hidden) *
+           static_cast<double>(activation_input_width(config.activation, F) + F);
+}
+
 nlohmann::ordered_json layer_args_json(const CommonArgs& common, const LayerBenchArgs& args, DType dtype) {
     nlohmann::ordered_json j = common_args_json(common);
     j["tokens"] = args.tokens;

@@ -142,6 +142,14 @@ struct LayerPass {
 // never waits on the host.
 std::vector<double> stage_times_us(Device& device, Stream& stream, LayerPass& pass, int iters);
 
+// The FLOPs of the routed experts' GEMMs in one forward of a single-rank layer (2 per multiply-add):
+// capacity mode computes capacity rows per expert, dropless the rows routed; the backward does twice
+// this (data and weight gradients). With the stage times they give the TFLOP/s the layer's grouped
+// GEMMs reach, which launch/make_profile.py turns into an emulated device's GEMM rate.
+double expert_forward_flops(const MoeConfig& config, const MoeStats& stats);
+// The same for the dense shared expert on `tokens` rows (0 without one).
+double shared_forward_flops(const MoeConfig& config, std::int64_t tokens);
+
 // The expert-parallel benchmark (layer_ep_bench.cpp): args.ep in-process ranks, or one rank per
 // process under mpirun (args.mpi). CPU backend only.
 int run_layer_ep_bench(CommonArgs common, const LayerBenchArgs& args, const std::string& command);

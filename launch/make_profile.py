@@ -1,38 +1,57 @@
 #!/usr/bin/env python3
-"""Turns `scmoe-bench gemm -J` reports measured on a device into an emulated-GPU profile for
-`--backend emu --gpu PROFILE.json` (docs/emu.md, "Profiles"), as GPEmu turns measured op times into
-its profiles.
+"""Turns `scmoe-bench gemm -J` and `scmoe-bench layer -J` reports measured on a device into an
+emulated-GPU profile for `--backend emu --gpu PROFILE.json` (docs/emu.md, "Profiles"), as GPEmu
+turns measured op times into its profiles.
 
-  GPU:  python3 launch/make_profile.py --base h100 --name h100-ours gemm.json > h100-ours.json
-        the base's datasheet numbers, with gemm_efficiency = the best dense TFLOP/s measured / the
-        base's bf16 peak.
+The measured GEMM rate: with a layer report, the rate the layer's own expert GEMMs reach (routed and
+shared experts, forward and backward, FLOPs over their stages' time, all rows of all layer reports
+together), which is what a model runs; with gemm reports only, the best dense TFLOP/s measured.
+
+  GPU:  python3 launch/make_profile.py --base h100 --name h100-ours layer.json > h100-ours.json
+        the base's datasheet numbers, with gemm_efficiency = the measured rate / the base's bf16 peak.
   CPU:  python3 launch/make_profile.py --cpu --name vm --cores 2 --memcpy-gbps 8.5 --memory-gib 24 gemm.json
-        a CPU as an emulated device: its peak = the best dense TFLOP/s measured, one "SM" per core.
+        a CPU as an emulated device: its peak = the measured rate, one "SM" per core.
 """
 import argparse
 import json
 import sys
 
 
-def best_dense_tflops(paths):
-    best, sources = 0.0, []
+# (rate column, stage time column) pairs of a layer report's rows.
+LAYER_GEMM_STAGES = [("experts_tflops", "experts_us"), ("experts_bwd_tflops", "experts_bwd_us"),
+                     ("shared_tflops", "shared_us"), ("shared_bwd_tflops", "shared_bwd_us")]
+
+
+def measured_gemm_tflops(paths):
+    """Returns (TFLOP/s, what it is, sources)."""
+    best_dense, layer_flops, layer_us, sources = 0.0, 0.0, 0.0, []
     for path in paths:
         with open(path) as f:
             report = json.load(f)
-        if report.get("benchmark") != "gemm":
-            sys.exit("make_profile.py: %s is not a scmoe-bench gemm report" % path)
-        for row in report["rows"]:
-            best = max(best, row.get("dense_tflops", 0.0))
+        kind = report.get("benchmark")
+        if kind == "gemm":
+            for row in report["rows"]:
+                best_dense = max(best_dense, row.get("dense_tflops", 0.0))
+        elif kind == "layer":
+            for row in report["rows"]:
+                for rate, stage in LAYER_GEMM_STAGES:
+                    if rate in row and stage in row and row[rate] > 0:
+                        layer_flops += row[rate] * row[stage] * 1e6
+                        layer_us += row[stage]
+        else:
+            sys.exit("make_profile.py: %s is not a scmoe-bench gemm or layer report" % path)
         sources.append("%s: %s (%s, %s)" % (path, report.get("command", "?"), report.get("device", "?"),
                                              report.get("date", "?")))
-    if best <= 0:
-        sys.exit("make_profile.py: no dense_tflops in the reports")
-    return best, sources
+    if layer_us > 0:
+        return layer_flops / (layer_us * 1e6), "the layer's expert GEMMs, forward and backward", sources
+    if best_dense > 0:
+        return best_dense, "the best dense GEMM measured by scmoe-bench gemm", sources
+    sys.exit("make_profile.py: no GEMM rate in the reports (layer: exp_TF/s columns; gemm: dense_tflops)")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("reports", nargs="+", help="scmoe-bench gemm -J files")
+    p.add_argument("reports", nargs="+", help="scmoe-bench gemm -J and layer -J files")
     p.add_argument("--name", required=True)
     p.add_argument("--base", help="built-in GPU the profile starts from (a30, a800, h100, h200)")
     p.add_argument("--peak-tflops", type=float, help="--base's bf16 peak (default: the built-in value)")
@@ -44,7 +63,7 @@ def main():
                    help="CPU: the share of the measured throughput one emulated device gets, e.g. 0.5 for each of "
                         "4 ranks on 2 cores measured single-threaded (default 1)")
     a = p.parse_args()
-    best, sources = best_dense_tflops(a.reports)
+    best, what, sources = measured_gemm_tflops(a.reports)
     if a.cpu == bool(a.base):
         sys.exit("make_profile.py: give --base GPU or --cpu")
     if a.base:
@@ -65,8 +84,7 @@ def main():
                    "memory_gib": a.memory_gib, "sms": a.cores, "threads_per_sm": 1,
                    "launch_us": 0.0, "kernel_gap_us": 0.0, "host_task_us": 0.0, "sync_us": 0.0,
                    "compute_dtype": "f32"}
-    profile["sources"] = ["best dense GEMM measured by scmoe-bench gemm, times %g: %.4f TFLOP/s"
-                          % (a.share if a.cpu else 1.0, best)] + sources
+    profile["sources"] = ["GEMM rate: %s, times %g: %.4f TFLOP/s" % (what, a.share if a.cpu else 1.0, best)] + sources
     json.dump(profile, sys.stdout, indent=2)
     print()
 
