@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <limits>
 
 #include "comm/communicator.h"
@@ -255,20 +257,54 @@ Schedule LayerScheduler::calibrate(const SchedulePlan& plan, int repeats, int fo
     return s;
 }
 
+namespace {
+
+// One step of a stream's program: enqueue an op, record an event or wait for one. `needs` is the
+// event whose record must have been issued first (a wait on an event recorded later would not wait:
+// cudaStreamWaitEvent waits for the most recent record); -1 for none.
+struct Step {
+    std::function<void()> issue;
+    std::ptrdiff_t needs = -1, records = -1;
+};
+
+}  // namespace
+
 void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, bool overlap, Tracer* trace,
                          const IndexHook& at_index) {
     SCMOE_CHECK(schedule.branches.size() == plan.branches.size(),
                 "LayerScheduler.run: the schedule has " << schedule.branches.size() << " branches, the " << plan.name
                                                         << " plan " << plan.branches.size());
     const std::size_t ns = plan.segments.size(), nb = plan.branches.size();
+    // The pass as two programs in stream order: the backbone stream's and the MoE stream's (with
+    // overlap off, one program on the backbone stream).
+    std::vector<Step> backbone_steps, moe_steps;
+    std::vector<Step>& side_steps = overlap ? moe_steps : backbone_steps;
     Stream& side = overlap ? moe_ : backbone_;
-    auto issue = [&](const ScheduleOp& op, const std::string& owner, Stream& stream, const char* lane) {
+    const char* side_lane = overlap ? "moe" : "backbone";
+    auto add_op = [&](std::vector<Step>& steps, ScheduleOp op, const std::string& owner, Stream& stream,
+                      const char* lane) {
         if (!op.run) return;
-        if (trace)
-            trace->op(owner.empty() ? op.name : op.name + "[" + owner + "]", lane, stream, op.run, op.comm);
-        else
-            op.run(stream);
+        steps.push_back({[op = std::move(op), owner, &stream, lane, trace] {
+            if (trace)
+                trace->op(owner.empty() ? op.name : op.name + "[" + owner + "]", lane, stream, op.run, op.comm);
+            else
+                op.run(stream);
+        }});
     };
+    auto add_piece = [&](std::vector<Step>& steps, const ChunkedOp& op, int c, int n, const std::string& owner,
+                         Stream& stream, const char* lane) {
+        add_op(steps, {op.name + "#" + std::to_string(c), [&op, c, n](Stream& s) { op.run(c, n, s); }, op.comm}, owner,
+               stream, lane);
+    };
+    auto add_record = [&](std::vector<Step>& steps, std::size_t e, Stream& stream) {
+        Event& ev = event(e);
+        steps.push_back({[&ev, &stream] { ev.record(stream); }, -1, static_cast<std::ptrdiff_t>(e)});
+    };
+    auto add_wait = [&](std::vector<Step>& steps, std::size_t e, Stream& stream) {
+        Event& ev = event(e);
+        steps.push_back({[&ev, &stream] { stream.wait(ev); }, static_cast<std::ptrdiff_t>(e), -1});
+    };
+
     // Pieces per branch (1 = the unchunked stages).
     std::vector<int> chunks(nb);
     std::vector<std::size_t> first_event(nb + 1);
@@ -282,66 +318,77 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
     }
     // Events per branch: input ready (backbone), done (MoE), then per piece sent (MoE) and expert
     // done (backbone).
-    auto ready_event = [&](std::size_t b) -> Event& { return event(first_event[b]); };
-    auto done_event = [&](std::size_t b) -> Event& { return event(first_event[b] + 1); };
-    auto sent_event = [&](std::size_t b, int c) -> Event& {
-        return event(first_event[b] + 2 + 2 * static_cast<std::size_t>(c));
-    };
-    auto expert_event = [&](std::size_t b, int c) -> Event& {
-        return event(first_event[b] + 3 + 2 * static_cast<std::size_t>(c));
-    };
-    auto issue_piece = [&](const ChunkedOp& op, int c, int n, const std::string& owner, Stream& stream,
-                           const char* lane) {
-        issue({op.name + "#" + std::to_string(c), [&op, c, n](Stream& s) { op.run(c, n, s); }, op.comm}, owner,
-              stream, lane);
-    };
-    const char* side_lane = overlap ? "moe" : "backbone";
+    auto ready_event = [&](std::size_t b) { return first_event[b]; };
+    auto done_event = [&](std::size_t b) { return first_event[b] + 1; };
+    auto sent_event = [&](std::size_t b, int c) { return first_event[b] + 2 + 2 * static_cast<std::size_t>(c); };
+    auto expert_event = [&](std::size_t b, int c) { return first_event[b] + 3 + 2 * static_cast<std::size_t>(c); };
     for (std::size_t i = 0; i <= ns; ++i) {
         for (std::size_t b = 0; b < nb; ++b) {
             const BranchPlan& p = plan.branches[b];
             const int n = chunks[b];
             if (static_cast<std::size_t>(p.ready) == i) {
                 if (overlap) {
-                    ready_event(b).record(backbone_);
-                    moe_.wait(ready_event(b));
+                    add_record(backbone_steps, ready_event(b), backbone_);
+                    add_wait(moe_steps, ready_event(b), moe_);
                 }
-                issue(p.pre, p.name, side, side_lane);
+                add_op(side_steps, p.pre, p.name, side, side_lane);
                 for (int c = 0; c < n; ++c) {
                     if (n == 1)
-                        issue(p.send, p.name, side, side_lane);
+                        add_op(side_steps, p.send, p.name, side, side_lane);
                     else
-                        issue_piece(p.send_chunks, c, n, p.name, side, side_lane);
-                    if (overlap) sent_event(b, c).record(moe_);
+                        add_piece(side_steps, p.send_chunks, c, n, p.name, side, side_lane);
+                    if (overlap) add_record(moe_steps, sent_event(b, c), moe_);
                 }
             }
             if (static_cast<std::size_t>(schedule.branches[b].slot) == i) {
-                // Every expert piece is enqueued before any receive piece: a communicator that
-                // synchronizes its stream inside a call (NCCL) must find the expert events recorded.
                 for (int c = 0; c < n; ++c) {
-                    if (overlap) backbone_.wait(sent_event(b, c));
+                    if (overlap) add_wait(backbone_steps, sent_event(b, c), backbone_);
                     if (n == 1)
-                        issue(p.expert, p.name, backbone_, "backbone");
+                        add_op(backbone_steps, p.expert, p.name, backbone_, "backbone");
                     else
-                        issue_piece(p.expert_chunks, c, n, p.name, backbone_, "backbone");
-                    if (overlap) expert_event(b, c).record(backbone_);
+                        add_piece(backbone_steps, p.expert_chunks, c, n, p.name, backbone_, "backbone");
+                    if (overlap) add_record(backbone_steps, expert_event(b, c), backbone_);
                 }
                 for (int c = 0; c < n; ++c) {
-                    if (overlap) moe_.wait(expert_event(b, c));
+                    if (overlap) add_wait(moe_steps, expert_event(b, c), moe_);
                     if (n == 1)
-                        issue(p.receive, p.name, side, side_lane);
+                        add_op(side_steps, p.receive, p.name, side, side_lane);
                     else
-                        issue_piece(p.receive_chunks, c, n, p.name, side, side_lane);
+                        add_piece(side_steps, p.receive_chunks, c, n, p.name, side, side_lane);
                 }
-                issue(p.post, p.name, side, side_lane);
-                if (overlap) done_event(b).record(moe_);
+                add_op(side_steps, p.post, p.name, side, side_lane);
+                if (overlap) add_record(moe_steps, done_event(b), moe_);
             }
             if (static_cast<std::size_t>(p.join) == i) {
-                if (overlap) backbone_.wait(done_event(b));
-                issue(p.consume, p.name, backbone_, "backbone");
+                if (overlap) add_wait(backbone_steps, done_event(b), backbone_);
+                add_op(backbone_steps, p.consume, p.name, backbone_, "backbone");
             }
         }
-        if (at_index) at_index(static_cast<int>(i), backbone_);
-        if (i < ns) issue(plan.segments[i], "", backbone_, "backbone");
+        if (at_index) backbone_steps.push_back({[&at_index, i, this] { at_index(static_cast<int>(i), backbone_); }});
+        if (i < ns) add_op(backbone_steps, plan.segments[i], "", backbone_, "backbone");
+    }
+
+    // Host issue order (review L1): an all-to-all may block the host until its stream has run
+    // (NcclCommunicator reads the exchanged counts; the emulated GPU does the same), so the
+    // backbone's program is issued as far ahead as its event waits allow before each MoE step. The
+    // streams' order and their event dependencies are those of the programs whatever the host
+    // order, so results do not change; the backbone has its segments queued while the host waits.
+    std::vector<bool> recorded(events_.size(), false);
+    auto issuable = [&](const Step& s) { return s.needs < 0 || recorded[static_cast<std::size_t>(s.needs)]; };
+    auto issue = [&](const Step& s) {
+        s.issue();
+        if (s.records >= 0) recorded[static_cast<std::size_t>(s.records)] = true;
+    };
+    std::size_t bi = 0, mi = 0;
+    while (bi < backbone_steps.size() || mi < moe_steps.size()) {
+        while (bi < backbone_steps.size() && issuable(backbone_steps[bi])) issue(backbone_steps[bi++]);
+        if (mi < moe_steps.size() && issuable(moe_steps[mi])) {
+            issue(moe_steps[mi++]);
+            continue;
+        }
+        SCMOE_CHECK(bi == backbone_steps.size() && mi == moe_steps.size(),
+                    "LayerScheduler.run: " << plan.name << " plan: each stream waits for an event the other records "
+                                                           "later (a circular plan)");
     }
 }
 
