@@ -108,6 +108,8 @@ public:
     const Schedule& backward_schedule() const { return bwd_schedule_; }
     // The chosen slots and chunks, one line per MoE branch and pass.
     std::string describe_schedule() const;
+    // How the passes issue their ops from the host (LayerScheduler): default IssueOrder::kBackboneAhead.
+    void set_issue_order(IssueOrder order) { scheduler_->set_issue_order(order); }
 
     // input, output: [tokens, hidden] in the compute dtype, on the device. Enqueued on the stack's
     // streams; output is complete once synchronize() returns. Without calibrate(), every expert

@@ -265,9 +265,22 @@ namespace {
 struct Step {
     std::function<void()> issue;
     std::ptrdiff_t needs = -1, records = -1;
+    std::size_t seq = 0;    // position in the plan's program order (both streams together)
+    bool blocking = false;  // an exchange: may block the host until its stream has run
 };
 
 }  // namespace
+
+const char* issue_order_name(IssueOrder order) {
+    return order == IssueOrder::kProgram ? "program" : "ahead";
+}
+
+IssueOrder parse_issue_order(const std::string& name) {
+    if (name == "ahead") return IssueOrder::kBackboneAhead;
+    if (name == "program") return IssueOrder::kProgram;
+    SCMOE_FAIL("issue order '" << name << "': expected ahead (the backbone issued ahead of blocking exchanges) or "
+                                          "program (the plan's order, which drains the backbone at each exchange)");
+}
 
 void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, bool overlap, Tracer* trace,
                          const IndexHook& at_index) {
@@ -278,18 +291,26 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
     // The pass as two programs in stream order: the backbone stream's and the MoE stream's (with
     // overlap off, one program on the backbone stream).
     std::vector<Step> backbone_steps, moe_steps;
+    std::size_t next_seq = 0;
+    auto push = [&next_seq](std::vector<Step>& steps, Step step) {
+        step.seq = next_seq++;
+        steps.push_back(std::move(step));
+    };
     std::vector<Step>& side_steps = overlap ? moe_steps : backbone_steps;
     Stream& side = overlap ? moe_ : backbone_;
     const char* side_lane = overlap ? "moe" : "backbone";
     auto add_op = [&](std::vector<Step>& steps, ScheduleOp op, const std::string& owner, Stream& stream,
                       const char* lane) {
         if (!op.run) return;
-        steps.push_back({[op = std::move(op), owner, &stream, lane, trace] {
-            if (trace)
-                trace->op(owner.empty() ? op.name : op.name + "[" + owner + "]", lane, stream, op.run, op.comm);
-            else
-                op.run(stream);
-        }});
+        const bool blocking = op.comm;
+        push(steps, {[op = std::move(op), owner, &stream, lane, trace] {
+                         if (trace)
+                             trace->op(owner.empty() ? op.name : op.name + "[" + owner + "]", lane, stream, op.run,
+                                       op.comm);
+                         else
+                             op.run(stream);
+                     },
+                     -1, -1, 0, blocking});
     };
     auto add_piece = [&](std::vector<Step>& steps, const ChunkedOp& op, int c, int n, const std::string& owner,
                          Stream& stream, const char* lane) {
@@ -298,11 +319,11 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
     };
     auto add_record = [&](std::vector<Step>& steps, std::size_t e, Stream& stream) {
         Event& ev = event(e);
-        steps.push_back({[&ev, &stream] { ev.record(stream); }, -1, static_cast<std::ptrdiff_t>(e)});
+        push(steps, {[&ev, &stream] { ev.record(stream); }, -1, static_cast<std::ptrdiff_t>(e)});
     };
     auto add_wait = [&](std::vector<Step>& steps, std::size_t e, Stream& stream) {
         Event& ev = event(e);
-        steps.push_back({[&ev, &stream] { stream.wait(ev); }, static_cast<std::ptrdiff_t>(e), -1});
+        push(steps, {[&ev, &stream] { stream.wait(ev); }, static_cast<std::ptrdiff_t>(e), -1});
     };
 
     // Pieces per branch (1 = the unchunked stages).
@@ -364,31 +385,38 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
                 add_op(backbone_steps, p.consume, p.name, backbone_, "backbone");
             }
         }
-        if (at_index) backbone_steps.push_back({[&at_index, i, this] { at_index(static_cast<int>(i), backbone_); }});
+        if (at_index) push(backbone_steps, {[&at_index, i, this] { at_index(static_cast<int>(i), backbone_); }});
         if (i < ns) add_op(backbone_steps, plan.segments[i], "", backbone_, "backbone");
     }
 
-    // Host issue order (review L1): an all-to-all may block the host until its stream has run
-    // (NcclCommunicator reads the exchanged counts; the emulated GPU does the same), so the
-    // backbone's program is issued as far ahead as its event waits allow before each MoE step. The
-    // streams' order and their event dependencies are those of the programs whatever the host
-    // order, so results do not change; the backbone has its segments queued while the host waits.
+    // Host issue order (review L1). An exchange may block the host until its stream has run
+    // (NcclCommunicator reads the exchanged counts; the emulated GPU does the same). In
+    // kBackboneAhead order every op goes out in program order, except that before each exchange
+    // the backbone's program is issued as far ahead as its event waits allow, so the backbone has
+    // its segments queued while the host waits. The other MoE-stream ops keep their program order
+    // relative to the backbone's (a branch's route is issued before the shared expert that follows
+    // it in the program: the layer's stage methods record their inputs when issued). The streams'
+    // order and their event dependencies are the programs' whatever the host order, so results do
+    // not change.
     std::vector<bool> recorded(events_.size(), false);
     auto issuable = [&](const Step& s) { return s.needs < 0 || recorded[static_cast<std::size_t>(s.needs)]; };
     auto issue = [&](const Step& s) {
+        SCMOE_CHECK(issuable(s), "LayerScheduler.run: " << plan.name
+                                                        << " plan: a stream waits for an event recorded later");
         s.issue();
         if (s.records >= 0) recorded[static_cast<std::size_t>(s.records)] = true;
     };
     std::size_t bi = 0, mi = 0;
     while (bi < backbone_steps.size() || mi < moe_steps.size()) {
-        while (bi < backbone_steps.size() && issuable(backbone_steps[bi])) issue(backbone_steps[bi++]);
-        if (mi < moe_steps.size() && issuable(moe_steps[mi])) {
-            issue(moe_steps[mi++]);
+        const bool backbone_next =
+            mi == moe_steps.size() || (bi < backbone_steps.size() && backbone_steps[bi].seq < moe_steps[mi].seq);
+        if (backbone_next) {
+            issue(backbone_steps[bi++]);
             continue;
         }
-        SCMOE_CHECK(bi == backbone_steps.size() && mi == moe_steps.size(),
-                    "LayerScheduler.run: " << plan.name << " plan: each stream waits for an event the other records "
-                                                           "later (a circular plan)");
+        if (issue_order_ == IssueOrder::kBackboneAhead && moe_steps[mi].blocking)
+            while (bi < backbone_steps.size() && issuable(backbone_steps[bi])) issue(backbone_steps[bi++]);
+        issue(moe_steps[mi++]);
     }
 }
 

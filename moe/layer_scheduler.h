@@ -122,6 +122,18 @@ double model_branch_ms(const SchedulePlan& plan, const Schedule& schedule, std::
 // whole). Throws for a negative count.
 void choose_chunks(const SchedulePlan& plan, Schedule& schedule, int forced_chunks = 0);
 
+// The order in which LayerScheduler::run issues a pass's ops from the host. An all-to-all that
+// blocks the host until its stream has run (NcclCommunicator, the emulated GPU) leaves the backbone
+// stream idle if the backbone's next segments are not enqueued yet (review L1).
+enum class IssueOrder {
+    kBackboneAhead,  // default: program order, except that before each exchange the backbone's ops
+                     // are issued as far ahead as their event waits allow
+    kProgram,        // the plan's program order, one op after the other (before the L1 fix; kept to
+                     // measure the drain it causes: scmoe-bench block --issue-order program)
+};
+const char* issue_order_name(IssueOrder order);  // "ahead", "program"
+IssueOrder parse_issue_order(const std::string& name);  // throws naming the choices
+
 class LayerScheduler {
 public:
     // backbone, moe: the two streams (distinct). agree: when set, calibrate() averages the measured
@@ -131,6 +143,8 @@ public:
 
     Stream& backbone() { return backbone_; }
     Stream& moe() { return moe_; }
+    void set_issue_order(IssueOrder order) { issue_order_ = order; }
+    IssueOrder issue_order() const { return issue_order_; }
 
     // Runs the plan `repeats` times serially with a synchronize after every op (chunkable branches
     // also as max_chunks pieces), keeps each op's fastest time, averages over `agree`, and chooses
@@ -159,6 +173,7 @@ private:
     std::vector<std::unique_ptr<Event>> events_;
     void* agree_buffer_ = nullptr;  // device memory for averaging the times
     std::size_t agree_capacity_ = 0;
+    IssueOrder issue_order_ = IssueOrder::kBackboneAhead;
 };
 
 }  // namespace scmoe

@@ -87,6 +87,11 @@ std::vector<MeetResult> meet_in_stack(const ExchangeCase& c, bool overlap, doubl
         auto device = make_device("cpu");
         testing::RendezvousCommunicator comm(local);
         BlockStack stack(config, *device, T, &comm);
+        // The rendezvous arms the first backbone op issued after the exchange: in program order that
+        // is the window's first op. (Issued backbone-ahead, the window's ops go out before the
+        // exchange and the next one issued is the expert FFN, which waits for the exchange.) The
+        // streams' programs, and so what runs beside what, do not depend on the issue order.
+        stack.set_issue_order(IssueOrder::kProgram);
         testing::init_params(stack, 5, 2, r);
         auto x = testing::make_input(T, H, 1 + static_cast<std::uint64_t>(r)), gy = testing::make_input(T, H, 2);
         std::vector<float> y(x.size()), gx(x.size());

@@ -1,10 +1,10 @@
 // The real BlockStack on emulated GPUs. The emulated timeline is deterministic; and the GPU stream
-// drain of review L1 is reproduced: the real BlockStack and
-// LayerScheduler on two emulated A800s with emulated NCCL. At a branch's `ready` index the
-// scheduler issues the MoE stream's pre + send before the backbone's next segment; send's
-// all-to-all blocks the host (as NcclCommunicator does) until the MoE stream has run pre and the
-// count exchange, and meanwhile the backbone has nothing queued: it idles. The emulated trace shows
-// that idle time on the backbone lane, covering the exchange's start.
+// drain of review L1 is reproduced and its fix proven: the real BlockStack and LayerScheduler on two
+// emulated A800s with emulated NCCL. Issued in program order, a branch's pre + send go out before
+// the backbone's next segment; send's all-to-all blocks the host (as NcclCommunicator does) until
+// the MoE stream has run pre and the count exchange, and meanwhile the backbone has nothing queued:
+// it idles. The emulated trace shows that idle time on the backbone lane; issued backbone-ahead,
+// it is gone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,8 +58,9 @@ BlockStackConfig gpt2_small_pos2() {
     return block_variant("scmoe-pos2", backbone, moe, true, 2);
 }
 
-// One traced forward of the stack on each of two emulated A800s; rank 0's trace.
-std::vector<TraceEntry> traced_forward(bool overlap) {
+// One traced forward of the calibrated stack on each of two emulated A800s, its ops issued in
+// `order`; rank 0's trace.
+std::vector<TraceEntry> traced_forward(bool overlap, IssueOrder order = IssueOrder::kBackboneAhead) {
     auto group = EmuGroup::create(cluster_topology("a800-nvlink-8"), {0, 1});
     std::vector<std::vector<TraceEntry>> traces(2);
     std::vector<std::string> errors(2);
@@ -74,6 +75,8 @@ std::vector<TraceEntry> traced_forward(bool overlap) {
                 BlockStack stack(config, *device, tokens, comm.get());
                 DeviceBuffer x(*device, tokens * hidden * 2), y(*device, tokens * hidden * 2);
                 Tensor in(x.data(), DType::kBF16, {tokens, hidden}), out(y.data(), DType::kBF16, {tokens, hidden});
+                stack.set_issue_order(order);
+                stack.calibrate(in, in);  // the slots from the modeled times, as scmoe-bench and scmoe-train do
                 stack.forward(in, out, overlap);  // warm-up: first-use allocations
                 stack.synchronize();
                 Tracer trace(*device, r);
@@ -102,41 +105,68 @@ const TraceEntry* find(const std::vector<TraceEntry>& trace, const std::string& 
     return nullptr;
 }
 
-// Review L1, both drains of a forward, with overlap on:
-//  - at the branch's ready index the backbone has nothing queued while the MoE stream runs the gate
-//    and the dispatch (its count exchange blocks the host): the backbone idles through all of it;
-//  - at the expert slot, collect's count exchange blocks the host until the experts (on the
-//    backbone) are done, before the segments after the slot are enqueued: the backbone idles again
-//    for at least the exchange's latency.
-// The GPU-path issue's fix (issue the backbone segments before each blocking call) must make these
-// idle stretches vanish; this test then inverts to prove it.
-TEST(EmuDrain, BlockingExchangesIdleTheBackboneAtTheBranchStartAndAtTheSlot) {
-    const std::vector<TraceEntry> trace = traced_forward(true);
+struct DrainFigures {
+    double pre_and_send_us, idle_in_pre_and_send_us, idle_after_experts_us, idle_total_us, forward_us;
+};
+
+// The backbone's idle time in rank 0's traced forward: through the first branch's gate + dispatch,
+// from the end of its experts to the end of its collect, and in all.
+DrainFigures drain_figures(IssueOrder order) {
+    const std::vector<TraceEntry> trace = traced_forward(true, order);
     const auto idle = idle_stretches(trace, "backbone");
     const TraceEntry* gate = find(trace, "moe", "gate[");
     const TraceEntry* dispatch = find(trace, "moe", "dispatch[");
     const TraceEntry* experts = find(trace, "backbone", "experts[");
     const TraceEntry* collect = find(trace, "moe", "collect[");
-    ASSERT_TRUE(gate && dispatch && experts && collect) << "the trace lacks a branch's gate, dispatch, experts or collect";
+    EXPECT_TRUE(gate && dispatch && experts && collect) << "the trace lacks a branch's gate, dispatch, experts or collect";
+    if (!(gate && dispatch && experts && collect)) return {};
     const Interval pre_and_send{gate->start_us, dispatch->start_us + dispatch->duration_us};
-    EXPECT_NEAR(idle_within(idle, pre_and_send), pre_and_send.end - pre_and_send.start, 1e-6)
-        << "the backbone ran during the branch's gate and dispatch: the drain at `ready` is gone";
     const Interval after_experts{experts->start_us + experts->duration_us, collect->start_us + collect->duration_us};
+    DrainFigures f{pre_and_send.end - pre_and_send.start, idle_within(idle, pre_and_send),
+                   idle_within(idle, after_experts), 0, 0};
+    for (const Interval& i : idle) f.idle_total_us += i.end - i.start;
+    for (const TraceEntry& e : trace) f.forward_us = std::max(f.forward_us, e.start_us + e.duration_us);
+    std::printf("issue order %s: backbone idle %.1f us of a %.1f us forward: %.1f us of the %.1f us gate + dispatch, "
+                "%.1f us after the experts\n",
+                issue_order_name(order), f.idle_total_us, f.forward_us, f.idle_in_pre_and_send_us, f.pre_and_send_us,
+                f.idle_after_experts_us);
+    return f;
+}
+
+// Review L1, both drains of a forward, reproduced with the ops issued in program order (as scmoe
+// did before the fix), overlap on:
+//  - at the branch's ready index the backbone has nothing queued while the MoE stream runs the gate
+//    and the dispatch (its count exchange blocks the host): the backbone idles through most of it
+//    (202 of 348 us; it still runs what was queued before the ready index);
+//  - at the expert slot, collect blocks the host until the experts (on the backbone) are done,
+//    before the segments after the slot are enqueued: the backbone idles again for at least the
+//    exchange's latency.
+TEST(EmuDrain, ProgramOrderIdlesTheBackboneAtTheBranchStartAndAtTheSlot) {
+    const DrainFigures f = drain_figures(IssueOrder::kProgram);
+    EXPECT_GT(f.pre_and_send_us, 0);
+    EXPECT_GT(f.idle_in_pre_and_send_us, 0.5 * f.pre_and_send_us)
+        << "the backbone ran through the branch's gate and dispatch: the drain at `ready` is gone";
     // The count exchange alone is 8.4 + 3.4 us on NVLink (comm/topology.h).
-    EXPECT_GT(idle_within(idle, after_experts), 8.4 + 3.4)
-        << "the backbone went on right after the experts: the drain at the slot is gone";
-    double idle_total = 0;
-    for (const Interval& i : idle) idle_total += i.end - i.start;
-    std::printf("backbone idle %.1f us of a %.1f us forward: %.1f us through gate + dispatch, %.1f us after the "
-                "experts\n",
-                idle_total, trace.back().start_us + trace.back().duration_us, idle_within(idle, pre_and_send),
-                idle_within(idle, after_experts));
+    EXPECT_GT(f.idle_after_experts_us, 8.4 + 3.4) << "the backbone went on right after the experts";
+}
+
+// The fix (LayerScheduler's default IssueOrder::kBackboneAhead): the backbone's segments are
+// enqueued before each blocking exchange, so the backbone computes through the gate, the dispatch
+// and the collect, and the same forward ends earlier.
+TEST(EmuDrain, IssuingTheBackboneAheadKeepsItBusyThroughEveryExchange) {
+    const DrainFigures drained = drain_figures(IssueOrder::kProgram);
+    const DrainFigures fixed = drain_figures(IssueOrder::kBackboneAhead);
+    EXPECT_NEAR(fixed.idle_in_pre_and_send_us, 0, 1e-6) << "the backbone idled during the gate and dispatch";
+    EXPECT_NEAR(fixed.idle_after_experts_us, 0, 1e-6) << "the backbone idled after the experts";
+    EXPECT_LT(fixed.idle_total_us, drained.idle_total_us);
+    EXPECT_LT(fixed.forward_us, drained.forward_us);
 }
 
 // Virtual time: the same run gives the same timeline to the last bit, whatever the host's load or
 // the order in which the rank threads happen to run.
 TEST(EmuBlock, TheEmulatedTimelineIsDeterministic) {
     const std::vector<TraceEntry> a = traced_forward(true), b = traced_forward(true);
+    ASSERT_FALSE(a.empty());
     ASSERT_EQ(a.size(), b.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
         EXPECT_EQ(a[i].name, b[i].name);
