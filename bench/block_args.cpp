@@ -39,6 +39,9 @@ cxxopts::Options block_options() {
         ("chunks", "pieces of the chunked a2a / expert-FFN pipeline (Tutel-style; a piece is a group of each rank's "
          "local experts): auto (chosen per branch from the calibrated times) or N (1 = off, at most experts / ranks)",
          cxxopts::value<std::string>()->default_value("auto"))
+        ("issue-order", "how each pass issues its ops from the host: ahead (the backbone's segments before each "
+         "exchange that blocks the host) or program (the plan's order: the backbone drains at every exchange on a GPU, "
+         "review L1; to measure that drain)", cxxopts::value<std::string>()->default_value("ahead"))
         ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json",
          cxxopts::value<std::string>()->default_value(""))
         ("cluster", "emu: the emulated cluster the in-process ranks form (comm/topology.h presets: a30-pcie-8, "
@@ -84,6 +87,11 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
     if (gate != "cg1" && gate != "add") throw UsageError("--gate must be cg1 or add");
     a.coefficient_gate = gate == "cg1";
     a.trace = r["trace"].as<std::string>();
+    try {
+        a.issue_order = parse_issue_order(r["issue-order"].as<std::string>());
+    } catch (const Error& e) {
+        throw UsageError(std::string("--issue-order: ") + e.what());
+    }
     const std::string chunks = r["chunks"].as<std::string>();
     if (chunks != "auto") {
         std::size_t used = 0;
@@ -138,6 +146,7 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
     j["activation"] = activation_name(a.activation);
     j["capacity_factor"] = a.capacity_factor;
     j["gate"] = a.coefficient_gate ? "cg1" : "add";
+    j["issue_order"] = issue_order_name(a.issue_order);
     j["chunks"] = a.chunks == 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.chunks);
     if (!a.cluster.empty()) j["cluster"] = a.cluster;
     return j;

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "kernels/activation.h"
 #include "moe/config.h"
+#include "moe/layer_scheduler.h"
 
 namespace scmoe::bench {
 
@@ -30,6 +31,7 @@ struct BlockArgs {
     Activation activation = Activation::kSwiGLU;
     float capacity_factor = 1.25f;
     int chunks = 0;  // chunked a2a/expert pipeline: 0 = auto, N = forced
+    IssueOrder issue_order = IssueOrder::kBackboneAhead;  // how the passes issue their ops (review L1)
     std::string trace;
     std::string cluster;  // emu: the Topology preset of the in-process ranks
 };

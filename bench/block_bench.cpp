@@ -102,9 +102,10 @@ struct RankStack {
     std::unique_ptr<BlockStack> stack;
     DeviceBuffer x, gy, out, gx;
     RankStack(const BlockStackConfig& c, Device& device, Stream& stream, std::int64_t T, Communicator* comm, int rank,
-              int chunks = 0) {
+              int chunks = 0, IssueOrder order = IssueOrder::kBackboneAhead) {
         stack = std::make_unique<BlockStack>(c, device, T, comm);
         stack->set_expert_chunks(chunks);
+        stack->set_issue_order(order);
         const ParamSet& p = stack->backbone_params();
         for (std::size_t i = 0; i < p.specs().size(); ++i)
             upload_uniform(device, stream, p[i].data, p[i].dtype, p[i].numel(), 0.05f, 100 + i);
@@ -199,7 +200,7 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
     for (std::size_t v = 0; v < nv; ++v) {
         const std::string& name = a.variants[v];
         const BlockStackConfig c = variant_config(a, name, device->compute_dtype());
-        stacks.push_back(std::make_unique<RankStack>(c, *device, *stream, a.tokens, ep, rank, a.chunks));
+        stacks.push_back(std::make_unique<RankStack>(c, *device, *stream, a.tokens, ep, rank, a.chunks, a.issue_order));
         RankStack& rs = *stacks.back();
         rs.stack->calibrate(rs.t(rs.x), rs.t(rs.gy), 2);
         if (rank == 0) {
