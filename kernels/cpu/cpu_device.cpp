@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "kernels/error.h"
+#include "kernels/host_syncs.h"
 
 namespace scmoe::cpu {
 namespace {
@@ -29,6 +30,7 @@ class CpuEvent final : public Event {
 public:
     void record(Stream& stream) override;
     void synchronize() const override {
+        detail::count_host_sync();
         std::unique_lock lock(mu_);
         std::uint64_t target = recorded_;
         cv_.wait(lock, [&] { return completed_ >= target; });
@@ -129,6 +131,7 @@ public:
     // Completes the event in stream order, also after a failure (which it passes on).
     void record_event(CpuEvent& event, std::uint64_t generation) { enqueue({nullptr, {&event, generation}}); }
     void synchronize() override {
+        detail::count_host_sync();
         std::unique_lock lock(mu_);
         std::uint64_t target = enqueued_;
         done_cv_.wait(lock, [&] { return finished_ >= target; });

@@ -10,6 +10,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/stream_resources.cuh"
+#include "kernels/host_syncs.h"
 
 namespace scmoe::cuda {
 
@@ -185,6 +186,7 @@ class CudaStream final : public Stream {
     void* native_handle() const override { return stream_; }
 
     void synchronize() override {
+        detail::count_host_sync();
         DeviceGuard guard(device_);
         SCMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
         SCMOE_CUDA_CHECK(cudaGetLastError());
@@ -236,6 +238,7 @@ class CudaEvent final : public Event {
         SCMOE_CUDA_CHECK(cudaEventRecord(event_, static_cast<cudaStream_t>(stream.native_handle())));
     }
     void synchronize() const override {
+        detail::count_host_sync();
         DeviceGuard guard(device_);
         SCMOE_CUDA_CHECK(cudaEventSynchronize(event_));
     }

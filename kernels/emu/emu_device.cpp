@@ -11,6 +11,7 @@
 
 #include "kernels/emu/cost_model.h"
 #include "kernels/error.h"
+#include "kernels/host_syncs.h"
 
 namespace scmoe::emu {
 namespace {
@@ -23,6 +24,7 @@ class EmuEventImpl final : public Event {
 public:
     void record(Stream& stream) override;
     void synchronize() const override {
+        detail::count_host_sync();
         if (!timeline_) return;
         timeline_->synchronize(state_, state_->recorded);
     }
@@ -230,7 +232,10 @@ EmuDevice& EmuStreamImpl::device() { return device_; }
 Timeline& EmuStreamImpl::timeline() { return device_.timeline(); }
 const GpuSpec& EmuStreamImpl::spec() const { return device_.spec(); }
 
-void EmuStreamImpl::synchronize() { timeline().synchronize(id_); }
+void EmuStreamImpl::synchronize() {
+    detail::count_host_sync();
+    timeline().synchronize(id_);
+}
 
 void EmuStreamImpl::copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0) return;
