@@ -48,6 +48,14 @@ double comm_timeout_seconds() {
 
 namespace comm_detail {
 
+void check_known_counts(int rank, int size, const std::int64_t* expected, const std::int64_t* received) {
+    for (int p = 0; p < size; ++p)
+        SCMOE_CHECK(expected[p] == received[p],
+                    "rank " << rank << ": all_to_all_v_known: rank " << p << " sends " << received[p]
+                            << " elements, this rank was told to receive " << expected[p]
+                            << " (the receive counts do not match the exchange)");
+}
+
 const char* comm_op_name(CommOp op) {
     switch (op) {
         case CommOp::kAllToAllV:
@@ -60,6 +68,8 @@ const char* comm_op_name(CommOp op) {
             return "broadcast";
         case CommOp::kBarrier:
             return "barrier";
+        case CommOp::kAllToAllVKnown:
+            return "all_to_all_v_known";
     }
     return "?";
 }

@@ -62,6 +62,20 @@ class Communicator {
     virtual void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
                               DType dtype, Stream& stream) = 0;
 
+    // all_to_all_v when this rank already knows what it receives (e.g. the reverse of an exchange it
+    // made: collect after dispatch). No count exchange, so NcclCommunicator and the emulated NCCL
+    // neither exchange counts nor make the host wait: the call enqueues the data exchange and returns.
+    //   recv_counts  [size()] in: elements received from each peer; must equal what each peer sends
+    //                to this rank.
+    // When the counts are read: NcclCommunicator and the emulated NCCL read both count arrays when
+    // the call is made (they must hold their values then); the host-task communicators when the work
+    // runs. A mismatch with what the peers send is an error (raised like any collective error) where
+    // the transport can see it: LocalCommunicator and MpiCommunicator check it (they still exchange
+    // the counts, as a check, inside their stream work), the emulated NCCL too; NcclCommunicator
+    // cannot, and a wrong count there is a wrong result or a hang, as with ncclSend/ncclRecv.
+    virtual void all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                                    const std::int64_t* recv_counts, DType dtype, Stream& stream) = 0;
+
     // In place: buf [count] becomes the element-wise sum over all ranks, added in rank order
     // (f32: fp32 adds; bf16: fp32 accumulation rounded once to bf16; i32: wrapping adds).
     // `count` and `dtype` must match on every rank.

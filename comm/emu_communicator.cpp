@@ -26,6 +26,7 @@ struct EmuCall {
     std::vector<std::vector<std::int64_t>> send_counts;  // all_to_all_v: per member
     std::vector<std::vector<char>> staged;               // small payloads, per member
     std::shared_ptr<emu::Rendezvous> counts_meet, data_meet;
+    int rows_known = 0;  // all_to_all_v_known: members whose send counts are in
     int finished = 0;
 };
 
@@ -143,19 +144,59 @@ public:
         enqueue_stage(s, seq, send, static_cast<std::size_t>(total_send) * esize);
         enqueue_comm(s, "all_to_all_v", data_meet, [&st, seq, m = member_, n, recv, esize, received = staging_] {
             std::scoped_lock lock(st.mu);
-            EmuCall& c = st.calls.at(seq);
-            std::size_t at = 0;
-            for (int p = 0; p < n; ++p) {
-                const auto& from = c.staged[static_cast<std::size_t>(p)];
-                const auto& counts = c.send_counts[static_cast<std::size_t>(p)];
-                const std::size_t segment = static_cast<std::size_t>(received[static_cast<std::size_t>(p)]) * esize;
-                if (!from.empty() && segment > 0) {
-                    std::size_t offset = 0;  // where p's segment for m starts in p's send buffer
-                    for (int q = 0; q < m; ++q) offset += static_cast<std::size_t>(counts[static_cast<std::size_t>(q)]) * esize;
-                    std::memcpy(static_cast<char*>(recv) + at, from.data() + offset, segment);
-                }
-                at += segment;
+            deliver(st.calls.at(seq), m, n, recv, esize, received);
+            st.finish(seq);
+        });
+    }
+
+    // No count exchange and no host wait, as NcclCommunicator: each member's counts are read now;
+    // the exchange's duration is known once every member has issued (a deferred rendezvous), and
+    // when the members meet the receive counts are checked against what the peers send.
+    void all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                            const std::int64_t* recv_counts, DType dtype, Stream& stream) override {
+        SCMOE_CHECK(send_counts && recv_counts,
+                    "rank " << member_ << ": all_to_all_v_known: null send_counts or recv_counts");
+        emu::EmuStream& s = emu_stream(stream, "all_to_all_v_known");
+        EmuGroup::State& st = state();
+        const int n = size();
+        const std::uint64_t seq = seq_;
+        std::vector<std::int64_t> expected(recv_counts, recv_counts + n);
+        std::int64_t total_send = 0;
+        for (int p = 0; p < n; ++p) {
+            SCMOE_CHECK(send_counts[p] >= 0 && recv_counts[p] >= 0,
+                        "rank " << member_ << ": all_to_all_v_known: send_counts[" << p << "] = " << send_counts[p]
+                                << ", recv_counts[" << p << "] = " << recv_counts[p] << " (negative)");
+            total_send += send_counts[p];
+        }
+        SCMOE_CHECK(total_send == 0 || send, "rank " << member_ << ": all_to_all_v_known: a null send buffer");
+        std::shared_ptr<emu::Rendezvous> data_meet;
+        {
+            std::scoped_lock lock(st.mu);
+            EmuCall& c = st.call(seq, member_, CommOp::kAllToAllVKnown, 0, dtype, 0);
+            ++seq_;
+            c.send_counts[static_cast<std::size_t>(member_)].assign(send_counts, send_counts + n);
+            if (!c.data_meet) c.data_meet = emu::Rendezvous::deferred(n);
+            if (++c.rows_known == n) {
+                const double esize = static_cast<double>(dtype_size(dtype));
+                std::vector<double> bytes(static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
+                for (int i = 0; i < n; ++i)
+                    for (int j = 0; j < n; ++j)
+                        bytes[static_cast<std::size_t>(i * n + j)] =
+                            esize * static_cast<double>(c.send_counts[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)]);
+                c.data_meet->set_durations(all_to_all_us(st.topology, st.ranks, bytes));
             }
+            data_meet = c.data_meet;
+        }
+        const std::size_t esize = dtype_size(dtype);
+        enqueue_stage(s, seq, send, static_cast<std::size_t>(total_send) * esize);
+        enqueue_comm(s, "all_to_all_v_known", data_meet, [&st, seq, m = member_, n, recv, esize, expected] {
+            std::scoped_lock lock(st.mu);
+            EmuCall& c = st.calls.at(seq);
+            std::vector<std::int64_t> sent_here(static_cast<std::size_t>(n));
+            for (int p = 0; p < n; ++p)
+                sent_here[static_cast<std::size_t>(p)] = c.send_counts[static_cast<std::size_t>(p)][static_cast<std::size_t>(m)];
+            comm_detail::check_known_counts(m, n, expected.data(), sent_here.data());
+            deliver(c, m, n, recv, esize, expected);
             st.finish(seq);
         });
     }
@@ -201,6 +242,25 @@ public:
     }
 
 private:
+    // Under the state's lock, when an all-to-all completes: member m's receive buffer gets, from
+    // each peer p, the `received[p]` elements p staged for it (payloads small enough to have been
+    // staged for real; larger ones are modeled only).
+    static void deliver(const EmuCall& c, int m, int n, void* recv, std::size_t esize,
+                        const std::vector<std::int64_t>& received) {
+        std::size_t at = 0;
+        for (int p = 0; p < n; ++p) {
+            const auto& from = c.staged[static_cast<std::size_t>(p)];
+            const auto& counts = c.send_counts[static_cast<std::size_t>(p)];
+            const std::size_t segment = static_cast<std::size_t>(received[static_cast<std::size_t>(p)]) * esize;
+            if (!from.empty() && segment > 0) {
+                std::size_t offset = 0;  // where p's segment for m starts in p's send buffer
+                for (int q = 0; q < m; ++q) offset += static_cast<std::size_t>(counts[static_cast<std::size_t>(q)]) * esize;
+                std::memcpy(static_cast<char*>(recv) + at, from.data() + offset, segment);
+            }
+            at += segment;
+        }
+    }
+
     const EmuGroup::State& state() const { return group_->state(); }
     EmuGroup::State& state() { return group_->state(); }
 

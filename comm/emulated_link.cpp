@@ -180,21 +180,32 @@ void EmulatedLink::finish(Stream& stream, LinkOp op, std::shared_ptr<Pending> pe
     });
 }
 
+namespace {
+// Bytes an all-to-all moves to or from the other ranks; null counts are left for the wrapped op to
+// reject.
+double off_rank_bytes(const std::int64_t* counts, int me, int n, DType dtype) {
+    double elements = 0.0;
+    if (counts != nullptr)
+        for (int p = 0; p < n; ++p)
+            if (p != me) elements += static_cast<double>(std::max<std::int64_t>(counts[p], 0));
+    return elements * static_cast<double>(dtype_size(dtype));
+}
+}  // namespace
+
 void EmulatedLink::all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv,
                                 std::int64_t* recv_counts, DType dtype, Stream& stream) {
     const int me = rank(), n = size();
-    const double esize = static_cast<double>(dtype_size(dtype));
-    // Bytes to or from the other ranks; null counts are left for the wrapped op to reject.
-    auto off_rank_bytes = [me, n, esize](const std::int64_t* counts) {
-        double elements = 0.0;
-        if (counts != nullptr)
-            for (int p = 0; p < n; ++p)
-                if (p != me) elements += static_cast<double>(std::max<std::int64_t>(counts[p], 0));
-        return elements * esize;
-    };
-    auto pending = start(stream, [=] { return off_rank_bytes(send_counts); });
+    auto pending = start(stream, [=] { return off_rank_bytes(send_counts, me, n, dtype); });
     inner_->all_to_all_v(send, send_counts, recv, recv_counts, dtype, stream);
-    finish(stream, LinkOp::kAllToAllV, std::move(pending), [=] { return off_rank_bytes(recv_counts); });
+    finish(stream, LinkOp::kAllToAllV, std::move(pending), [=] { return off_rank_bytes(recv_counts, me, n, dtype); });
+}
+
+void EmulatedLink::all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                                      const std::int64_t* recv_counts, DType dtype, Stream& stream) {
+    const int me = rank(), n = size();
+    auto pending = start(stream, [=] { return off_rank_bytes(send_counts, me, n, dtype); });
+    inner_->all_to_all_v_known(send, send_counts, recv, recv_counts, dtype, stream);
+    finish(stream, LinkOp::kAllToAllV, std::move(pending), [=] { return off_rank_bytes(recv_counts, me, n, dtype); });
 }
 
 void EmulatedLink::all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) {

@@ -23,6 +23,7 @@ std::string describe(const Call& c) {
     os << comm_op_name(c.op) << "(";
     switch (c.op) {
         case CommOp::kAllToAllV:
+        case CommOp::kAllToAllVKnown:
             os << dtype_name(c.dtype);
             break;
         case CommOp::kAllReduceSum:
@@ -44,6 +45,7 @@ bool compatible(const Call& a, const Call& b) {
     if (a.op != b.op || a.on_device != b.on_device || a.device != b.device) return false;
     switch (a.op) {
         case CommOp::kAllToAllV:
+        case CommOp::kAllToAllVKnown:
             return a.dtype == b.dtype;
         case CommOp::kAllReduceSum:
         case CommOp::kAllGather:
@@ -192,15 +194,34 @@ std::string LocalCommunicator::name() const {
 
 void LocalCommunicator::all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv,
                                      std::int64_t* recv_counts, DType dtype, Stream& stream) {
-    const std::uint64_t seq = next_seq_++;
     if (stream.backend() == Backend::kCuda)
-        return device_path().all_to_all_v(seq, send, send_counts, recv, recv_counts, dtype, stream);
+        return device_path().all_to_all_v(next_seq_++, send, send_counts, recv, recv_counts, dtype, stream);
+    host_all_to_all_v(send, send_counts, recv, recv_counts, nullptr, dtype, stream);
+}
+
+void LocalCommunicator::all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                                           const std::int64_t* recv_counts, DType dtype, Stream& stream) {
+    SCMOE_CHECK(recv_counts != nullptr, "rank " << rank_ << ": all_to_all_v_known: null recv_counts");
+    if (stream.backend() == Backend::kCuda) {
+        // The CUDA path exchanges the counts (and synchronizes) as all_to_all_v does; checked after.
+        std::vector<std::int64_t> received(static_cast<std::size_t>(size()));
+        device_path().all_to_all_v(next_seq_++, send, send_counts, recv, received.data(), dtype, stream);
+        comm_detail::check_known_counts(rank_, size(), recv_counts, received.data());
+        return;
+    }
+    host_all_to_all_v(send, send_counts, recv, nullptr, recv_counts, dtype, stream);
+}
+
+void LocalCommunicator::host_all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv,
+                                          std::int64_t* recv_counts, const std::int64_t* expected, DType dtype,
+                                          Stream& stream) {
+    const std::uint64_t seq = next_seq_++;
     const int rank = rank_;
     const int n = size();
     LocalGroup::Rendezvous& rv = group_->rendezvous();
     stream.host_task([=, &rv] {
         Call call{.op = CommOp::kAllToAllV, .dtype = dtype, .send = send, .recv = recv};
-        if (send_counts == nullptr || recv_counts == nullptr) {
+        if (send_counts == nullptr || (recv_counts == nullptr && expected == nullptr)) {
             call.invalid = "null send_counts or recv_counts to all_to_all_v";
         } else {
             call.send_counts.assign(send_counts, send_counts + n);
@@ -214,6 +235,13 @@ void LocalCommunicator::all_to_all_v(const void* send, const std::int64_t* send_
         }
         rv.run(rank, seq, std::move(call), [&](const std::vector<Call>& calls) {
             const std::size_t esize = dtype_size(dtype);
+            if (expected != nullptr) {
+                std::vector<std::int64_t> sent_here(static_cast<std::size_t>(n));
+                for (int s = 0; s < n; ++s)
+                    sent_here[static_cast<std::size_t>(s)] =
+                        calls[static_cast<std::size_t>(s)].send_counts[static_cast<std::size_t>(rank)];
+                comm_detail::check_known_counts(rank, n, expected, sent_here.data());
+            }
             std::int64_t offset = 0;
             for (int s = 0; s < n; ++s) {
                 const Call& c = calls[static_cast<std::size_t>(s)];
@@ -226,7 +254,7 @@ void LocalCommunicator::all_to_all_v(const void* send, const std::int64_t* send_
                                 static_cast<const char*>(c.send) + static_cast<std::size_t>(src_offset) * esize,
                                 static_cast<std::size_t>(count) * esize);
                 }
-                recv_counts[s] = count;
+                if (recv_counts != nullptr) recv_counts[s] = count;
                 offset += count;
             }
         });

@@ -30,6 +30,9 @@
 //     NcclCommunicator): the host needs the counts, which earlier work on the stream may still
 //     compute. It returns after the work enqueued before it has finished; recv_counts are filled
 //     in when it returns (host or device memory; send_counts may be either too).
+//     all_to_all_v_known does the same on CUDA streams (the counts still travel, and are checked
+//     against the ones given when the call returns); on host streams it checks them inside the
+//     stream's work before copying anything.
 //   Errors are thrown by the call itself, on every rank of the collective (a rank's own error,
 //   e.g. from a host task of its stream surfacing at that synchronization, fails the others too).
 //   Consecutive collectives of one communicator are ordered among themselves even when they are
@@ -95,6 +98,8 @@ class LocalCommunicator final : public Communicator {
 
     void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
                       DType dtype, Stream& stream) override;
+    void all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                            const std::int64_t* recv_counts, DType dtype, Stream& stream) override;
     void all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) override;
     void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override;
     void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override;
@@ -103,6 +108,10 @@ class LocalCommunicator final : public Communicator {
   private:
     // The CUDA path, created at the first call on a CUDA stream.
     local_detail::DeviceCollectives& device_path();
+    // all_to_all_v on host streams; `expected` (all_to_all_v_known's receive counts, or null) is
+    // checked against what the peers send before anything is copied.
+    void host_all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
+                           const std::int64_t* expected, DType dtype, Stream& stream);
 
     std::shared_ptr<LocalGroup> group_;
     int rank_;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -177,10 +178,24 @@ void MpiCommunicator::complete(Exchange& ex) {
 
 void MpiCommunicator::all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv,
                                    std::int64_t* recv_counts, DType dtype, Stream& stream) {
+    host_all_to_all_v(send, send_counts, recv, recv_counts, nullptr, dtype, stream);
+}
+
+// The counts still travel (one int64 per peer, inside the stream's work, which never blocks the
+// issuing thread here): they check the receive counts before any data is posted.
+void MpiCommunicator::all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                                         const std::int64_t* recv_counts, DType dtype, Stream& stream) {
+    SCMOE_CHECK(recv_counts != nullptr, "rank " << rank_ << ": all_to_all_v_known: null recv_counts");
+    host_all_to_all_v(send, send_counts, recv, nullptr, recv_counts, dtype, stream);
+}
+
+void MpiCommunicator::host_all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv,
+                                        std::int64_t* recv_counts, const std::int64_t* expected, DType dtype,
+                                        Stream& stream) {
     stream.host_task([=, this] {
         constexpr CommOp kOp = CommOp::kAllToAllV;
         check_usable(comm_op_name(kOp));
-        SCMOE_CHECK(send_counts != nullptr && recv_counts != nullptr,
+        SCMOE_CHECK(send_counts != nullptr && (recv_counts != nullptr || expected != nullptr),
                     "rank " << rank_ << ": all_to_all_v: null send_counts or recv_counts");
         const auto n = static_cast<std::size_t>(size_);
         const auto me = static_cast<std::size_t>(rank_);
@@ -202,6 +217,17 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::int64_t* send_co
         }
         counts_in[me] = counts_out[me];
         complete(counts);
+        // all_to_all_v_known: a receive count that differs from what the peer sends fails this rank,
+        // after the data exchange (received aside, so nothing lands in `recv`), so the peers complete.
+        std::exception_ptr mismatch;
+        if (expected != nullptr) {
+            try {
+                comm_detail::check_known_counts(rank_, size_, expected, counts_in.data());
+            } catch (const Error&) {
+                mismatch = std::current_exception();
+            }
+        }
+        std::vector<char> aside;
 
         const std::size_t esize = dtype_size(dtype);
         Exchange data{.op = kOp};
@@ -214,7 +240,12 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::int64_t* send_co
             SCMOE_CHECK(in_bytes == 0 || recv != nullptr, "rank " << rank_
                                                                   << ": all_to_all_v: null recv buffer but rank " << p
                                                                   << " sends " << counts_in[p]);
-            char* in = static_cast<char*>(recv) + recv_offset;
+            if (mismatch && aside.empty()) {
+                std::size_t all_in = 0;
+                for (std::size_t q = 0; q < n; ++q) all_in += static_cast<std::size_t>(counts_in[q]) * esize;
+                aside.resize(all_in + 1);
+            }
+            char* in = (mismatch ? aside.data() : static_cast<char*>(recv)) + recv_offset;
             auto* out = const_cast<char*>(static_cast<const char*>(send)) + send_offset;  // MPI takes void*
             if (p == me) {
                 if (in_bytes > 0) std::memcpy(in, out, in_bytes);
@@ -226,7 +257,8 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::int64_t* send_co
             recv_offset += in_bytes;
         }
         complete(data);
-        std::copy(counts_in.begin(), counts_in.end(), recv_counts);
+        if (mismatch) std::rethrow_exception(mismatch);
+        if (recv_counts != nullptr) std::copy(counts_in.begin(), counts_in.end(), recv_counts);
     });
 }
 

@@ -43,12 +43,18 @@ class MpiCommunicator final : public Communicator {
 
     void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
                       DType dtype, Stream& stream) override;
+    void all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                            const std::int64_t* recv_counts, DType dtype, Stream& stream) override;
     void all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) override;
     void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override;
     void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override;
     void barrier(Stream& stream) override;
 
   private:
+    // all_to_all_v as a stream host task; `expected` (all_to_all_v_known's receive counts, or null)
+    // is checked against the exchanged counts before the data is posted.
+    void host_all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
+                           const std::int64_t* expected, DType dtype, Stream& stream);
     struct Exchange;
     // Posts the receives and sends of `ex` and polls them to completion within the timeout.
     void complete(Exchange& ex);

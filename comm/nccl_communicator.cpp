@@ -320,6 +320,47 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::int64_t* send_c
     check_nccl(ncclGroupEnd(), kOp, "ncclGroupEnd");
 }
 
+void NcclCommunicator::all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                                          const std::int64_t* recv_counts, DType dtype, Stream& stream) {
+    constexpr const char* kOp = "all_to_all_v_known";
+    check_usable(kOp);
+    SCMOE_CHECK(send_counts != nullptr && recv_counts != nullptr,
+                "rank " << rank_ << ": all_to_all_v_known: null send_counts or recv_counts");
+    auto* s = static_cast<cudaStream_t>(native_stream(stream, kOp));
+    DeviceScope scope(device_);
+    const int n = size_;
+    // NOTES: no count exchange and no synchronisation: the counts are host values now. Arguments
+    // are checked before anything is posted, so a bad call fails on this rank alone (its peers then
+    // time out in their next wait, naming it).
+    std::int64_t total_send = 0, total_recv = 0;
+    for (int p = 0; p < n; ++p) {
+        SCMOE_CHECK(send_counts[p] >= 0 && recv_counts[p] >= 0,
+                    "rank " << rank_ << ": all_to_all_v_known: send_counts[" << p << "] = " << send_counts[p]
+                            << ", recv_counts[" << p << "] = " << recv_counts[p] << " (negative)");
+        total_send += send_counts[p];
+        total_recv += recv_counts[p];
+    }
+    SCMOE_CHECK(total_send == 0 || send != nullptr, "rank " << rank_ << ": all_to_all_v_known: a null send buffer");
+    SCMOE_CHECK(total_recv == 0 || recv != nullptr, "rank " << rank_ << ": all_to_all_v_known: a null recv buffer");
+    const std::size_t esize = dtype_size(dtype);
+    const ncclDataType_t type = nccl_type(dtype);
+    check_nccl(ncclGroupStart(), kOp, "ncclGroupStart");
+    std::size_t send_offset = 0, recv_offset = 0;
+    for (int p = 0; p < n; ++p) {
+        const auto send_count = static_cast<std::size_t>(send_counts[p]);
+        const auto recv_count = static_cast<std::size_t>(recv_counts[p]);
+        if (send_count > 0)
+            check_nccl(ncclSend(static_cast<const char*>(send) + send_offset * esize, send_count, type, p, comm_, s), kOp,
+                       "ncclSend");
+        if (recv_count > 0)
+            check_nccl(ncclRecv(static_cast<char*>(recv) + recv_offset * esize, recv_count, type, p, comm_, s), kOp,
+                       "ncclRecv");
+        send_offset += send_count;
+        recv_offset += recv_count;
+    }
+    check_nccl(ncclGroupEnd(), kOp, "ncclGroupEnd");
+}
+
 void NcclCommunicator::all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) {
     constexpr const char* kOp = "all_reduce_sum";
     check_usable(kOp);

@@ -13,6 +13,9 @@
 //   the host needs the counts to post the data's grouped ncclSend/ncclRecv. So all_to_all_v
 //   returns only after the work enqueued before it on `stream` has finished; recv_counts are
 //   filled in when it returns. The data exchange itself is enqueued, not waited for.
+// - all_to_all_v_known posts the grouped ncclSend/ncclRecv at once from the host counts given (read
+//   when the call is made): no count exchange, no wait. A receive count that differs from what the
+//   peer sends cannot be detected here (a wrong result or a hang, as with ncclSend/ncclRecv).
 // - all_reduce_sum is ncclAllReduce: for a given communicator, topology, count and NCCL version
 //   the result is reproducible run to run and identical on every rank, but the summation order is
 //   NCCL's (ring/tree), not rank order 0..n-1, so it is not bit-identical to the CPU
@@ -75,6 +78,8 @@ class NcclCommunicator final : public Communicator {
 
     void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
                       DType dtype, Stream& stream) override;
+    void all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                            const std::int64_t* recv_counts, DType dtype, Stream& stream) override;
     void all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) override;
     void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override;
     void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override;

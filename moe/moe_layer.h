@@ -236,6 +236,8 @@ private:
     bool forward_started_ = false;  // a route() has run: backward has activations to differentiate
     bool separate_shortcut_ = false;  // the forward routed on a shortcut other than x (backward's rule)
     int table_chunks_ = 0;  // chunk count the uploaded pack/unpack tables were built for (0 = none)
+    std::vector<bool> chunk_counts_built_;  // [El + 1]: chunk counts whose element counts this forward's
+                                            // dispatch has computed (HostScratch::chunk_send_elements)
 };
 
 }  // namespace scmoe

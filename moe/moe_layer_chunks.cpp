@@ -7,7 +7,8 @@
 // therefore packs its rows into a staging buffer, moves them with one all_to_all_v, and unpacks
 // them to exactly the rows the unchunked exchange writes: every row lands where it would without
 // chunks, so the expert GEMMs see the same operands. The run tables are built on the host from the
-// counts dispatch_counts() brought back and uploaded in stream order (no host sync). Every piece
+// counts dispatch_counts() brought back (its one host sync) and uploaded in stream order; the
+// pieces' element counts are computed on the host at once, one slot per chunk count. Every piece
 // stages at row 0: the exchanges run in order on one stream, so a piece's staging is consumed
 // before the next piece reuses it.
 #include <string>
@@ -35,12 +36,30 @@ void MoeLayer::check_chunk(int chunk, int chunks, const char* what) const {
 }
 
 void MoeLayer::build_chunk_tables(int chunks, Stream& stream) {
-    if (table_chunks_ == chunks) return;
-    table_chunks_ = chunks;
     HostScratch& h = *host_;
     const int El = num_local_experts(), P = ep_size_;
     const std::int64_t H = config_.hidden;
-    stream.host_task([&h, El, P, H, chunks] {
+    // The element counts of every piece, on the host now: the device-buffer communicators read them
+    // when the exchange is issued. dispatch_counts has synchronized, so the counts it brought back
+    // are here.
+    if (!chunk_counts_built_[static_cast<std::size_t>(chunks)]) {
+        chunk_counts_built_[static_cast<std::size_t>(chunks)] = true;
+        const std::int64_t at = HostScratch::chunk_counts_at(chunks, P);
+        for (int c = 0; c < chunks; ++c) {
+            const int e0 = c * El / chunks, ne = (c + 1) * El / chunks - e0;
+            for (int p = 0; p < P; ++p) {
+                const std::int32_t rows = h.global_offsets[p * El + e0 + ne] - h.global_offsets[p * El + e0];
+                std::int64_t received = 0;
+                for (int j = 0; j < ne; ++j) received += h.recv_expert_counts[p * El + e0 + j];
+                h.chunk_send_elements[at + c * P + p] = rows * H;
+                h.chunk_recv_elements[at + c * P + p] = received * H;
+            }
+        }
+    }
+    if (table_chunks_ == chunks) return;
+    table_chunks_ = chunks;
+    // The pack/unpack tables, in stream order (the buffer they are uploaded from is reused).
+    stream.host_task([&h, El, P, chunks] {
         for (int c = 0; c < chunks; ++c) {
             const ChunkTableLayout l = chunk_table_layout(P, El, chunks, c);
             const int e0 = c * El / chunks, ne = l.experts, nx = P * ne;
@@ -54,8 +73,6 @@ void MoeLayer::build_chunk_tables(int chunks, Stream& stream) {
                 tok[P + p] = stage_row;
                 tok[2 * P + p] = rows;
                 stage_row += rows;
-                h.chunk_send_elements[c * P + p] = rows * H;
-                std::int64_t received = 0;
                 for (int j = 0; j < ne; ++j) {
                     const int e = e0 + j, s = p * ne + j;
                     // Expert-major: expert e's rows start at local_offsets[e], source p's after sources < p.
@@ -66,9 +83,7 @@ void MoeLayer::build_chunk_tables(int chunks, Stream& stream) {
                     exp[nx + s] = exchange_row;
                     exp[2 * nx + s] = n;
                     exchange_row += n;
-                    received += n;
                 }
-                h.chunk_recv_elements[c * P + p] = received * H;
             }
         }
     });
@@ -87,13 +102,16 @@ void MoeLayer::exchange_chunk(const void* from, void* to, bool to_experts, int c
     const int nt = P, nx = P * l.experts;
     const std::int64_t H = config_.hidden;
     const DType dt = config_.dtype;
+    const std::int64_t at = HostScratch::chunk_counts_at(chunks, P) + static_cast<std::int64_t>(chunk) * P;
+    const std::int64_t* send_elements = h.chunk_send_elements + at;  // token side -> expert side
+    const std::int64_t* recv_elements = h.chunk_recv_elements + at;
     if (to_experts) {
         copy_row_segments({nt, tok, tok + nt, tok + 2 * nt, H, dt, from, b.stage}, stream);
-        ep_->all_to_all_v(b.stage, h.chunk_send_elements + chunk * P, b.exchange, h.exchanged, dt, stream);
+        ep_->all_to_all_v_known(b.stage, send_elements, b.exchange, recv_elements, dt, stream);
         copy_row_segments({nx, exp + nx, exp, exp + 2 * nx, H, dt, b.exchange, to}, stream);
     } else {
         copy_row_segments({nx, exp, exp + nx, exp + 2 * nx, H, dt, from, b.exchange}, stream);
-        ep_->all_to_all_v(b.exchange, h.chunk_recv_elements + chunk * P, b.stage, h.exchanged, dt, stream);
+        ep_->all_to_all_v_known(b.exchange, recv_elements, b.stage, send_elements, dt, stream);
         copy_row_segments({nt, tok + nt, tok, tok + 2 * nt, H, dt, b.stage, to}, stream);
     }
 }

@@ -4,8 +4,11 @@
 // NOTES: rows leave a rank in global-expert order, which is already grouped by destination rank
 // (rank p owns experts [p*El, (p+1)*El)). They arrive source-major ([source][local expert]) and are
 // regrouped expert-major for the grouped GEMM; collect undoes both steps. Per-expert row counts
-// travel first (a small all-to-all), so dropless needs no global knowledge. Every position is
-// fixed by (source, expert, row), so results never depend on message arrival order.
+// travel first (a small all-to-all), so dropless needs no global knowledge; the host waits for them
+// once per forward (dispatch_counts), and every data exchange after that, forward and backward,
+// is an all_to_all_v_known with counts the layer holds. Every position is fixed by (source, expert,
+// row), so results never depend on message arrival order.
+#include <algorithm>
 #include <string>
 
 #include "comm/communicator.h"
@@ -16,7 +19,8 @@
 namespace scmoe {
 
 void MoeLayer::to_experts(const void* token_side, void* expert_side, Stream& stream) {
-    ep_->all_to_all_v(token_side, host_->send_elements, buf_->exchange, host_->exchanged, config_.dtype, stream);
+    ep_->all_to_all_v_known(token_side, host_->send_elements, buf_->exchange, host_->recv_elements, config_.dtype,
+                            stream);
     regroup({ep_size_, num_local_experts(), buf_->recv_expert_counts, config_.hidden, config_.dtype, true,
              buf_->exchange, expert_side},
             stream);
@@ -26,7 +30,8 @@ void MoeLayer::to_sources(const void* expert_side, void* token_side, Stream& str
     regroup({ep_size_, num_local_experts(), buf_->recv_expert_counts, config_.hidden, config_.dtype, false,
              expert_side, buf_->exchange},
             stream);
-    ep_->all_to_all_v(buf_->exchange, host_->recv_elements, token_side, host_->exchanged, config_.dtype, stream);
+    ep_->all_to_all_v_known(buf_->exchange, host_->recv_elements, token_side, host_->send_elements, config_.dtype,
+                            stream);
 }
 
 void MoeLayer::dispatch(Stream& stream) {
@@ -38,6 +43,7 @@ void MoeLayer::dispatch(Stream& stream) {
 void MoeLayer::dispatch_counts(Stream& stream) {
     if (ep_size_ == 1) return;
     table_chunks_ = 0;  // new counts: the chunk tables are rebuilt when a piece needs them
+    std::fill(chunk_counts_built_.begin(), chunk_counts_built_.end(), false);
     Buffers& b = *buf_;
     HostScratch& h = *host_;
     const int E = config_.num_experts, El = num_local_experts(), P = ep_size_;
@@ -47,34 +53,35 @@ void MoeLayer::dispatch_counts(Stream& stream) {
     stream.copy(h.global_offsets, b.group_offsets, static_cast<std::size_t>(E + 1) * sizeof(std::int32_t));
     stream.host_task([&h, E, El, P, H] {
         for (int e = 0; e < E; ++e) h.send_expert_counts[e] = h.global_offsets[e + 1] - h.global_offsets[e];
-        for (int p = 0; p < P; ++p) {
-            h.counts_per_peer[p] = El;
+        for (int p = 0; p < P; ++p)
             h.send_elements[p] = static_cast<std::int64_t>(h.global_offsets[(p + 1) * El] - h.global_offsets[p * El]) * H;
-        }
     });
     stream.copy(b.send_expert_counts, h.send_expert_counts, static_cast<std::size_t>(E) * sizeof(std::int32_t));
-    // 2. Exchange the counts: recv_expert_counts[s][e] = rows source s sends to local expert e.
-    ep_->all_to_all_v(b.send_expert_counts, h.counts_per_peer, b.recv_expert_counts, h.counts_received, DType::kI32,
-                      stream);
+    // 2. Exchange the counts: recv_expert_counts[s][e] = rows source s sends to local expert e (El
+    //    from every peer, known in advance).
+    ep_->all_to_all_v_known(b.send_expert_counts, h.counts_per_peer, b.recv_expert_counts, h.counts_per_peer,
+                            DType::kI32, stream);
     stream.copy(h.recv_expert_counts, b.recv_expert_counts, static_cast<std::size_t>(E) * sizeof(std::int32_t));
-    stream.host_task([&h, El, P, H, Re, rank] {
-        std::int64_t total = 0;
-        for (int p = 0; p < P; ++p) {
-            std::int64_t rows = 0;
-            for (int e = 0; e < El; ++e) rows += h.recv_expert_counts[p * El + e];
-            h.recv_elements[p] = rows * H;
-            total += rows;
-        }
-        SCMOE_CHECK(total <= Re, "MoeLayer.dispatch: rank " << rank << " receives " << total
-                                                            << " rows for its experts, more than the " << Re
-                                                            << " its workspace holds (max_tokens too small?)");
-        h.local_offsets[0] = 0;
-        for (int e = 0; e < El; ++e) {
-            std::int64_t rows = 0;
-            for (int p = 0; p < P; ++p) rows += h.recv_expert_counts[p * El + e];
-            h.local_offsets[e + 1] = h.local_offsets[e] + static_cast<std::int32_t>(rows);
-        }
-    });
+    // 3. The layer's one host sync per forward: the host needs the counts to size the data exchanges
+    //    (the device-buffer communicators post them from the host), the receive workspace's check,
+    //    and the expert offsets. Every later exchange of this forward and its backward reuses them.
+    stream.synchronize();
+    std::int64_t total = 0;
+    for (int p = 0; p < P; ++p) {
+        std::int64_t rows = 0;
+        for (int e = 0; e < El; ++e) rows += h.recv_expert_counts[p * El + e];
+        h.recv_elements[p] = rows * H;
+        total += rows;
+    }
+    SCMOE_CHECK(total <= Re, "MoeLayer.dispatch: rank " << rank << " receives " << total
+                                                        << " rows for its experts, more than the " << Re
+                                                        << " its workspace holds (max_tokens too small?)");
+    h.local_offsets[0] = 0;
+    for (int e = 0; e < El; ++e) {
+        std::int64_t rows = 0;
+        for (int p = 0; p < P; ++p) rows += h.recv_expert_counts[p * El + e];
+        h.local_offsets[e + 1] = h.local_offsets[e] + static_cast<std::int32_t>(rows);
+    }
     stream.copy(b.local_offsets, h.local_offsets, static_cast<std::size_t>(El + 1) * sizeof(std::int32_t));
 }
 

@@ -105,6 +105,12 @@ class RendezvousCommunicator final : public Communicator {
         if (all_to_all_.rendezvous && countdown_-- == 0) all_to_all_.arrive_on(stream);
         inner_.all_to_all_v(send, send_counts, recv, recv_counts, dtype, stream);
     }
+    // Counted with all_to_all_v: the n-th exchange, whichever variant it uses.
+    void all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
+                            const std::int64_t* recv_counts, DType dtype, Stream& stream) override {
+        if (all_to_all_.rendezvous && countdown_-- == 0) all_to_all_.arrive_on(stream);
+        inner_.all_to_all_v_known(send, send_counts, recv, recv_counts, dtype, stream);
+    }
     void all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) override {
         if (all_reduce_.rendezvous && all_reduce_match_(buf, count)) all_reduce_.arrive_on(stream);
         inner_.all_reduce_sum(buf, count, dtype, stream);

@@ -10,9 +10,11 @@
 
 namespace scmoe::comm_detail {
 
-enum class CommOp : std::uint8_t { kAllToAllV, kAllReduceSum, kAllGather, kBroadcast, kBarrier };
+enum class CommOp : std::uint8_t { kAllToAllV, kAllReduceSum, kAllGather, kBroadcast, kBarrier, kAllToAllVKnown };
 
 const char* comm_op_name(CommOp op);
+// Throws naming the first peer p whose received[p] differs from expected[p] (all_to_all_v_known).
+void check_known_counts(int rank, int size, const std::int64_t* expected, const std::int64_t* received);
 
 // out[i] = inputs[0][i] + inputs[1][i] + ... added left to right (rank order), for f32 (fp32
 // adds), bf16 (fp32 accumulation, rounded once) and i32 (wrapping). `out` may alias no input.

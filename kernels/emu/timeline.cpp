@@ -85,8 +85,24 @@ public:
 // ---- Rendezvous, HostMeeting --------------------------------------------------------------------
 
 Rendezvous::Rendezvous(std::vector<double> durations_us)
-    : durations_(std::move(durations_us)), here_(durations_.size(), false) {
+    : durations_(std::move(durations_us)),
+      members_(static_cast<int>(durations_.size())),
+      here_(durations_.size(), false) {
     SCMOE_CHECK(!durations_.empty(), "emu Rendezvous: no members");
+}
+
+std::shared_ptr<Rendezvous> Rendezvous::deferred(int members) {
+    SCMOE_CHECK(members >= 1, "emu Rendezvous: " << members << " members");
+    auto r = std::make_shared<Rendezvous>(std::vector<double>(static_cast<std::size_t>(members), 0.0));
+    r->known_.store(false, std::memory_order_relaxed);
+    return r;
+}
+
+void Rendezvous::set_durations(std::vector<double> durations_us) {
+    SCMOE_CHECK(!known_.load(std::memory_order_acquire) && static_cast<int>(durations_us.size()) == members_,
+                "emu Rendezvous: durations set twice, or " << durations_us.size() << " for " << members_ << " members");
+    durations_ = std::move(durations_us);
+    known_.store(true, std::memory_order_release);
 }
 
 void Rendezvous::arrive(int member, double time_us) {

@@ -20,6 +20,7 @@
 // All emulated GPUs of a process share one World (one lock), since collectives tie their clocks.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -51,16 +52,27 @@ struct EventState {
 class Rendezvous {
 public:
     explicit Rendezvous(std::vector<double> durations_us);
-    int members() const { return static_cast<int>(durations_.size()); }
+    // A rendezvous whose durations are known only once every member has issued its call (an
+    // all-to-all with known counts: each member knows only its own row). Until set_durations,
+    // end_us() is the latest arrival: a lower bound, which holds the timelines back, never forward.
+    static std::shared_ptr<Rendezvous> deferred(int members);
+    // Once, by the host thread of the last member to issue, before its Work is enqueued (so before
+    // the rendezvous can resolve).
+    void set_durations(std::vector<double> durations_us);
+    int members() const { return members_; }
     bool resolved() const { return arrived_ == members(); }
     // Member's end once resolved; before that, its earliest possible end (the latest arrival so far
-    // plus its duration).
-    double end_us(int member) const { return latest_ + durations_[static_cast<std::size_t>(member)]; }
+    // plus its duration, if known).
+    double end_us(int member) const {
+        return latest_ + (known_.load(std::memory_order_acquire) ? durations_[static_cast<std::size_t>(member)] : 0.0);
+    }
     // Under the world lock.
     void arrive(int member, double time_us);
 
 private:
     std::vector<double> durations_;
+    int members_ = 0;
+    std::atomic<bool> known_{true};
     std::vector<bool> here_;
     int arrived_ = 0;
     double latest_ = 0;

@@ -149,15 +149,17 @@ struct MoeLayer::HostScratch {
     std::int32_t* send_expert_counts = nullptr;  // [E]
     std::int32_t* recv_expert_counts = nullptr;  // [E] = [ep, El]
     std::int32_t* local_offsets = nullptr;   // [El + 1]
-    std::int64_t* counts_per_peer = nullptr; // [ep] El everywhere: the count exchange's element counts
-    std::int64_t* counts_received = nullptr; // [ep]
+    std::int64_t* counts_per_peer = nullptr; // [ep] El everywhere (set at construction): the count
+                                             // exchange's element counts, both ways
     std::int64_t* send_elements = nullptr;   // [ep] dispatch: elements to each peer
     std::int64_t* recv_elements = nullptr;   // [ep] dispatch: elements from each peer
-    std::int64_t* exchanged = nullptr;       // [ep] recv_counts out-parameter of the data exchanges
     std::int32_t* config_hashes = nullptr;   // [ep, 2] every rank's config hash (construction check)
     std::int32_t* chunk_table = nullptr;     // [6 E] chunked pipeline: built here, uploaded to Buffers
-    std::int64_t* chunk_send_elements = nullptr;  // [chunks, ep] token side -> expert side, per piece
-    std::int64_t* chunk_recv_elements = nullptr;  // [chunks, ep] expert side -> token side, per piece
+    // Chunked pipeline element counts, one slot per chunk count n = 1..El (at chunk_counts_at(n, ep)),
+    // each [n, ep]: so the counts of a forward's pieces stay valid while a backward in another number
+    // of pieces computes its own (host-task communicators read them when their work runs).
+    std::int64_t* chunk_send_elements = nullptr;  // token side -> expert side, per piece and peer
+    std::int64_t* chunk_recv_elements = nullptr;  // expert side -> token side, per piece and peer
 
     void carve(WorkspaceCarver& w, const MoeConfig& c, int ep) {
         const std::int64_t E = c.num_experts;
@@ -170,15 +172,16 @@ struct MoeLayer::HostScratch {
         recv_expert_counts = w.take<std::int32_t>(E);
         local_offsets = w.take<std::int32_t>(E / ep + 1);
         counts_per_peer = w.take<std::int64_t>(ep);
-        counts_received = w.take<std::int64_t>(ep);
         send_elements = w.take<std::int64_t>(ep);
         recv_elements = w.take<std::int64_t>(ep);
-        exchanged = w.take<std::int64_t>(ep);
         config_hashes = w.take<std::int32_t>(2 * ep);
         chunk_table = w.take<std::int32_t>(6 * E);
-        chunk_send_elements = w.take<std::int64_t>(E);
-        chunk_recv_elements = w.take<std::int64_t>(E);
+        const std::int64_t El = E / ep;
+        chunk_send_elements = w.take<std::int64_t>(chunk_counts_at(El + 1, ep));
+        chunk_recv_elements = w.take<std::int64_t>(chunk_counts_at(El + 1, ep));
     }
+    // Where the [n, ep] per-piece counts of an n-piece pipeline start: after the slots of 1..n-1.
+    static std::int64_t chunk_counts_at(std::int64_t n, int ep) { return n * (n - 1) / 2 * ep; }
 };
 
 // Local expert `first`'s slice of an [El, ...] expert tensor (weights or their gradients).

@@ -60,7 +60,7 @@ std::vector<std::vector<std::int64_t>> a2a_counts(int n) {
     return {{2, 0, 3, 1}, {1, 4, 0, 2}, {0, 1, 2, 5}, {0, 0, 0, 0}};
 }
 
-void check_all_to_all_v(int n) {
+void check_all_to_all_v(int n, bool known = false) {
     const auto counts = a2a_counts(n);
     auto group = LocalGroup::create(n, 30.0);
     auto errors = run_ranks(group, [&](Communicator& comm, Stream& stream) {
@@ -76,7 +76,13 @@ void check_all_to_all_v(int n) {
         for (int round = 0; round < 2; ++round) {
             std::vector<float> recv(static_cast<std::size_t>(expected_total) + 1, -1.0f);
             std::vector<std::int64_t> recv_counts(static_cast<std::size_t>(n), -7);
-            comm.all_to_all_v(send.data(), mine.data(), recv.data(), recv_counts.data(), DType::kF32, stream);
+            if (known) {  // all_to_all_v_known: this rank is told what it receives
+                for (int s = 0; s < n; ++s)
+                    recv_counts[static_cast<std::size_t>(s)] = counts[static_cast<std::size_t>(s)][static_cast<std::size_t>(r)];
+                comm.all_to_all_v_known(send.data(), mine.data(), recv.data(), recv_counts.data(), DType::kF32, stream);
+            } else {
+                comm.all_to_all_v(send.data(), mine.data(), recv.data(), recv_counts.data(), DType::kF32, stream);
+            }
             stream.synchronize();
             std::size_t k = 0;
             for (int s = 0; s < n; ++s) {
@@ -94,6 +100,25 @@ void check_all_to_all_v(int n) {
 
 TEST(LocalCommTwoRanks, AllToAllVHandChecked) { check_all_to_all_v(2); }
 TEST(LocalCommFourRanks, AllToAllVHandChecked) { check_all_to_all_v(4); }
+TEST(LocalCommFourRanks, AllToAllVKnownHandChecked) { check_all_to_all_v(4, true); }
+
+// Rank 0 is told it receives one element more from rank 1 than rank 1 sends: it fails naming both
+// counts before anything is written.
+TEST(LocalCommFourRanks, AllToAllVKnownMismatchIsNamed) {
+    auto group = LocalGroup::create(4, 30.0);
+    std::vector<std::vector<float>> received(4, std::vector<float>(5, -1.0f));
+    auto errors = run_ranks(group, [&](Communicator& comm, Stream& stream) {
+        std::vector<std::int64_t> counts(4, 1), expected(4, 1);
+        if (comm.rank() == 0) expected[1] = 2;
+        std::vector<float> send(4, 1.0f);
+        comm.all_to_all_v_known(send.data(), counts.data(), received[static_cast<std::size_t>(comm.rank())].data(),
+                                expected.data(), DType::kF32, stream);
+        stream.synchronize();
+    });
+    EXPECT_NE(errors[0].find("rank 1 sends 1 elements, this rank was told to receive 2"), std::string::npos)
+        << errors[0];
+    EXPECT_EQ(received[0][0], -1.0f) << "rank 0 wrote before the check";
+}
 
 void check_all_reduce(int n) {
     auto group = LocalGroup::create(n, 30.0);

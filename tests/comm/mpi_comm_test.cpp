@@ -41,7 +41,7 @@ void expect_eq(const T& got, const U& want, const std::string& what) {
 // Elements rank r sends to rank p: uneven, zeros included, the last rank sends nothing.
 std::int64_t a2a_count(int r, int p, int n) { return r == n - 1 ? 0 : (r + 2 * p) % 4; }
 
-void check_all_to_all_v(Communicator& comm, Stream& stream) {
+void check_all_to_all_v_with(Communicator& comm, Stream& stream, bool known) {
     const int r = comm.rank(), n = comm.size();
     std::vector<std::int64_t> counts(static_cast<std::size_t>(n));
     std::vector<float> send;
@@ -53,7 +53,12 @@ void check_all_to_all_v(Communicator& comm, Stream& stream) {
     for (int s = 0; s < n; ++s) total += a2a_count(s, r, n);
     std::vector<float> recv(static_cast<std::size_t>(total) + 1, -1.0f);
     std::vector<std::int64_t> recv_counts(static_cast<std::size_t>(n), -7);
-    comm.all_to_all_v(send.data(), counts.data(), recv.data(), recv_counts.data(), DType::kF32, stream);
+    if (known) {  // all_to_all_v_known: this rank is told what it receives
+        for (int s = 0; s < n; ++s) recv_counts[static_cast<std::size_t>(s)] = a2a_count(s, r, n);
+        comm.all_to_all_v_known(send.data(), counts.data(), recv.data(), recv_counts.data(), DType::kF32, stream);
+    } else {
+        comm.all_to_all_v(send.data(), counts.data(), recv.data(), recv_counts.data(), DType::kF32, stream);
+    }
     stream.synchronize();
     std::size_t k = 0;
     for (int s = 0; s < n; ++s) {
@@ -63,6 +68,32 @@ void check_all_to_all_v(Communicator& comm, Stream& stream) {
             expect_eq(recv[k], static_cast<float>(s * 100 + r * 10 + i), from + " element " + std::to_string(i));
     }
     expect_eq(recv[k], -1.0f, "rank " + std::to_string(r) + " sentinel after the received elements");
+}
+
+void check_all_to_all_v(Communicator& comm, Stream& stream) { check_all_to_all_v_with(comm, stream, false); }
+void check_all_to_all_v_known(Communicator& comm, Stream& stream) { check_all_to_all_v_with(comm, stream, true); }
+
+// Rank 0 is told it receives one element more from rank 1 than rank 1 sends: rank 0 fails naming
+// both counts (before anything is written); the others complete.
+void check_known_mismatch(Communicator& comm, Stream& stream) {
+    const int r = comm.rank(), n = comm.size();
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 1), expected(static_cast<std::size_t>(n), 1);
+    if (r == 0 && n > 1) expected[1] = 2;
+    std::vector<float> send(static_cast<std::size_t>(n), 1.0f), recv(static_cast<std::size_t>(n) + 1, -1.0f);
+    std::string error;
+    try {
+        comm.all_to_all_v_known(send.data(), counts.data(), recv.data(), expected.data(), DType::kF32, stream);
+        stream.synchronize();
+    } catch (const scmoe::Error& e) {
+        error = e.what();
+    }
+    if (r == 0 && n > 1) {
+        expect_eq(error.find("rank 1 sends 1 elements, this rank was told to receive 2") != std::string::npos, true,
+                  "rank 0's error names the mismatch: " + error);
+        expect_eq(recv[0], -1.0f, "rank 0 wrote nothing");
+    } else {
+        expect_eq(error.empty(), true, "rank " + std::to_string(r) + " completes: " + error);
+    }
 }
 
 void check_all_reduce_sum(Communicator& comm, Stream& stream) {
@@ -128,7 +159,8 @@ int run_checks(Communicator& comm, Stream& stream) {
     const std::vector<std::pair<const char*, std::function<void(Communicator&, Stream&)>>> checks = {
         {"all_to_all_v", check_all_to_all_v}, {"all_reduce_sum", check_all_reduce_sum},
         {"all_gather", check_all_gather},     {"broadcast", check_broadcast},
-        {"barrier", check_barrier},           {"all_to_all_v again", check_all_to_all_v}};
+        {"barrier", check_barrier},           {"all_to_all_v again", check_all_to_all_v},
+        {"all_to_all_v_known", check_all_to_all_v_known}, {"all_to_all_v_known mismatch", check_known_mismatch}};
     int passed = 0, failed = 0;
     for (const auto& [name, check] : checks) {
         g_mismatches = 0;

@@ -119,6 +119,47 @@ TEST(EmuCommunicator, CountsAreExchangedForRealAndTheHostWaitsOnlyForThem) {
     });
 }
 
+// With known receive counts there is no count exchange and the host does not wait (NCCL's grouped
+// sends and receives); small payloads still move for real.
+TEST(EmuCommunicator, KnownCountsSkipTheCountExchangeAndTheHostWait) {
+    const int n = 4;
+    on_emu_ranks(n, [&](int r, Device& device, Communicator& comm) {
+        auto stream = device.create_stream();
+        DeviceBuffer a(device, 1 << 24), b(device, 1 << 24);
+        std::vector<std::int64_t> one(n, 1);
+        auto* out = a.as<std::int32_t>();
+        for (int p = 0; p < n; ++p) out[p] = 10 * r + p;
+        const double t0 = device.host_time_us();
+        comm.all_to_all_v_known(a.data(), one.data(), b.data(), one.data(), DType::kI32, *stream);
+        // Only launches: less than the exchange's latency (8.4 + 3.4 us), which a count exchange
+        // and a wait for it would cost.
+        EXPECT_LT(device.host_time_us() - t0, 8.4 + 3.4);
+        stream->synchronize();
+        EXPECT_GT(device.host_time_us() - t0, 8.4 + 3.4);
+        for (int p = 0; p < n; ++p) EXPECT_EQ(b.as<std::int32_t>()[p], 10 * p + r);
+    });
+}
+
+// A receive count that differs from what the peer sends fails at the next synchronize, naming both.
+TEST(EmuCommunicator, KnownCountsThatDoNotMatchAreNamed) {
+    on_emu_ranks(2, [&](int r, Device& device, Communicator& comm) {
+        auto stream = device.create_stream();
+        DeviceBuffer a(device, 64), b(device, 64);
+        std::vector<std::int64_t> send(2, 1), expected(2, 1);
+        if (r == 0) expected[1] = 3;
+        comm.all_to_all_v_known(a.data(), send.data(), b.data(), expected.data(), DType::kI32, *stream);
+        try {
+            stream->synchronize();
+            EXPECT_EQ(r, 1) << "rank 0 accepted a wrong receive count";
+        } catch (const Error& e) {
+            EXPECT_EQ(r, 0);
+            EXPECT_NE(std::string(e.what()).find("rank 1 sends 1 elements, this rank was told to receive 3"),
+                      std::string::npos)
+                << e.what();
+        }
+    });
+}
+
 TEST(EmuCommunicator, SmallBuffersAreReducedGatheredAndBroadcastForReal) {
     const int n = 3;
     on_emu_ranks(n, [&](int r, Device& device, Communicator& comm) {

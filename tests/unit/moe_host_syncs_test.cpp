@@ -110,16 +110,16 @@ TEST(HostSyncs, OneRankLayerNeverWaitsForTheDevice) {
     }
 }
 
-// Expert parallelism on emulated GPUs, where each all_to_all_v waits for its counts as NCCL's does:
-// today 3 syncs per forward (dispatch: the per-expert count exchange and the data exchange's own
-// count exchange; collect: a count exchange again) and 2 per backward (collect-backward,
-// dispatch-backward). The target of issue 14 is at most 1 per forward and 0 per backward, with an
-// all_to_all_v that takes the receive counts the layer already holds; these counts must drop then.
-TEST(HostSyncs, ExpertParallelLayerWaitsAtEachCountExchange) {
+// Expert parallelism on emulated GPUs, where an all_to_all_v waits for its counts as NCCL's does:
+// 1 sync per forward (dispatch waits for the per-expert count exchange, which sizes everything
+// after it) and none in the backward: every data exchange is an all_to_all_v_known with the counts
+// the layer holds. Before that, collect and both backward exchanges re-exchanged their counts and
+// the forward's data exchange its own: 3 and 2.
+TEST(HostSyncs, ExpertParallelLayerWaitsOncePerForward) {
     for (DispatchMode dispatch : {DispatchMode::kCapacity, DispatchMode::kDropless})
         for (const SyncCounts& c : count_ep_step(dispatch, 2)) {
-            EXPECT_EQ(c.forward, 3u) << dispatch_mode_name(dispatch);
-            EXPECT_EQ(c.backward, 2u) << dispatch_mode_name(dispatch);
+            EXPECT_EQ(c.forward, 1u) << dispatch_mode_name(dispatch);
+            EXPECT_EQ(c.backward, 0u) << dispatch_mode_name(dispatch);
         }
 }
 
