@@ -41,13 +41,19 @@ void MoeConfig::validate() const {
                 "MoeConfig.aux_loss_coef = " << aux_loss_coef << ": must be >= 0");
     SCMOE_CHECK(std::isfinite(z_loss_coef) && z_loss_coef >= 0.0f,
                 "MoeConfig.z_loss_coef = " << z_loss_coef << ": must be >= 0");
+    SCMOE_CHECK(std::isfinite(recv_limit_factor) && (recv_limit_factor == 0.0f || recv_limit_factor >= 1.0f),
+                "MoeConfig.recv_limit_factor = " << recv_limit_factor
+                                                 << ": must be 0 (no limit) or >= 1 (times the balanced load)");
 }
 
 std::string MoeConfig::to_string() const {
     std::ostringstream os;
     os << "hidden=" << hidden << " ffn=" << ffn << " experts=" << num_experts << " top_k=" << top_k
        << " dispatch=" << dispatch_mode_name(dispatch);
-    if (dispatch == DispatchMode::kCapacity) os << " capacity_factor=" << capacity_factor;
+    if (dispatch == DispatchMode::kCapacity)
+        os << " capacity_factor=" << capacity_factor;
+    else
+        os << " recv_limit_factor=" << recv_limit_factor;
     os << " activation=" << activation_name(activation) << " dtype=" << dtype_name(dtype)
        << " shared_expert=" << (shared_expert ? "on" : "off");
     if (shared_expert) os << " shared_ffn=" << shared_ffn_width() << " cg1=" << (coefficient_gate ? "on" : "off");

@@ -36,6 +36,12 @@ struct MoeConfig {
     float aux_loss_coef = 0.01f;      // load-balancing loss weight in the total loss
     float z_loss_coef = 0.001f;       // router z-loss weight in the total loss
     bool check_finite = true;         // forward/backward raise an error on NaN/Inf inputs
+    // Dropless expert parallelism: a rank's experts receive at most
+    // ceil(recv_limit_factor * max_tokens * top_k) rows per step (the balanced load is
+    // max_tokens * top_k), which sizes the expert-side workspace; a step that routes more to one
+    // rank fails with an error naming the rank and its experts' counts. 0 = no limit: room for
+    // every assignment of every rank (ep * max_tokens * top_k rows). 0 or >= 1.
+    float recv_limit_factor = 2.0f;
 
     // Throws scmoe::Error naming the offending field and its value.
     void validate() const;

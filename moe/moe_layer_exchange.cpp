@@ -9,6 +9,7 @@
 // is an all_to_all_v_known with counts the layer holds. Every position is fixed by (source, expert,
 // row), so results never depend on message arrival order.
 #include <algorithm>
+#include <sstream>
 #include <string>
 
 #include "comm/communicator.h"
@@ -73,9 +74,21 @@ void MoeLayer::dispatch_counts(Stream& stream) {
         h.recv_elements[p] = rows * H;
         total += rows;
     }
-    SCMOE_CHECK(total <= Re, "MoeLayer.dispatch: rank " << rank << " receives " << total
-                                                        << " rows for its experts, more than the " << Re
-                                                        << " its workspace holds (max_tokens too small?)");
+    if (total > Re) {
+        // Checked before any data exchange is posted (review R2): the receive workspace holds Re rows.
+        std::ostringstream counts;
+        for (int e = 0; e < El; ++e) {
+            std::int64_t rows = 0;
+            for (int p = 0; p < P; ++p) rows += h.recv_expert_counts[p * El + e];
+            counts << (e ? ", " : "") << "expert " << rank * El + e << ": " << rows;
+        }
+        SCMOE_FAIL("MoeLayer.dispatch: rank " << rank << " receives " << total << " rows for its experts ("
+                                              << counts.str() << "), more than the " << Re
+                                              << " its workspace holds (dropless receive limit: recv_limit_factor "
+                                              << config_.recv_limit_factor << " x max_tokens " << max_tokens_
+                                              << " x top_k " << config_.top_k
+                                              << "; raise MoeConfig.recv_limit_factor, 0 = no limit)");
+    }
     h.local_offsets[0] = 0;
     for (int e = 0; e < El; ++e) {
         std::int64_t rows = 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/layout.h"
@@ -71,10 +72,15 @@ struct MoeLayer::Buffers {
         return std::max<std::int64_t>(permuted_rows(max_tokens, c.num_experts, c.top_k, cap), 1);
     }
     // Expert-side rows: capacity mode receives exactly E*C rows (the same as it sends); dropless
-    // can receive every rank's every assignment.
+    // can receive every rank's every assignment, ep * max_tokens * top_k rows, bounded by the
+    // receive limit ceil(recv_limit_factor * max_tokens * top_k) (MoeConfig).
     static std::int64_t max_expert_rows(const MoeConfig& c, std::int64_t max_tokens, int ep) {
         if (ep == 1 || c.dispatch == DispatchMode::kCapacity) return max_rows(c, max_tokens);
-        return std::max<std::int64_t>(ep * max_tokens * c.top_k, 1);
+        const std::int64_t all = ep * max_tokens * c.top_k;
+        if (c.recv_limit_factor <= 0.0f) return std::max<std::int64_t>(all, 1);
+        const auto limit = static_cast<std::int64_t>(
+            std::ceil(static_cast<double>(c.recv_limit_factor) * static_cast<double>(max_tokens * c.top_k)));
+        return std::max<std::int64_t>(std::min(all, limit), 1);
     }
 
     void carve(WorkspaceCarver& w, const MoeConfig& c, std::int64_t T, int ep) {

@@ -194,15 +194,20 @@ INSTANTIATE_TEST_SUITE_P(Cpu, MoeEpRoutingTable,
                                            TableCase{"ep4_top1_capacity", 4, 1, kCap, 8}),
                          [](const ::testing::TestParamInfo<TableCase>& p) { return std::string(p.param.name); });
 
-TEST(MoeEpLocalRanks, AllTokensToOneRankAreReceivedThere) {
-    // Every token of every rank chooses expert 0 (owned by rank 0): rank 0 receives all of them,
-    // rank 1 nothing, dropless.
+struct ToOneRank {
+    std::vector<std::size_t> received;  // elements each rank's first local expert received
+    std::vector<std::string> errors;
+};
+
+// Every token of every rank chooses expert 0 (owned by rank 0), dropless, 2 ranks of 7 tokens, top-1:
+// rank 0 receives 14 rows, rank 1 none. recv_limit_factor: the receive limit (MoeConfig).
+ToOneRank all_tokens_to_rank0(float recv_limit_factor, double timeout_s) {
     const int ep = 2;
     MoeConfig config = testing::ep_config(EpCase{"", 1, ep, 1, kDropless, {}, false});
+    config.recv_limit_factor = recv_limit_factor;
     const std::int64_t T = 7, H = config.hidden;
-    auto group = LocalGroup::create(ep, 60.0);
-    std::vector<std::size_t> received(ep);
-    std::vector<std::string> errors(ep);
+    auto group = LocalGroup::create(ep, timeout_s);
+    ToOneRank out{std::vector<std::size_t>(ep), std::vector<std::string>(ep)};
     std::vector<std::thread> threads;
     for (int r = 0; r < ep; ++r) {
         threads.emplace_back([&, r] {
@@ -218,16 +223,76 @@ TEST(MoeEpLocalRanks, AllTokensToOneRankAreReceivedThere) {
                                     std::vector<float>(static_cast<std::size_t>(T), 1.0f));
                 layer.forward(testing::host_tensor(x, T, H), Tensor(), params.view(), testing::host_tensor(y, T, H),
                               *stream);
-                received[static_cast<std::size_t>(r)] = layer.expert_inputs(*stream).rows[0].size();
+                out.received[static_cast<std::size_t>(r)] = layer.expert_inputs(*stream).rows[0].size();
             } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(r)] = e.what();
+                out.errors[static_cast<std::size_t>(r)] = e.what();
             }
         });
     }
     for (auto& t : threads) t.join();
-    for (const std::string& e : errors) EXPECT_EQ(e, "");
-    EXPECT_EQ(received[0], static_cast<std::size_t>(ep * T * H));
-    EXPECT_EQ(received[1], 0u);
+    return out;
+}
+
+TEST(MoeEpLocalRanks, AllTokensToOneRankAreReceivedThere) {
+    const std::int64_t H = testing::ep_config(EpCase{"", 1, 2, 1, kDropless, {}, false}).hidden;
+    for (float limit : {0.0f, 2.0f}) {  // no limit; the default (2 x 7 rows = all 14)
+        const ToOneRank r = all_tokens_to_rank0(limit, 60.0);
+        for (const std::string& e : r.errors) EXPECT_EQ(e, "") << "limit " << limit;
+        EXPECT_EQ(r.received[0], static_cast<std::size_t>(2 * 7 * H));
+        EXPECT_EQ(r.received[1], 0u);
+    }
+}
+
+// A receive limit of 1 x the balanced load (7 rows): rank 0 fails before any data moves, naming
+// itself, its experts' counts and the limit; rank 1, whose data exchange rank 0 never joins, times
+// out naming rank 0.
+TEST(MoeEpLocalRanks, ReceiveLimitExceededIsNamedBeforeAnyDataMoves) {
+    const ToOneRank r = all_tokens_to_rank0(1.0f, 2.0);
+    EXPECT_NE(r.errors[0].find("rank 0 receives 14 rows for its experts (expert 0: 14, expert 1: 0, expert 2: 0, expert 3: 0), more than the 7"),
+              std::string::npos)
+        << r.errors[0];
+    EXPECT_NE(r.errors[0].find("recv_limit_factor 1 x max_tokens 7 x top_k 1"), std::string::npos) << r.errors[0];
+    EXPECT_NE(r.errors[1].find("rank 0"), std::string::npos) << r.errors[1];
+}
+
+// The receive limit sizes the dropless expert side: below the unlimited workspace, equal to it once
+// the limit reaches ep (every assignment of every rank), and capacity mode does not depend on it.
+TEST(MoeWorkspace, ReceiveLimitBoundsTheDroplessExpertSide) {
+    MoeConfig c;
+    c.hidden = 64;
+    c.ffn = 128;
+    c.num_experts = 8;
+    c.top_k = 2;
+    c.dispatch = DispatchMode::kDropless;
+    const std::int64_t T = 256;
+    const int ep = 8;
+    auto bytes = [&](float factor, DispatchMode d) {
+        MoeConfig k = c;
+        k.recv_limit_factor = factor;
+        k.dispatch = d;
+        return MoeLayer::workspace_bytes(k, T, ep);
+    };
+    EXPECT_LT(bytes(2.0f, kDropless), bytes(0.0f, kDropless));
+    EXPECT_EQ(bytes(8.0f, kDropless), bytes(0.0f, kDropless));
+    EXPECT_LT(bytes(2.0f, kDropless), bytes(4.0f, kDropless));
+    EXPECT_EQ(bytes(2.0f, DispatchMode::kCapacity), bytes(0.0f, DispatchMode::kCapacity));
+    // The review's shape (C1): hidden 4096, ffn 14336, 8 experts top-2, bf16, 16384 tokens, ep 8.
+    MoeConfig big;
+    big.hidden = 4096;
+    big.ffn = 14336;
+    big.num_experts = 8;
+    big.top_k = 2;
+    big.dtype = DType::kBF16;
+    big.dispatch = DispatchMode::kDropless;
+    MoeConfig unlimited = big;
+    unlimited.recv_limit_factor = 0.0f;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const double before = static_cast<double>(MoeLayer::workspace_bytes(unlimited, 16384, 8)) / gib;
+    const double after = static_cast<double>(MoeLayer::workspace_bytes(big, 16384, 8)) / gib;
+    std::printf("workspace per layer at hidden 4096, ffn 14336, 16384 tokens, ep 8, dropless, bf16: %.2f GiB "
+                "without a receive limit, %.2f GiB with the default (2x); 32 layers: %.1f vs %.1f GiB\n",
+                before, after, 32 * before, 32 * after);
+    EXPECT_LT(after, before);
 }
 
 TEST(MoeEpLocalRanks, ForcedRoutingRejectsBadTables) {
