@@ -301,23 +301,29 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::int64_t* send_c
     }
 
     // 2. The data, packed by rank on both sides.
+    post_exchange(send, host_send, recv, host_recv, dtype, s, kOp);
+}
+
+void NcclCommunicator::post_exchange(const void* send, const std::int64_t* send_counts, void* recv,
+                                     const std::int64_t* recv_counts, DType dtype, void* native, const char* op) {
+    auto* s = static_cast<cudaStream_t>(native);
     const std::size_t esize = dtype_size(dtype);
     const ncclDataType_t type = nccl_type(dtype);
-    check_nccl(ncclGroupStart(), kOp, "ncclGroupStart");
+    check_nccl(ncclGroupStart(), op, "ncclGroupStart");
     std::size_t send_offset = 0, recv_offset = 0;
-    for (int p = 0; p < n; ++p) {
-        const auto send_count = static_cast<std::size_t>(host_send[p]);
-        const auto recv_count = static_cast<std::size_t>(host_recv[p]);
+    for (int p = 0; p < size_; ++p) {
+        const auto send_count = static_cast<std::size_t>(send_counts[p]);
+        const auto recv_count = static_cast<std::size_t>(recv_counts[p]);
         if (send_count > 0)
             check_nccl(ncclSend(static_cast<const char*>(send) + send_offset * esize, send_count, type, p, comm_, s),
-                       kOp, "ncclSend");
+                       op, "ncclSend");
         if (recv_count > 0)
-            check_nccl(ncclRecv(static_cast<char*>(recv) + recv_offset * esize, recv_count, type, p, comm_, s), kOp,
+            check_nccl(ncclRecv(static_cast<char*>(recv) + recv_offset * esize, recv_count, type, p, comm_, s), op,
                        "ncclRecv");
         send_offset += send_count;
         recv_offset += recv_count;
     }
-    check_nccl(ncclGroupEnd(), kOp, "ncclGroupEnd");
+    check_nccl(ncclGroupEnd(), op, "ncclGroupEnd");
 }
 
 void NcclCommunicator::all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
@@ -342,23 +348,7 @@ void NcclCommunicator::all_to_all_v_known(const void* send, const std::int64_t* 
     }
     SCMOE_CHECK(total_send == 0 || send != nullptr, "rank " << rank_ << ": all_to_all_v_known: a null send buffer");
     SCMOE_CHECK(total_recv == 0 || recv != nullptr, "rank " << rank_ << ": all_to_all_v_known: a null recv buffer");
-    const std::size_t esize = dtype_size(dtype);
-    const ncclDataType_t type = nccl_type(dtype);
-    check_nccl(ncclGroupStart(), kOp, "ncclGroupStart");
-    std::size_t send_offset = 0, recv_offset = 0;
-    for (int p = 0; p < n; ++p) {
-        const auto send_count = static_cast<std::size_t>(send_counts[p]);
-        const auto recv_count = static_cast<std::size_t>(recv_counts[p]);
-        if (send_count > 0)
-            check_nccl(ncclSend(static_cast<const char*>(send) + send_offset * esize, send_count, type, p, comm_, s), kOp,
-                       "ncclSend");
-        if (recv_count > 0)
-            check_nccl(ncclRecv(static_cast<char*>(recv) + recv_offset * esize, recv_count, type, p, comm_, s), kOp,
-                       "ncclRecv");
-        send_offset += send_count;
-        recv_offset += recv_count;
-    }
-    check_nccl(ncclGroupEnd(), kOp, "ncclGroupEnd");
+    post_exchange(send, send_counts, recv, recv_counts, dtype, s, kOp);
 }
 
 void NcclCommunicator::all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) {

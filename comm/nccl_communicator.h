@@ -100,6 +100,9 @@ class NcclCommunicator final : public Communicator {
     void* native_stream(Stream& stream, const char* op) const;
     // Polls `stream` (a cudaStream_t) to completion within the timeout; see wait().
     void wait_native(void* stream, const char* op);
+    // The data of an all-to-all: grouped ncclSend/ncclRecv of the host counts, packed by rank.
+    void post_exchange(const void* send, const std::int64_t* send_counts, void* recv, const std::int64_t* recv_counts,
+                       DType dtype, void* stream, const char* op);
     // Polls a non-blocking communicator until its last call has left ncclInProgress.
     void settle(const char* op);
     // Aborts the communicator and throws "rank r: op: what".

@@ -257,13 +257,19 @@ TEST(MoeEpLocalRanks, ReceiveLimitExceededIsNamedBeforeAnyDataMoves) {
 
 // The receive limit sizes the dropless expert side: below the unlimited workspace, equal to it once
 // the limit reaches ep (every assignment of every rank), and capacity mode does not depend on it.
-TEST(MoeWorkspace, ReceiveLimitBoundsTheDroplessExpertSide) {
+MoeConfig dropless_top2(std::int64_t hidden, std::int64_t ffn, DType dtype) {
     MoeConfig c;
-    c.hidden = 64;
-    c.ffn = 128;
+    c.hidden = hidden;
+    c.ffn = ffn;
     c.num_experts = 8;
     c.top_k = 2;
+    c.dtype = dtype;
     c.dispatch = DispatchMode::kDropless;
+    return c;
+}
+
+TEST(MoeWorkspace, ReceiveLimitBoundsTheDroplessExpertSide) {
+    const MoeConfig c = dropless_top2(64, 128, DType::kF32);
     const std::int64_t T = 256;
     const int ep = 8;
     auto bytes = [&](float factor, DispatchMode d) {
@@ -277,13 +283,7 @@ TEST(MoeWorkspace, ReceiveLimitBoundsTheDroplessExpertSide) {
     EXPECT_LT(bytes(2.0f, kDropless), bytes(4.0f, kDropless));
     EXPECT_EQ(bytes(2.0f, DispatchMode::kCapacity), bytes(0.0f, DispatchMode::kCapacity));
     // The review's shape (C1): hidden 4096, ffn 14336, 8 experts top-2, bf16, 16384 tokens, ep 8.
-    MoeConfig big;
-    big.hidden = 4096;
-    big.ffn = 14336;
-    big.num_experts = 8;
-    big.top_k = 2;
-    big.dtype = DType::kBF16;
-    big.dispatch = DispatchMode::kDropless;
+    const MoeConfig big = dropless_top2(4096, 14336, DType::kBF16);
     MoeConfig unlimited = big;
     unlimited.recv_limit_factor = 0.0f;
     const double gib = 1024.0 * 1024.0 * 1024.0;
