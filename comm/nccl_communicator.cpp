@@ -13,6 +13,7 @@
 
 #include "comm/detail/collective_util.h"
 #include "comm/detail/cuda_util.h"
+#include "comm/detail/nccl_teardown.h"
 #include "kernels/error.h"
 
 namespace scmoe {
@@ -79,7 +80,24 @@ NcclCommunicator::~NcclCommunicator() {
         cudaFreeHost(staging_->counts_host);
         cudaFree(staging_->barrier_device);
     }
-    if (owned_ && comm_ != nullptr && !broken_) ncclCommDestroy(comm_);
+    if (owned_ && comm_ != nullptr && !broken_) {
+        // Review L4: finalize (flushing outstanding work), polled to completion on a non-blocking
+        // communicator, then destroy; abort on an error or the timeout (comm/detail/nccl_teardown.h).
+        using comm_detail::NcclState;
+        ncclComm_t comm = comm_;
+        const auto deadline = deadline_after(timeout_s_);
+        auto state_of = [](ncclResult_t r) {
+            return r == ncclSuccess ? NcclState::kSuccess : r == ncclInProgress ? NcclState::kInProgress : NcclState::kError;
+        };
+        comm_detail::tear_down_nccl({[&] { return state_of(ncclCommFinalize(comm)); },
+                                     [&] {
+                                         ncclResult_t state = ncclSuccess;
+                                         if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return NcclState::kError;
+                                         return state_of(state);
+                                     },
+                                     [&] { ncclCommDestroy(comm); }, [&] { ncclCommAbort(comm); },
+                                     [&] { return Clock::now() > deadline; }, [] { std::this_thread::yield(); }});
+    }
     if (previous >= 0) cudaSetDevice(previous);
 }
 
