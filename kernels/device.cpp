@@ -37,6 +37,14 @@ bool cuda_device_available() {
 #endif
 }
 
+std::string cuda_unavailable_reason() {
+#if SCMOE_WITH_CUDA
+    return cuda::unavailable_reason();
+#else
+    return "this build has no CUDA backend (configure with -DSCMOE_WITH_CUDA=ON)";
+#endif
+}
+
 std::unique_ptr<Device> make_device(std::string_view backend, [[maybe_unused]] int index, std::string_view gpu) {
     if (backend == "emu") {
         emu::EmuOptions options;
@@ -55,9 +63,9 @@ std::unique_ptr<Device> make_device(std::string_view backend, [[maybe_unused]] i
 #endif
         }
         if (backend == "auto") return cpu::make_device();
-        SCMOE_FAIL("--backend cuda asked for, but "
-                   << (cuda_backend_built() ? "no CUDA device answers (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
-                                            : "this build has no CUDA backend (configure with -DSCMOE_WITH_CUDA=ON)"));
+        SCMOE_FAIL("--backend cuda asked for, but " << cuda_unavailable_reason()
+                                                    << (cuda_backend_built() ? " (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+                                                                             : ""));
     }
     SCMOE_FAIL("unknown backend '" << backend << "': expected auto, cpu, cuda or emu");
 }

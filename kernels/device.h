@@ -88,6 +88,9 @@ protected:
 
 // True when the CUDA backend is built in and at least one device answers.
 bool cuda_device_available();
+// Why cuda_device_available() is false ("" when it is true): no CUDA backend in this build, no
+// device, or the CUDA runtime's error (e.g. a driver too old for this runtime), never hidden.
+std::string cuda_unavailable_reason();
 // True when this build contains the CUDA backend.
 bool cuda_backend_built();
 

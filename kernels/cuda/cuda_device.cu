@@ -328,19 +328,25 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-int device_count() {
-    try {
-        int count = 0;
-        cudaError_t err = cudaGetDeviceCount(&count);
-        if (err != cudaSuccess) {
-            cudaGetLastError();  // no driver / no device: not an error for the caller
-            return 0;
-        }
-        return count;
-    } catch (...) {
-        return 0;
-    }
+namespace {
+// One cudaGetDeviceCount: the count, or 0 and why.
+std::pair<int, std::string> probe_devices() {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaSuccess && count > 0) return {count, ""};
+    cudaGetLastError();  // not sticky: clear it for later calls
+    if (err == cudaSuccess || err == cudaErrorNoDevice) return {0, "no CUDA device (cudaErrorNoDevice)"};
+    return {0, std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err) +
+                   (err == cudaErrorInsufficientDriver
+                        ? " (no NVIDIA driver, or one older than this CUDA " + std::to_string(CUDART_VERSION / 1000) +
+                              " runtime: install or update the driver)"
+                        : std::string())};
 }
+}  // namespace
+
+int device_count() { return probe_devices().first; }
+
+std::string unavailable_reason() { return probe_devices().second; }
 
 std::unique_ptr<Device> make_device(int index) {
     const int count = device_count();

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "kernels/activation.h"
 #include "kernels/adamw.h"
@@ -24,6 +25,10 @@
 namespace scmoe::cuda {
 
 int device_count();  // 0 when no driver or device answers
+// Why device_count() is 0: "" when a device answers; "no CUDA device (cudaErrorNoDevice)" when none
+// is present; otherwise the runtime's own error (a driver older than this CUDA runtime reports
+// cudaErrorInsufficientDriver, which must not pass for "no device": review L3).
+std::string unavailable_reason();
 std::unique_ptr<Device> make_device(int index);
 
 void gemm(const GemmArgs& args, void* stream);

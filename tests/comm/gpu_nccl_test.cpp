@@ -51,7 +51,7 @@ struct OneRankNccl {
 #endif
 
 TEST(GpuNccl, OneRankFileBootstrapCollectivesExact) {
-    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    SCMOE_REQUIRE_GPU();
 #if SCMOE_WITH_CUDA
     const auto dir = std::filesystem::temp_directory_path() /
                      ("scmoe_gpu_nccl_" + std::to_string(getpid()) + "_" +

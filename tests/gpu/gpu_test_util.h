@@ -12,13 +12,20 @@
 #include <random>
 #include <vector>
 
+#include "gpu_presence.h"
 #include "kernels/device.h"
 #include "kernels/math.h"
 
-// Every GPU test starts with this: without a device it reports a skip, never a failure.
-#define SCMOE_REQUIRE_GPU()                                                                        \
-    do {                                                                                           \
-        if (!::scmoe::cuda_device_available()) GTEST_SKIP() << "no CUDA device: GPU test skipped"; \
+// Every GPU test starts with this: without a GPU it reports a skip; with a GPU that CUDA cannot use
+// (nvidia-smi lists one, CUDA answers with none) it fails with CUDA's reason (review L3).
+#define SCMOE_REQUIRE_GPU()                                                                                 \
+    do {                                                                                                    \
+        if (::scmoe::cuda_device_available()) break;                                                        \
+        if (::scmoe::testing::gpu_test_action(false, ::scmoe::testing::lists_gpu(                           \
+                                                         ::scmoe::testing::nvidia_smi_list())) ==           \
+            ::scmoe::testing::GpuTestAction::kFail)                                                         \
+            FAIL() << "nvidia-smi lists a GPU, but CUDA cannot use it: " << ::scmoe::cuda_unavailable_reason(); \
+        GTEST_SKIP() << "no CUDA device: GPU test skipped (" << ::scmoe::cuda_unavailable_reason() << ")";  \
     } while (0)
 
 namespace scmoe::gpu_testing {

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_presence.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/workspace.h"
@@ -133,12 +134,30 @@ TEST(CpuStream, ErrorIsRethrownAtSynchronizeAndLaterWorkSkipped) {
 TEST(Backend, AutoPicksCpuWithoutGpuAndCudaWithoutGpuIsAClearError) {
     if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present: this test covers machines without one";
     EXPECT_EQ(make_device("auto")->backend(), Backend::kCpu);
+    const std::string reason = cuda_unavailable_reason();
+    EXPECT_FALSE(reason.empty()) << "no device, yet no reason";
     try {
         make_device("cuda");
         FAIL() << "make_device(\"cuda\") succeeded without a device";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("--backend cuda"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << "the error hides CUDA's reason: " << e.what();
     }
+}
+
+// Review L3: a GPU test skips only where there is no GPU. nvidia-smi -L's listing decides.
+TEST(GpuPresence, TestsFailInsteadOfSkippingWhenNvidiaSmiListsAGpu) {
+    using testing::GpuTestAction;
+    EXPECT_TRUE(testing::lists_gpu("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1234)\n"));
+    EXPECT_TRUE(testing::lists_gpu("GPU 0: A\nGPU 1: B\n"));
+    EXPECT_FALSE(testing::lists_gpu(""));
+    EXPECT_FALSE(testing::lists_gpu("No devices were found\n"));
+    EXPECT_FALSE(testing::lists_gpu(
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. GPU 0: mentioned mid-line\n"));
+    EXPECT_EQ(testing::gpu_test_action(true, true), GpuTestAction::kRun);
+    EXPECT_EQ(testing::gpu_test_action(true, false), GpuTestAction::kRun);
+    EXPECT_EQ(testing::gpu_test_action(false, true), GpuTestAction::kFail);
+    EXPECT_EQ(testing::gpu_test_action(false, false), GpuTestAction::kSkip);
 }
 
 TEST(Backend, UnknownNameIsRejected) { EXPECT_THROW(make_device("tpu"), Error); }
