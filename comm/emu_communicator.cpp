@@ -55,6 +55,16 @@ struct EmuGroup::State {
                             << ", " << dtype_name(c.dtype) << ", root " << c.root << "): mismatched collectives");
         return c;
     }
+    // Under mu, once every member's send counts are in: each member's time for the all-to-all's
+    // data (the topology's model of the [member, peer] byte matrix).
+    std::vector<double> data_durations(const EmuCall& c) const {
+        const std::size_t n = ranks.size();
+        const double esize = static_cast<double>(dtype_size(c.dtype));
+        std::vector<double> bytes(n * n);
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t j = 0; j < n; ++j) bytes[i * n + j] = esize * static_cast<double>(c.send_counts[i][j]);
+        return all_to_all_us(topology, ranks, bytes);
+    }
     // Under mu: one member is done with call `seq`; the last one forgets it.
     void finish(std::uint64_t seq) {
         auto it = calls.find(seq);
@@ -111,7 +121,6 @@ public:
         // 4. The host waits for them, as NcclCommunicator does.
         stream.synchronize();
         std::int64_t total_send = 0;
-        std::vector<double> bytes;
         std::shared_ptr<emu::Rendezvous> data_meet;
         {
             std::scoped_lock lock(st.mu);
@@ -125,15 +134,7 @@ public:
                                     << staging_[static_cast<std::size_t>(p)] << " elements (negative)");
                 total_send += sent;
             }
-            if (!c.data_meet) {
-                const double esize = static_cast<double>(dtype_size(dtype));
-                bytes.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
-                for (int i = 0; i < n; ++i)
-                    for (int j = 0; j < n; ++j)
-                        bytes[static_cast<std::size_t>(i * n + j)] =
-                            esize * static_cast<double>(c.send_counts[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)]);
-                c.data_meet = std::make_shared<emu::Rendezvous>(all_to_all_us(st.topology, st.ranks, bytes));
-            }
+            if (!c.data_meet) c.data_meet = std::make_shared<emu::Rendezvous>(st.data_durations(c));
             data_meet = c.data_meet;
         }
         SCMOE_CHECK(total_send == 0 || send, "rank " << member_ << ": all_to_all_v: a null send buffer");
@@ -176,15 +177,7 @@ public:
             ++seq_;
             c.send_counts[static_cast<std::size_t>(member_)].assign(send_counts, send_counts + n);
             if (!c.data_meet) c.data_meet = emu::Rendezvous::deferred(n);
-            if (++c.rows_known == n) {
-                const double esize = static_cast<double>(dtype_size(dtype));
-                std::vector<double> bytes(static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
-                for (int i = 0; i < n; ++i)
-                    for (int j = 0; j < n; ++j)
-                        bytes[static_cast<std::size_t>(i * n + j)] =
-                            esize * static_cast<double>(c.send_counts[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)]);
-                c.data_meet->set_durations(all_to_all_us(st.topology, st.ranks, bytes));
-            }
+            if (++c.rows_known == n) c.data_meet->set_durations(st.data_durations(c));
             data_meet = c.data_meet;
         }
         const std::size_t esize = dtype_size(dtype);

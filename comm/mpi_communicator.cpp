@@ -227,9 +227,14 @@ void MpiCommunicator::host_all_to_all_v(const void* send, const std::int64_t* se
                 mismatch = std::current_exception();
             }
         }
-        std::vector<char> aside;
 
         const std::size_t esize = dtype_size(dtype);
+        std::vector<char> aside;  // a mismatched receive lands here (negative counts fail below)
+        if (mismatch) {
+            std::size_t all_in = 0;
+            for (std::int64_t c : counts_in) all_in += static_cast<std::size_t>(std::max<std::int64_t>(c, 0)) * esize;
+            aside.resize(all_in + 1);
+        }
         Exchange data{.op = kOp};
         std::size_t send_offset = 0, recv_offset = 0;
         for (std::size_t p = 0; p < n; ++p) {
@@ -240,11 +245,6 @@ void MpiCommunicator::host_all_to_all_v(const void* send, const std::int64_t* se
             SCMOE_CHECK(in_bytes == 0 || recv != nullptr, "rank " << rank_
                                                                   << ": all_to_all_v: null recv buffer but rank " << p
                                                                   << " sends " << counts_in[p]);
-            if (mismatch && aside.empty()) {
-                std::size_t all_in = 0;
-                for (std::size_t q = 0; q < n; ++q) all_in += static_cast<std::size_t>(counts_in[q]) * esize;
-                aside.resize(all_in + 1);
-            }
             char* in = (mismatch ? aside.data() : static_cast<char*>(recv)) + recv_offset;
             auto* out = const_cast<char*>(static_cast<const char*>(send)) + send_offset;  // MPI takes void*
             if (p == me) {

@@ -74,26 +74,23 @@ void MoeLayer::dispatch_counts(Stream& stream) {
         h.recv_elements[p] = rows * H;
         total += rows;
     }
+    h.local_offsets[0] = 0;
+    for (int e = 0; e < El; ++e) {
+        std::int64_t rows = 0;
+        for (int p = 0; p < P; ++p) rows += h.recv_expert_counts[p * El + e];
+        h.local_offsets[e + 1] = h.local_offsets[e] + static_cast<std::int32_t>(rows);
+    }
     if (total > Re) {
         // Checked before any data exchange is posted (review R2): the receive workspace holds Re rows.
         std::ostringstream counts;
-        for (int e = 0; e < El; ++e) {
-            std::int64_t rows = 0;
-            for (int p = 0; p < P; ++p) rows += h.recv_expert_counts[p * El + e];
-            counts << (e ? ", " : "") << "expert " << rank * El + e << ": " << rows;
-        }
+        for (int e = 0; e < El; ++e)
+            counts << (e ? ", " : "") << "expert " << rank * El + e << ": " << h.local_offsets[e + 1] - h.local_offsets[e];
         SCMOE_FAIL("MoeLayer.dispatch: rank " << rank << " receives " << total << " rows for its experts ("
                                               << counts.str() << "), more than the " << Re
                                               << " its workspace holds (dropless receive limit: recv_limit_factor "
                                               << config_.recv_limit_factor << " x max_tokens " << max_tokens_
                                               << " x top_k " << config_.top_k
                                               << "; raise MoeConfig.recv_limit_factor, 0 = no limit)");
-    }
-    h.local_offsets[0] = 0;
-    for (int e = 0; e < El; ++e) {
-        std::int64_t rows = 0;
-        for (int p = 0; p < P; ++p) rows += h.recv_expert_counts[p * El + e];
-        h.local_offsets[e + 1] = h.local_offsets[e] + static_cast<std::int32_t>(rows);
     }
     stream.copy(b.local_offsets, h.local_offsets, static_cast<std::size_t>(El + 1) * sizeof(std::int32_t));
 }
