@@ -10,5 +10,6 @@ int run_gemm_bench(int argc, char** argv, const std::string& command);
 int run_layer_bench(int argc, char** argv, const std::string& command);
 int run_a2a_bench(int argc, char** argv, const std::string& command);
 int run_block_bench(int argc, char** argv, const std::string& command);
+int run_attention_bench(int argc, char** argv, const std::string& command);
 
 }  // namespace scmoe::bench

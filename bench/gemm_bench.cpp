@@ -47,7 +47,8 @@ cxxopts::Options gemm_options() {
          cxxopts::value<std::string>()->default_value("balanced,zipf"))
         ("zipf", "Zipf exponent s of the zipf load", cxxopts::value<double>()->default_value("1.2"))
         ("p,provider", "Grouped GEMM providers, comma list: auto, loop, cublas-batched (CUDA, balanced loads only), "
-                       "device-grouped (CUDA)", cxxopts::value<std::string>()->default_value("auto"))
+                       "device-grouped (CUDA), cutlass-grouped (CUDA built with CUTLASS; bf16, hidden and ffn "
+                       "multiples of 8)", cxxopts::value<std::string>()->default_value("auto"))
         ("dtype", "Element type: auto (the device's compute dtype: f32 on cpu, bf16 on cuda), f32 or bf16",
          cxxopts::value<std::string>()->default_value("auto"))
         ("seed", "Seed of the random inputs", cxxopts::value<std::uint64_t>()->default_value("1234"));
@@ -93,10 +94,19 @@ DType resolve_dtype(const std::string& name, const Device& device) {
     throw UsageError("--dtype " + name + ": expected auto, f32 or bf16");
 }
 
-// The provider that actually runs, so the table names it (auto resolves as for ragged loads).
-GroupedGemmProvider resolve_provider(GroupedGemmProvider p, Backend backend) {
+// The provider that actually runs, so the table names it: auto resolves as the library does for a
+// ragged forward call of this shape (device buffers are 256-byte aligned, so null pointers stand in).
+GroupedGemmProvider resolve_provider(GroupedGemmProvider p, const GemmBenchArgs& args, DType dtype, Device& device) {
     if (p != GroupedGemmProvider::kAuto) return p;
-    return backend == Backend::kCpu ? GroupedGemmProvider::kLoop : GroupedGemmProvider::kDeviceGrouped;
+    if (device.backend() == Backend::kEmu) return GroupedGemmProvider::kDeviceGrouped;  // what the emulator models
+    GroupedGemmArgs g;
+    g.kind = GroupedGemmKind::kForward;
+    g.num_groups = args.experts;
+    g.k = args.hidden;
+    g.n = args.ffn;
+    g.ab_dtype = g.c_dtype = dtype;
+    std::unique_ptr<Stream> stream = device.create_stream();
+    return resolve_grouped_gemm_provider(g, p, grouped_gemm_target(*stream));
 }
 
 // Elements of `got` farther than tol * max(|ref|, rms(ref)) from `ref` (NaN counts as wrong). The
@@ -136,7 +146,7 @@ int run_gemm_bench(int argc, char** argv, const std::string& command) {
     // The providers that run, resolved (auto named as what it picks) and without repeats.
     std::vector<GroupedGemmProvider> providers;
     for (std::size_t i = 0; i < args.providers.size(); ++i) {
-        const GroupedGemmProvider p = resolve_provider(args.providers[i], backend);
+        const GroupedGemmProvider p = resolve_provider(args.providers[i], args, dtype, *device);
         if (backend == Backend::kCpu && p != GroupedGemmProvider::kLoop)
             throw UsageError("--provider " + args.provider_names[i] + " needs the cuda backend");
         if (std::find(providers.begin(), providers.end(), p) == providers.end()) providers.push_back(p);

@@ -45,7 +45,8 @@ cxxopts::Options layer_options() {
         ("shared-expert", "Add the dense shared expert on x")
         ("shared-ffn", "Shared expert FFN width (0 = --ffn)", cxxopts::value<std::int64_t>()->default_value("0"))
         ("cg", "CG-1 coefficient gate on the shared expert (implies --shared-expert)")
-        ("p,provider", "Grouped GEMM provider of the experts: auto, loop, cublas-batched, device-grouped "
+        ("p,provider", "Grouped GEMM provider of the experts: auto, loop, cublas-batched, device-grouped, "
+                       "cutlass-grouped "
                        "(default: SCMOE_GROUPED_GEMM_PROVIDER, else auto)", cxxopts::value<std::string>())
         ("check-finite", "The layer's own NaN/Inf input checks (MoeConfig.check_finite): 0 or 1",
          cxxopts::value<int>()->default_value("1"))

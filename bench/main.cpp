@@ -3,6 +3,7 @@
 //   scmoe-bench layer [options]   MoeLayer forward / forward+backward and per-stage times (--ep N: expert-parallel)
 //   scmoe-bench a2a   [options]   all_to_all_v bandwidth over a size sweep (nccl-tests alltoall)
 //   scmoe-bench block [options]   ScMoE block configurations side by side (overlap, speedup vs top-2)
+//   scmoe-bench attention [opts]  causal attention fwd/bwd per provider (cuDNN, own kernel), TFLOP/s
 #include <iostream>
 
 #include "benches.h"
@@ -13,14 +14,15 @@
 namespace {
 
 void print_usage(std::ostream& os) {
-    cxxopts::Options common("scmoe-bench <gemm|layer|a2a|block>",
+    cxxopts::Options common("scmoe-bench <gemm|layer|a2a|block|attention>",
                             "scmoe-bench " + std::string(scmoe::bench::scmoe_version()) +
                                 ": scmoe microbenchmarks with nccl-tests style tables.\n\n"
                                 "Subcommands:\n"
                                 "  gemm    grouped GEMM over expert loads vs one dense GEMM of the same FLOPs\n"
                                 "  layer   MoeLayer fwd and fwd+bwd, per-stage times; --ep N: expert-parallel\n"
                                 "  a2a     all_to_all_v bandwidth over a size sweep, in-process ranks or mpirun\n"
-                                "  block   ScMoE block variants side by side: overlap, exposed comm, speedup vs top-2\n\n"
+                                "  block   ScMoE block variants side by side: overlap, exposed comm, speedup vs top-2\n"
+                                "  attention  causal attention fwd, bwd, fwd+bwd per provider (cudnn, own), TFLOP/s\n\n"
                                 "'scmoe-bench <subcommand> --help' lists a subcommand's options. Exit status: 0 ok, "
                                 "1 wrong results, 2 bad command line, 3 runtime error.");
     common.set_width(110);
@@ -52,7 +54,9 @@ int main(int argc, char** argv) {
         if (sub == "layer") return run_layer_bench(argc - 1, argv + 1, command);
         if (sub == "a2a") return run_a2a_bench(argc - 1, argv + 1, command);
         if (sub == "block") return run_block_bench(argc - 1, argv + 1, command);
-        std::cerr << "scmoe-bench: unknown subcommand '" << sub << "': expected gemm, layer, a2a or block (see --help)\n";
+        if (sub == "attention") return run_attention_bench(argc - 1, argv + 1, command);
+        std::cerr << "scmoe-bench: unknown subcommand '" << sub
+                  << "': expected gemm, layer, a2a, block or attention (see --help)\n";
         return kExitUsage;
     } catch (const cxxopts::exceptions::exception& e) {
         std::cerr << "scmoe-bench " << sub << ": " << e.what() << " (see 'scmoe-bench " << sub << " --help')\n";

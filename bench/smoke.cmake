@@ -1,7 +1,7 @@
-# Runs scmoe-bench gemm, layer and a2a at tiny sizes with --check 1 and -J, and checks that each exits 0,
+# Runs scmoe-bench gemm, layer, attention and a2a at tiny sizes with --check 1 and -J, and checks that each exits 0,
 # writes JSON with rows and reports no wrong elements.
 #   cmake -DBENCH=/path/to/scmoe-bench -DOUT_DIR=/tmp/out [-DGROUP=single|ranks] -P smoke.cmake
-# GROUP single: one rank (gemm, layer); ranks: several in-process ranks (a2a --ranks, layer --ep);
+# GROUP single: one rank (gemm, layer, attention); ranks: several in-process ranks (a2a --ranks, layer --ep);
 # unset: both.
 cmake_minimum_required(VERSION 3.25)
 file(MAKE_DIRECTORY ${OUT_DIR})
@@ -41,6 +41,7 @@ if(NOT DEFINED GROUP OR GROUP STREQUAL "single")
   run_bench(layer layer --tokens 40,64 --hidden 32 --ffn 48 --experts 4 --top-k 2 --dispatch capacity,dropless
             --shared-expert --cg -n 2 -w 1)
   run_bench(layer_gelu layer -b 16 -e 64 -f 4 --hidden 16 --ffn 24 --experts 3 --top-k 1 --activation gelu -n 1 -w 0)
+  run_bench(attention attention --batch 2 --seq 33,64 --heads 2 --head-dim 8,16 --provider auto,own -n 2 -w 1)
 endif()
 
 if(NOT DEFINED GROUP OR GROUP STREQUAL "ranks")

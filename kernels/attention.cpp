@@ -1,5 +1,7 @@
 #include "kernels/attention.h"
 
+#include <string_view>
+
 #include "kernels/error.h"
 
 namespace scmoe {
@@ -30,6 +32,38 @@ void check_attention_backward_args(const AttentionBackwardArgs& a, Backend backe
                 "attention_backward: qkv, out, lse, grad_out and grad_qkv must not be null");
     SCMOE_CHECK(a.grad_qkv != a.qkv && a.grad_qkv != a.grad_out,
                 "attention_backward: grad_qkv must not alias qkv or grad_out");
+}
+
+const char* attention_provider_name(AttentionProvider provider) {
+    switch (provider) {
+        case AttentionProvider::kAuto:
+            return "auto";
+        case AttentionProvider::kOwn:
+            return "own";
+        case AttentionProvider::kCudnn:
+            return "cudnn";
+    }
+    return "unknown";
+}
+
+AttentionProvider parse_attention_provider(const char* name) {
+    const std::string_view n = name ? name : "";
+    if (n == "auto") return AttentionProvider::kAuto;
+    if (n == "own") return AttentionProvider::kOwn;
+    if (n == "cudnn") return AttentionProvider::kCudnn;
+    SCMOE_FAIL("attention provider '" << n << "': expected auto, own or cudnn");
+}
+
+// SCMOE_WITH_CUDNN: 1 when kernels/cuda/cudnn_attention.cpp is built (top-level CMakeLists.txt).
+#if defined(SCMOE_WITH_CUDNN) && SCMOE_WITH_CUDNN
+bool attention_cudnn_built() { return true; }
+#else
+bool attention_cudnn_built() { return false; }
+#endif
+
+void check_attention_provider(AttentionProvider provider, Backend backend) {
+    SCMOE_CHECK(backend != Backend::kCpu || provider != AttentionProvider::kCudnn,
+                "attention provider cudnn needs the CUDA backend; the CPU backend has auto and own");
 }
 
 }  // namespace scmoe

@@ -7,8 +7,13 @@
 // h*head_dim.. inside each of the three parts.
 //
 // CPU: f32 only (BLAS per (batch, head) on strided views). CUDA: f32 or bf16 storage with fp32
-// accumulation, head_dim <= kAttentionCudaMaxHeadDim. lse is f32 on both. No atomics and no
-// order-dependent reductions: results are bitwise reproducible run to run.
+// accumulation, head_dim <= kAttentionCudaMaxHeadDim. lse is f32 on both. Results are bitwise
+// reproducible run to run (the own kernels have no atomics; cuDNN's backward runs its deterministic
+// algorithm unless SCMOE_ATTENTION_DETERMINISTIC=0).
+//
+// Providers on CUDA (AttentionProvider below): scmoe's own kernel (the reference, every dtype and
+// head_dim above) and cuDNN's fused flash attention (bf16 only; built when the cuDNN frontend is
+// found, SCMOE_WITH_CUDNN). Both write the same lse, so either backward consumes either forward's lse.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +33,29 @@ struct AttentionArgs {
     const void* qkv = nullptr;  // [batch*seq, 3*heads*head_dim]
     void* out = nullptr;        // [batch*seq, heads*head_dim] out; head h at columns h*head_dim..
     // [batch, heads, seq] f32 out: log-sum-exp of each scaled score row, kept for backward; null:
-    // not stored (inference).
+    // not stored (inference). lse_bhi = ln(sum_{j <= i} exp(scale * q_i . k_j)), natural log, the
+    // scale applied; cuDNN's softmax "Stats" output has the same definition and layout.
     float* lse = nullptr;
 };
-void attention_forward(const AttentionArgs& args, Stream& stream);
+
+// Which implementation runs attention on a CUDA stream (the CPU and emulated backends have one).
+//   kAuto:  the SCMOE_ATTENTION_PROVIDER environment variable when set (auto, own or cudnn; default
+//           unset = auto). Auto picks cuDNN for bf16 when scmoe is built with it, head_dim is a
+//           multiple of 8 (<= 256) and the pointers are 16-byte aligned; otherwise the own kernel.
+//           When cuDNN itself turns the shape down on the device (its support check), auto runs the
+//           own kernel and says so once per shape on stderr.
+//   kOwn:   scmoe's own kernel (every dtype and head_dim above; the reference).
+//   kCudnn: cuDNN only; throws scmoe::Error with the reason (not built, not bf16, head_dim, alignment,
+//           or cuDNN's own message) where it cannot run.
+enum class AttentionProvider { kAuto, kOwn, kCudnn };
+const char* attention_provider_name(AttentionProvider provider);  // "auto", "own", "cudnn"
+// "auto", "own" or "cudnn"; throws scmoe::Error naming the accepted values otherwise.
+AttentionProvider parse_attention_provider(const char* name);
+// Whether this build has the cuDNN provider (CUDA backend built with the cuDNN frontend).
+bool attention_cudnn_built();
+
+void attention_forward(const AttentionArgs& args, Stream& stream,
+                       AttentionProvider provider = AttentionProvider::kAuto);
 
 // Causal attention: QK^T and PV over the lower triangle, 2 * (2 * b*h*s*s*d) / 2 FLOPs (the count
 // FlashAttention's papers use for causal masks); reads qkv once, writes out and lse (a fused kernel).
@@ -56,7 +80,8 @@ struct AttentionBackwardArgs {
     const void* grad_out = nullptr;  // [batch*seq, heads*head_dim]
     void* grad_qkv = nullptr;        // [batch*seq, 3*heads*head_dim] out, overwritten; must not overlap the inputs
 };
-void attention_backward(const AttentionBackwardArgs& args, Stream& stream);
+void attention_backward(const AttentionBackwardArgs& args, Stream& stream,
+                        AttentionProvider provider = AttentionProvider::kAuto);
 
 // 2.5x the forward's FLOPs (recompute of P, then dV, dP, dQ, dK: the FlashAttention-2 count).
 inline OpCost op_cost(const AttentionBackwardArgs& a) {
@@ -75,5 +100,7 @@ inline OpCost op_cost(const AttentionBackwardArgs& a) {
 // head_dim the backend does not support). The ops call them before enqueueing anything.
 void check_attention_args(const AttentionArgs& args, Backend backend);
 void check_attention_backward_args(const AttentionBackwardArgs& args, Backend backend);
+// Throws when `provider` is kCudnn on the CPU backend (which has one implementation, the own).
+void check_attention_provider(AttentionProvider provider, Backend backend);
 
 }  // namespace scmoe

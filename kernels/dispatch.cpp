@@ -97,13 +97,15 @@ void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) {
     check_rmsnorm_backward_args(a, s.backend());
     run_on(s, [a] { cpu::rmsnorm_backward(a); }, SCMOE_CUDA_CALL(rmsnorm_backward(a, native)), SCMOE_EMU_CALL(rmsnorm_backward(a, s)));
 }
-void attention_forward(const AttentionArgs& a, Stream& s) {
+void attention_forward(const AttentionArgs& a, Stream& s, [[maybe_unused]] AttentionProvider p) {
     check_attention_args(a, s.backend());
-    run_on(s, [a] { cpu::attention_forward(a); }, SCMOE_CUDA_CALL(attention_forward(a, native)), SCMOE_EMU_CALL(attention_forward(a, s)));
+    check_attention_provider(p, s.backend());
+    run_on(s, [a] { cpu::attention_forward(a); }, SCMOE_CUDA_CALL(attention_forward(a, p, native)), SCMOE_EMU_CALL(attention_forward(a, s)));
 }
-void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
+void attention_backward(const AttentionBackwardArgs& a, Stream& s, [[maybe_unused]] AttentionProvider p) {
     check_attention_backward_args(a, s.backend());
-    run_on(s, [a] { cpu::attention_backward(a); }, SCMOE_CUDA_CALL(attention_backward(a, native)), SCMOE_EMU_CALL(attention_backward(a, s)));
+    check_attention_provider(p, s.backend());
+    run_on(s, [a] { cpu::attention_backward(a); }, SCMOE_CUDA_CALL(attention_backward(a, p, native)), SCMOE_EMU_CALL(attention_backward(a, s)));
 }
 void adamw_step(const AdamWArgs& a, Stream& s) {
     check_adamw_args(a);

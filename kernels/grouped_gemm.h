@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/device.h"
 #include "kernels/dtype.h"
@@ -22,16 +23,28 @@ namespace scmoe {
 
 enum class GroupedGemmKind { kForward, kGradInput, kGradWeight };
 
+// Where each provider stands (CUDA): cutlass-grouped is meant to be the fast path wherever it is
+// built and supported (CUTLASS's tuned kernels; not yet benchmarked here against device-grouped);
+// device-grouped stays as the fallback for shapes CUTLASS refuses and as a second reference; loop is
+// the reference every other provider is tested against.
 enum class GroupedGemmProvider {
-    kAuto,              // CPU: kLoop. CUDA: kCublasStridedBatched when rows_per_group > 0, else kDeviceGrouped.
+    kAuto,              // CPU: kLoop. CUDA: kCutlassGrouped when built and supported (see
+                        // resolve_grouped_gemm_provider); else kCublasStridedBatched when
+                        // rows_per_group > 0, else kDeviceGrouped for bf16, else kLoop.
     kLoop,              // Reference: one GEMM per group. On CUDA it copies the offsets to the host
                         // (a stream sync per call), hence the name "cublas-loop-hostsync".
     kCublasStridedBatched,  // CUDA, capacity mode only (rows_per_group > 0): one strided batched GEMM.
-    kDeviceGrouped,     // CUDA: scmoe's own bf16 tensor-core kernel; reads the offsets on the device.
+    kDeviceGrouped,     // CUDA: scmoe's own bf16 WMMA kernel (sm_80+, about 25-40 % of H100 peak);
+                        // reads the offsets on the device. Takes any k, n; kept as the fallback.
+    kCutlassGrouped,    // CUDA, built when CMake finds CUTLASS: CUTLASS grouped GEMM, offsets read on
+                        // the device (no host sync). sm_90: TMA + WGMMA persistent kernel (sm_90a);
+                        // sm_80..sm_89 (and other devices, explicitly requested): CUTLASS 2.x
+                        // GemmGrouped. bf16 inputs; bf16 output for kForward/kGradInput, f32 for
+                        // kGradWeight; k and n multiples of 8 (see cutlass_grouped_gemm_unsupported).
 };
 
 const char* grouped_gemm_provider_name(GroupedGemmProvider p, Backend backend);
-// Parses "auto", "loop", "cublas-batched", "device-grouped"; throws on anything else.
+// Parses "auto", "loop", "cublas-batched", "device-grouped", "cutlass-grouped"; throws on anything else.
 GroupedGemmProvider parse_grouped_gemm_provider(const char* name);
 
 struct GroupedGemmArgs {
@@ -52,6 +65,38 @@ struct GroupedGemmArgs {
 
 void grouped_gemm(const GroupedGemmArgs& args, Stream& stream,
                   GroupedGemmProvider provider = GroupedGemmProvider::kAuto);
+
+// ---- Provider choice (host-only logic; public so tests and benchmarks can see what auto picks) ----
+
+// Whether this build of scmoe has provider `p` (kCutlassGrouped: CUTLASS was found at configure time).
+bool grouped_gemm_provider_built(GroupedGemmProvider p);
+
+// What the choice depends on besides the arguments: the stream's backend and, on CUDA, its device.
+struct GroupedGemmTarget {
+    Backend backend = Backend::kCpu;
+    int cc_major = 0;            // CUDA compute capability of the stream's device (0 on other backends)
+    int cc_minor = 0;
+    bool cutlass_built = false;  // grouped_gemm_provider_built(kCutlassGrouped) for this library
+};
+
+// The target of `stream`: its backend and, on CUDA, its device's compute capability.
+GroupedGemmTarget grouped_gemm_target(Stream& stream);
+
+// Most groups cutlass-grouped takes: its per-group arrays live in the stream's 1 MiB device scratch.
+constexpr int kCutlassGroupedMaxGroups = 4096;
+
+// "" when cutlass-grouped can run `args` on `target`; otherwise why not, ending with what to use
+// instead. Needs: CUDA backend, built, compute capability 8.0 or newer, ab_dtype bf16, c_dtype bf16
+// (kForward, kGradInput) or f32 (kGradWeight), k and n positive multiples of 8 (16-byte rows for TMA
+// and 128-bit loads), a, b and c 16-byte aligned, k, n and max_rows below 2^31, and
+// num_groups <= kCutlassGroupedMaxGroups.
+std::string cutlass_grouped_gemm_unsupported(const GroupedGemmArgs& args, const GroupedGemmTarget& target);
+
+// The provider that runs `args` when `requested` is asked for on `target`: kAuto resolved (CUDA:
+// cutlass-grouped when supported and the device is sm_80..sm_90, where its kernels are native;
+// otherwise the choice described at kAuto); any other request is returned unchanged.
+GroupedGemmProvider resolve_grouped_gemm_provider(const GroupedGemmArgs& args, GroupedGemmProvider requested,
+                                                  const GroupedGemmTarget& target);
 
 // The cost when `rows` rows (group_offsets[num_groups]) fall into `nonempty_groups` groups: 2*rows*k*n
 // FLOPs; the row operands read or written once, and one [k, n] weight per non-empty group. The rows

@@ -8,7 +8,7 @@
 #                 a fresh build folder gets the CUDA backend only when nvidia-smi lists a GPU
 #     tests       deps, then a Release build of everything (CUDA code compiled whenever nvcc is found)
 #
-# Installing needs root and apt-get (and pip for the Python packages the checkpoint tests use). Without
+# Installing needs root and apt-get (and pip for the tests' Python packages and cuDNN frontend headers). Without
 # them the script prints the exact install line and exits 2 when a required package is missing.
 # Environment (defaults): SCMOE_JOBS (nproc), SCMOE_CMAKE_ARGS (empty: extra configure arguments),
 # SCMOE_SKIP_INSTALL (0; 1: never install, only check).
@@ -47,17 +47,36 @@ else
   say "Debian packages present"
 fi
 
-# ---- Python packages (tests only: the checkpoint tests read our safetensors files with them) ---
+# ---- Python packages (tests only: the checkpoint tests read our safetensors files with them; the
+# CUDA build takes CUTLASS's headers for the cutlass-grouped provider from the nvidia-cutlass wheel,
+# installed without its Python dependencies (--no-deps: only the headers are used) ---
 if [ "$what" != quickstart ]; then
-  if python3 -c 'import safetensors, numpy' 2>/dev/null; then
-    say "Python packages present (safetensors, numpy)"
+  py_install="python3 -m pip install safetensors numpy && python3 -m pip install --no-deps 'nvidia-cutlass>=4,<5'"
+  if python3 -c 'import safetensors, numpy, importlib.util, importlib.metadata as m
+assert importlib.util.find_spec("cutlass_library") and m.version("nvidia-cutlass").split(".")[0] == "4"' 2>/dev/null; then
+    say "Python packages present (safetensors, numpy, nvidia-cutlass 4)"
   elif [ "${SCMOE_SKIP_INSTALL:-0}" != 1 ] && python3 -m pip --version >/dev/null 2>&1; then
-    say "installing Python packages: safetensors numpy"
-    python3 -m pip install -q safetensors numpy ||
-      { echo "error: pip could not install safetensors numpy; run: python3 -m pip install safetensors numpy" >&2
+    say "installing Python packages: safetensors numpy, nvidia-cutlass>=4,<5 (headers, --no-deps)"
+    { python3 -m pip install -q safetensors numpy && python3 -m pip install -q --no-deps 'nvidia-cutlass>=4,<5'; } ||
+      { echo "error: pip could not install safetensors numpy nvidia-cutlass; run: $py_install" >&2
         exit 2; }
   else
-    echo "error: the tests need Python's safetensors and numpy; run: python3 -m pip install safetensors numpy" >&2
+    echo "error: the tests need Python's safetensors, numpy and nvidia-cutlass 4; run: $py_install" >&2
+    exit 2
+  fi
+  # The cuDNN frontend's C++ headers (cmake/FindCudnnFrontend.cmake finds them through pip): the CUDA
+  # build's cuDNN attention. Headers only, so without the wheel's Python dependencies (--no-deps).
+  if python3 -c "import importlib.metadata as m; m.distribution('nvidia-cudnn-frontend')" 2>/dev/null; then
+    say "Python package present (nvidia-cudnn-frontend)"
+  elif [ "${SCMOE_SKIP_INSTALL:-0}" != 1 ] && python3 -m pip --version >/dev/null 2>&1; then
+    say "installing Python package: nvidia-cudnn-frontend (headers, --no-deps)"
+    python3 -m pip install -q --no-deps 'nvidia-cudnn-frontend>=1,<2' ||
+      { echo "error: pip could not install nvidia-cudnn-frontend;" \
+             "run: python3 -m pip install --no-deps 'nvidia-cudnn-frontend>=1,<2'" >&2
+        exit 2; }
+  else
+    echo "error: the tests need the cuDNN frontend headers;" \
+         "run: python3 -m pip install --no-deps 'nvidia-cudnn-frontend>=1,<2'" >&2
     exit 2
   fi
 fi

@@ -6,11 +6,21 @@
 // NOTES: no atomics and no shared accumulators: every output element is summed by one lane in
 // key (or query) order, and dot products are warp butterflies whose value every lane shares, so
 // results are bitwise reproducible run to run.
+//
+// The entry points below pick the provider (kernels/attention.h, cudnn_attention_plan.h): cuDNN's
+// fused flash attention for bf16 when built with it, these kernels otherwise and as the reference.
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <type_traits>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cudnn_attention_plan.h"
 #include "kernels/math.h"
+#if SCMOE_WITH_CUDNN
+#include "kernels/cuda/cudnn_attention.h"
+#endif
 
 namespace scmoe::cuda {
 namespace {
@@ -185,11 +195,19 @@ unsigned int row_blocks(const Shape& sh) {
     return static_cast<unsigned int>(blocks);
 }
 
-}  // namespace
+bool all_aligned(std::initializer_list<const void*> pointers) {
+    for (const void* p : pointers)
+        if (!is_aligned(p, kCudnnAttentionAlignmentBytes)) return false;
+    return true;
+}
 
-void attention_forward(const AttentionArgs& a, void* stream) {
-    cudaStream_t s = as_stream(stream);
-    StreamDeviceGuard guard(s);
+AttentionPathChoice choose_path(const char* op, AttentionProvider provider, DType dtype, std::int64_t head_dim,
+                                bool aligned) {
+    return choose_attention_path(op, effective_attention_provider(provider, std::getenv("SCMOE_ATTENTION_PROVIDER")),
+                                 dtype, head_dim, aligned, attention_cudnn_built());
+}
+
+void own_attention_forward(const AttentionArgs& a, cudaStream_t s) {
     const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim);
     dispatch_float_dtype(a.dtype, "attention_forward", [&](auto tag) {
         using T = decltype(tag);
@@ -202,9 +220,7 @@ void attention_forward(const AttentionArgs& a, void* stream) {
     });
 }
 
-void attention_backward(const AttentionBackwardArgs& a, void* stream) {
-    cudaStream_t s = as_stream(stream);
-    StreamDeviceGuard guard(s);
+void own_attention_backward(const AttentionBackwardArgs& a, cudaStream_t s) {
     const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim);
     dispatch_float_dtype(a.dtype, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
@@ -222,6 +238,30 @@ void attention_backward(const AttentionBackwardArgs& a, void* stream) {
             SCMOE_CUDA_CHECK_LAUNCH("attention_grad_kv_kernel");
         });
     });
+}
+
+}  // namespace
+
+void attention_forward(const AttentionArgs& a, AttentionProvider provider, void* stream) {
+    cudaStream_t s = as_stream(stream);
+    StreamDeviceGuard guard(s);
+    const AttentionPathChoice choice =
+        choose_path("attention_forward", provider, a.dtype, a.head_dim, all_aligned({a.qkv, a.out, a.lse}));
+#if SCMOE_WITH_CUDNN
+    if (choice.path == AttentionPath::kCudnn && cudnn_attention_forward(a, s, choice.cudnn_required)) return;
+#endif
+    own_attention_forward(a, s);
+}
+
+void attention_backward(const AttentionBackwardArgs& a, AttentionProvider provider, void* stream) {
+    cudaStream_t s = as_stream(stream);
+    StreamDeviceGuard guard(s);
+    const AttentionPathChoice choice = choose_path("attention_backward", provider, a.dtype, a.head_dim,
+                                                   all_aligned({a.qkv, a.out, a.lse, a.grad_out, a.grad_qkv}));
+#if SCMOE_WITH_CUDNN
+    if (choice.path == AttentionPath::kCudnn && cudnn_attention_backward(a, s, choice.cudnn_required)) return;
+#endif
+    own_attention_backward(a, s);
 }
 
 }  // namespace scmoe::cuda

@@ -33,6 +33,8 @@ std::unique_ptr<Device> make_device(int index);
 
 void gemm(const GemmArgs& args, void* stream);
 void grouped_gemm(const GroupedGemmArgs& args, GroupedGemmProvider provider, void* stream);
+// What the grouped GEMM provider choice sees of the stream's device (compute capability cached per device).
+GroupedGemmTarget grouped_gemm_target(void* stream);
 void router_forward(const RouterForwardArgs& args, void* stream);
 void router_backward(const RouterBackwardArgs& args, void* stream);
 void compute_layout(const LayoutArgs& args, void* stream);
@@ -51,8 +53,8 @@ void regroup(const RegroupArgs& args, void* stream);
 void copy_row_segments(const RowSegmentsArgs& args, void* stream);
 void rmsnorm_forward(const RmsNormArgs& args, void* stream);
 void rmsnorm_backward(const RmsNormBackwardArgs& args, void* stream);
-void attention_forward(const AttentionArgs& args, void* stream);
-void attention_backward(const AttentionBackwardArgs& args, void* stream);
+void attention_forward(const AttentionArgs& args, AttentionProvider provider, void* stream);
+void attention_backward(const AttentionBackwardArgs& args, AttentionProvider provider, void* stream);
 void adamw_step(const AdamWArgs& args, void* stream);
 void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, void* stream);
 void embedding_forward(const EmbeddingArgs& args, void* stream);

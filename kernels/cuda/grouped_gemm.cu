@@ -1,5 +1,8 @@
 // Grouped GEMM providers on CUDA: the per-group cuBLAS loop (host sync; the reference), one cuBLAS
-// strided-batched call (capacity mode), and scmoe's own device-grouped kernel.
+// strided-batched call (capacity mode), scmoe's own device-grouped kernel, and CUTLASS's grouped
+// GEMMs (cutlass-grouped, when built).
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "kernels/cuda/check.cuh"
@@ -7,6 +10,9 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/grouped_gemm_kernel.cuh"
 #include "kernels/cuda/stream_resources.cuh"
+#if SCMOE_WITH_CUTLASS
+#include "kernels/cuda/cutlass_grouped_gemm.cuh"
+#endif
 
 namespace scmoe::cuda {
 namespace {
@@ -89,6 +95,29 @@ void strided_batched_provider(const GroupedGemmArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+// Compute capabilities are cached per device: the choice runs on every grouped GEMM call.
+GroupedGemmTarget grouped_gemm_target(void* native_stream) {
+    cudaStream_t stream = as_stream(native_stream);
+    static std::mutex mutex;
+    static std::map<int, std::pair<int, int>> capabilities;
+    int device = 0;
+    SCMOE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+    GroupedGemmTarget t;
+    t.backend = Backend::kCuda;
+    t.cutlass_built = grouped_gemm_provider_built(GroupedGemmProvider::kCutlassGrouped);
+    std::scoped_lock lock(mutex);
+    auto it = capabilities.find(device);
+    if (it == capabilities.end()) {
+        int major = 0, minor = 0;
+        SCMOE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        SCMOE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+        it = capabilities.emplace(device, std::make_pair(major, minor)).first;
+    }
+    t.cc_major = it->second.first;
+    t.cc_minor = it->second.second;
+    return t;
+}
+
 void grouped_gemm(const GroupedGemmArgs& a, GroupedGemmProvider provider, void* stream) {
     cudaStream_t s = as_stream(stream);
     StreamDeviceGuard guard(s);
@@ -97,13 +126,8 @@ void grouped_gemm(const GroupedGemmArgs& a, GroupedGemmProvider provider, void* 
                                                        << ", max_rows " << a.max_rows << ", rows_per_group "
                                                        << a.rows_per_group << ")");
     if (a.num_groups == 0) return;
-    if (provider == GroupedGemmProvider::kAuto) {
-        if (a.rows_per_group > 0) {
-            provider = GroupedGemmProvider::kCublasStridedBatched;
-        } else {
-            provider = a.ab_dtype == DType::kBF16 ? GroupedGemmProvider::kDeviceGrouped : GroupedGemmProvider::kLoop;
-        }
-    }
+    const GroupedGemmTarget target = grouped_gemm_target(s);
+    provider = resolve_grouped_gemm_provider(a, provider, target);
     switch (provider) {
         case GroupedGemmProvider::kLoop:
             loop_provider(a, s);
@@ -114,6 +138,13 @@ void grouped_gemm(const GroupedGemmArgs& a, GroupedGemmProvider provider, void* 
         case GroupedGemmProvider::kDeviceGrouped:
             device_grouped_gemm(a, s);
             return;
+        case GroupedGemmProvider::kCutlassGrouped:
+#if SCMOE_WITH_CUTLASS
+            cutlass_grouped_gemm(a, target, s);
+            return;
+#else
+            SCMOE_FAIL(cutlass_grouped_gemm_unsupported(a, target));
+#endif
         case GroupedGemmProvider::kAuto:
             break;
     }

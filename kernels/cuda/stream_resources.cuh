@@ -12,8 +12,15 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <memory>
 
 namespace scmoe::cuda {
+
+// Per-stream state of an optional library (cuDNN attention: its handle and workspace), made by the
+// library's first op on the stream and destroyed with the stream's resources.
+struct StreamExtension {
+    virtual ~StreamExtension() = default;
+};
 
 struct StreamResources {
     int device = 0;
@@ -22,6 +29,7 @@ struct StreamResources {
     void* scratch = nullptr;      // kScratchBytes of device memory, 256-byte aligned
     void* host_pinned = nullptr;  // pinned host staging, grown on demand (see host_staging)
     std::size_t host_pinned_bytes = 0;
+    std::unique_ptr<StreamExtension> cudnn;  // kernels/cuda/cudnn_attention.cpp; null until first used
 };
 
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;  // what cuBLAS recommends on Hopper

@@ -10,6 +10,8 @@
 //   grad_qkv relative L2 error:                1e-2 bf16, 1e-4 f32
 // The CPU attention backward reference is given the GPU's own `out` (widened from bf16 when so
 // stored), so D_i = dO_i . O_i sees the same values on both sides.
+// Attention here is scmoe's own CUDA kernel (AttentionProvider::kOwn, the reference);
+// gpu_attention_cudnn_test.cpp checks cuDNN's against it and against the CPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -131,10 +133,10 @@ AttnResult run_attention_gpu(Backends& b, DType dt, const AttnShape& s, const F&
     DeviceBuffer dlse = upload(b, F(static_cast<std::size_t>(s.lse_size()), kNaN), DType::kF32);
     DeviceBuffer dg = upload(b, F(static_cast<std::size_t>(s.qkv_size()), kNaN), dt);  // must be overwritten
     attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>()},
-                      *b.gpu_stream);
+                      *b.gpu_stream, AttentionProvider::kOwn);
     attention_backward(
         {s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(), dg.data()},
-        *b.gpu_stream);
+        *b.gpu_stream, AttentionProvider::kOwn);
     return {download(b, dout.data(), s.out_size(), dt), download(b, dlse.data(), s.lse_size(), DType::kF32),
             download(b, dg.data(), s.qkv_size(), dt)};
 }
@@ -189,7 +191,7 @@ TEST(GpuBackboneAttention, NullLseGivesTheSameOutput) {
     const AttnResult with_lse = run_attention_gpu(b, DType::kBF16, s, qkv, go);
     DeviceBuffer dqkv = upload(b, qkv, DType::kBF16), dout = upload(b, F(with_lse.out.size(), kNaN), DType::kBF16);
     attention_forward({s.batch, s.seq, s.heads, s.head_dim, DType::kBF16, dqkv.data(), dout.data(), nullptr},
-                      *b.gpu_stream);
+                      *b.gpu_stream, AttentionProvider::kOwn);
     expect_bitwise_equal(download(b, dout.data(), s.out_size(), DType::kBF16), with_lse.out, "out");
 }
 

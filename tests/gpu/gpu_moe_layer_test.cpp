@@ -146,6 +146,8 @@ class GpuMoeLayer : public ::testing::TestWithParam<LayerCase> {};
 TEST_P(GpuMoeLayer, ForwardBackwardMatchesCpuAndRepeatsBitwise) {
     SCMOE_REQUIRE_GPU();
     const LayerCase& lc = GetParam();
+    if (!grouped_gemm_provider_built(lc.provider))
+        GTEST_SKIP() << grouped_gemm_provider_name(lc.provider, Backend::kCuda) << " is not built (no CUTLASS)";
     Backends b;
     const MoeConfig cpu_config = small_config(lc.dispatch, DType::kF32);
     const MoeConfig gpu_config = small_config(lc.dispatch, DType::kBF16);
@@ -195,7 +197,11 @@ INSTANTIATE_TEST_SUITE_P(
                       LayerCase{"capacity_device_grouped", DispatchMode::kCapacity,
                                 GroupedGemmProvider::kDeviceGrouped},
                       LayerCase{"dropless_auto", DispatchMode::kDropless, GroupedGemmProvider::kAuto},
-                      LayerCase{"dropless_loop", DispatchMode::kDropless, GroupedGemmProvider::kLoop}),
+                      LayerCase{"dropless_loop", DispatchMode::kDropless, GroupedGemmProvider::kLoop},
+                      LayerCase{"capacity_cutlass_grouped", DispatchMode::kCapacity,
+                                GroupedGemmProvider::kCutlassGrouped},
+                      LayerCase{"dropless_cutlass_grouped", DispatchMode::kDropless,
+                                GroupedGemmProvider::kCutlassGrouped}),
     [](const ::testing::TestParamInfo<LayerCase>& param_info) { return std::string(param_info.param.name); });
 
 TEST(GpuMoeLayerErrors, NanInputRaisesOnSynchronize) {

@@ -1,0 +1,598 @@
+#!/usr/bin/env python3
+"""The report of launch/gpu_check.sh, and the small jobs the script hands to it.
+
+  gpu_report.py skips JUNIT [--json OUT]
+      The GPU tests' outcome from ctest's JUnit file; exit 1 when one failed or skipped although a GPU is
+      present (launch/gpu_test_skips.py).
+  gpu_report.py spec --gpu-name NAME --bench SCMOE_BENCH --json OUT [--peak-tflops X]
+      The dense bf16 peak of one GPU for the MFU, from scmoe's built-in GPU specs (launch/gpu_peak.py).
+  gpu_report.py step --raw DIR --name NAME --status ok|failed|"not available" [--rc N] [--seconds S]
+                     [--json FILE] [--note TEXT] -- CMD...
+      Appends one step's outcome to DIR/steps.jsonl.
+  gpu_report.py report --raw DIR --out DIR [--context KEY=VALUE ...]
+      Merges DIR's results into OUT/report.json and OUT/report.md; exit 1 when a test or a benchmark failed.
+
+The inputs of `report` (all in --raw; a missing one leaves its section saying so): steps.jsonl, tests.json,
+<step>.json (scmoe-bench -J, launch/attention_torch.py), <step>.log, train.metrics.jsonl (scmoe-train
+--metrics), spec.json, nvidia-smi-query.csv (nvidia-smi --query-gpu=index,name,driver_version,compute_cap,
+memory.total --format=csv,noheader), nvidia-smi.txt, nvcc.txt.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ in launch/ from the two modules below
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_peak import cmd_spec  # noqa: E402  (launch/gpu_peak.py)
+from gpu_test_skips import cmd_skips  # noqa: E402  (launch/gpu_test_skips.py)
+
+# ---- step ---------------------------------------------------------------------------------------------
+
+
+def cmd_step(a):
+    rec = {
+        "name": a.name,
+        "status": a.status,
+        "rc": int(a.rc) if a.rc not in (None, "") else None,
+        "seconds": int(a.seconds) if a.seconds not in (None, "") else None,
+        "json": a.json or None,
+        "note": a.note or "",
+        "command": a.command,
+    }
+    with open(os.path.join(a.raw, "steps.jsonl"), "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    return 0
+
+
+# ---- report -------------------------------------------------------------------------------------------
+
+
+def fmt(v):
+    """A number as the markdown tables print it (the JSON keeps every digit)."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return str(v)
+        if abs(v) >= 100:
+            return f"{v:.0f}"
+        if abs(v) >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3g}"
+    return str(v).replace("|", "\\|")
+
+
+def md_table(rows, columns):
+    """columns: (key, header) pairs; keys missing from every row are left out."""
+    columns = [(k, h) for k, h in columns if any(k in r for r in rows)]
+    if not rows or not columns:
+        return "(no rows)\n"
+    out = "| " + " | ".join(h for _, h in columns) + " |\n"
+    out += "|" + "|".join("---" for _ in columns) + "|\n"
+    for r in rows:
+        out += "| " + " | ".join(fmt(r.get(k)) for k, _ in columns) + " |\n"
+    return out
+
+
+def generic_columns(rows):
+    cols = []
+    for r in rows:
+        for k, v in r.items():
+            if not isinstance(v, (dict, list)) and k not in cols:
+                cols.append(k)
+    return [(k, k) for k in cols]
+
+
+GEMM_COLUMNS = [
+    ("load", "load"),
+    ("provider", "provider"),
+    ("tokens", "tokens"),
+    ("rows", "rows"),
+    ("max_rows_per_expert", "max rows/expert"),
+    ("grouped_us", "grouped µs"),
+    ("grouped_tflops", "grouped TFLOP/s"),
+    ("dense_us", "dense µs"),
+    ("dense_tflops", "dense TFLOP/s"),
+    ("ratio", "dense/grouped"),
+    ("wrong", "#wrong"),
+]
+LAYER_COLUMNS = [
+    ("dispatch", "dispatch"),
+    ("tokens", "tokens"),
+    ("fwd_us", "fwd µs"),
+    ("fwd_tokens_per_s", "fwd tokens/s"),
+    ("fwd_bwd_us", "fwd+bwd µs"),
+    ("train_tokens_per_s", "fwd+bwd tokens/s"),
+    ("experts_tflops", "experts fwd TFLOP/s"),
+    ("experts_bwd_tflops", "experts bwd TFLOP/s"),
+    ("dropped", "dropped"),
+    ("wrong", "#wrong"),
+]
+BLOCK_COLUMNS = [
+    ("variant", "variant"),
+    ("fwd_us", "fwd µs"),
+    ("train_us", "train µs"),
+    ("backbone_us", "backbone µs"),
+    ("a2a_us", "a2a µs"),
+    ("a2a_of_moe_pct", "a2a/MoE %"),
+    ("exposed_comm_pct", "exposed comm %"),
+    ("link_cost_pct", "link cost %"),
+    ("slot", "K"),
+    ("chunks", "chunks"),
+    ("speedup_vs_top2_fwd", "fwd speedup"),
+    ("speedup_vs_top2_train", "train speedup"),
+    ("wrong", "#wrong"),
+]
+
+
+ATTENTION_COLUMNS = [
+    ("source", "source"),
+    ("provider", "provider"),
+    ("batch", "batch"),
+    ("seq", "seq"),
+    ("heads", "heads"),
+    ("head_dim", "head_dim"),
+    ("dtype", "dtype"),
+    ("fwd_us", "fwd µs"),
+    ("fwd_tflops", "fwd TFLOP/s"),
+    ("bwd_us", "bwd µs"),
+    ("fwd_bwd_us", "fwd+bwd µs"),
+    ("fwd_bwd_tflops", "fwd+bwd TFLOP/s"),
+    ("torch_over_scmoe_fwd", "torch/scmoe fwd"),
+    ("torch_over_scmoe_fwd_bwd", "torch/scmoe fwd+bwd"),
+    ("wrong", "#wrong"),
+]
+SHAPE = ("batch", "seq", "heads", "head_dim")
+
+
+def attention_comparison(benchmarks):
+    """Per shape tag: scmoe's rows and PyTorch's in one table, scmoe's rows with PyTorch's time / scmoe's for
+    the same shape (the fastest PyTorch row of that shape), forward and forward+backward."""
+    tags = sorted(
+        {
+            k[len("attention_") :]
+            for k in benchmarks
+            if k.startswith("attention_") and not k.startswith("attention_torch_")
+        }
+        | {k[len("attention_torch_") :] for k in benchmarks if k.startswith("attention_torch_")}
+    )
+    result = {}
+    for tag in tags:
+        ours, theirs = rows_of(benchmarks.get("attention_" + tag)), rows_of(benchmarks.get("attention_torch_" + tag))
+        rows, other = [], []
+        best = {}
+        for r in theirs:
+            if all(k in r for k in SHAPE):
+                key = tuple(r[k] for k in SHAPE)
+                for t in ("fwd_us", "fwd_bwd_us"):
+                    if isinstance(r.get(t), (int, float)) and r[t] > 0:
+                        best.setdefault(key, {})[t] = min(best.get(key, {}).get(t, float("inf")), r[t])
+        for r in ours:
+            row = dict(r, source="scmoe")
+            theirs_best = best.get(tuple(r.get(k) for k in SHAPE), {})
+            for t, col in (("fwd_us", "torch_over_scmoe_fwd"), ("fwd_bwd_us", "torch_over_scmoe_fwd_bwd")):
+                if t in theirs_best and isinstance(r.get(t), (int, float)) and r[t] > 0:
+                    row[col] = theirs_best[t] / r[t]
+            rows.append(row)
+        torch_shaped = [dict(r, source="PyTorch SDPA") for r in theirs if all(k in r for k in SHAPE)]
+        rows += torch_shaped
+        if len(torch_shaped) < len(theirs):
+            other.append([r for r in theirs if not all(k in r for k in SHAPE)])
+        result[tag] = {"rows": rows, "other_rows": other}
+    return result
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_text(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def read_steps(raw):
+    steps = {}
+    for line in read_text(os.path.join(raw, "steps.jsonl")).splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            steps[rec["name"]] = rec  # a later record of the same step wins
+    return steps
+
+
+def gpu_context(raw):
+    gpus = []
+    for line in read_text(os.path.join(raw, "nvidia-smi-query.csv")).splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) >= 5:
+            gpus.append({"index": f[0], "name": f[1], "driver": f[2], "compute_capability": f[3], "memory": f[4]})
+    smi = read_text(os.path.join(raw, "nvidia-smi.txt"))
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", smi)
+    nvcc = read_text(os.path.join(raw, "nvcc.txt"))
+    n = re.search(r"release ([0-9.]+), V([0-9.]+)", nvcc)
+    configure = [
+        l[len("-- scmoe:") :].strip()
+        for l in read_text(os.path.join(raw, "configure.txt")).splitlines()
+        if l.startswith("-- scmoe:")
+    ]
+    return {
+        "gpus": gpus,
+        "driver_cuda_version": m.group(1) if m else None,
+        "toolkit_cuda_version": n.group(2) if n else None,
+        "configure": configure,
+    }
+
+
+def bench_section(step, raw):
+    """One benchmark step: its status, command and (when it wrote one) its JSON report."""
+    log = step["name"] + ".log"
+    sec = {
+        "status": step["status"],
+        "rc": step.get("rc"),
+        "seconds": step.get("seconds"),
+        "note": step.get("note", ""),
+        "command": step.get("command", []),
+        "log": os.path.join("raw", log) if os.path.exists(os.path.join(raw, log)) else None,
+    }
+    if step.get("json"):
+        data = read_json(step["json"]) or read_json(os.path.join(raw, os.path.basename(step["json"])))
+        if data is not None:
+            sec["result"] = data
+            if isinstance(data, dict) and data.get("wrong"):
+                sec["status"] = "failed"
+                sec["note"] = (sec["note"] + "; " if sec["note"] else "") + f"{data['wrong']} wrong elements"
+        elif step["status"] == "ok":
+            sec["status"] = "failed"
+            sec["note"] = f"exited 0 but wrote no JSON at {step['json']}"
+    return sec
+
+
+# The benchmarks gpu_check.sh always runs: a report without one of them is incomplete.
+REQUIRED_STEPS = ("gemm", "layer", "block", "train")
+
+SUMMARY_TFLOPS = re.compile(
+    r"^# (\S+): ([0-9.]+) model TFLOP/s per rank(?:, MFU ([0-9.]+)% of ([0-9.]+) TFLOP/s)?", re.M
+)
+
+
+def train_section(step, raw, spec):
+    """gpt2-moe-small: tokens/s and ms/step per variant from the metrics (the mean over the steps after
+    the first, as the trainer's summary), the model TFLOP/s the trainer prints, and the MFU against the
+    spec's peak."""
+    sec = bench_section(step, raw)
+    per_variant, unreadable = {}, 0
+    for line in read_text(os.path.join(raw, "train.metrics.jsonl")).splitlines():
+        if not line.strip():
+            continue
+        try:
+            m = json.loads(line)
+        except ValueError:
+            unreadable += 1
+            continue
+        if isinstance(m, dict) and "tokens_per_s" in m and "step_ms" in m:
+            per_variant.setdefault(m.get("variant", "?"), []).append(m)
+    log = read_text(os.path.join(raw, step["name"] + ".log"))
+    printed = {m.group(1): m for m in SUMMARY_TFLOPS.finditer(log)}
+    peak = spec.get("peak_tflops") if spec else None
+    rows = []
+    for variant, ms in per_variant.items():
+        timed = ms[1:] if len(ms) > 1 else ms
+        row = {
+            "variant": variant,
+            "steps": len(ms),
+            "tokens_per_s": sum(m["tokens_per_s"] for m in timed) / len(timed),
+            "step_ms": sum(m["step_ms"] for m in timed) / len(timed),
+            "final_loss": ms[-1].get("loss"),
+        }
+        p = printed.get(variant)
+        if p:
+            row["model_tflops_per_gpu"] = float(p.group(2))
+            if p.group(3):
+                row["trainer_mfu_pct"] = float(p.group(3))
+            if peak:
+                row["peak_tflops"] = peak
+                row["mfu_pct"] = 100.0 * row["model_tflops_per_gpu"] / peak
+        rows.append(row)
+    sec["rows"] = rows
+    if unreadable:
+        sec["note"] = (sec["note"] + "; " if sec["note"] else "") + f"{unreadable} unreadable metrics line(s)"
+    if step["status"] == "ok" and not rows:
+        sec["status"] = "failed"
+        sec["note"] = "no metrics in train.metrics.jsonl"
+    return sec
+
+
+def collect(raw, context):
+    steps = read_steps(raw)
+    spec = read_json(os.path.join(raw, "spec.json")) or {}
+    rep = {
+        "context": dict(context),
+        "gpu": gpu_context(raw),
+        "peak": spec,
+        "tests": None,
+        "benchmarks": {},
+        "failures": [],
+    }
+    tests_step = steps.get("tests")
+    if tests_step:
+        t = read_json(os.path.join(raw, "tests.json"))
+        rep["tests"] = {
+            "status": "ok",
+            "command": tests_step.get("command", []),
+            "ctest_rc": tests_step.get("rc"),
+            "log": "raw/tests.log",
+            "summary": t,
+        }
+        if t is None or not t.get("ok") or tests_step.get("rc") not in (0, None):
+            rep["tests"]["status"] = "failed"
+            why = []
+            if t is None:
+                why.append("no test summary (tests.json)")
+            else:
+                if t.get("error"):
+                    why.append(t["error"])
+                if t.get("total", 0) == 0:
+                    why.append("no GPU test ran")
+                for key, what in (("failed", "failed"), ("skipped_unexpected", "skipped although a GPU is present")):
+                    names = [c["name"] for c in t.get(key, [])]
+                    if names:
+                        why.append(
+                            f"{len(names)} test(s) {what}: "
+                            + ", ".join(names[:3])
+                            + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                            + " (reasons under GPU tests)"
+                        )
+            if tests_step.get("rc") not in (0, None):
+                why.append(f"ctest {tests_step.get('note') or 'failed'}")
+            rep["failures"].append({"step": "tests", "why": "; ".join(why)})
+    for name, step in steps.items():
+        if name == "tests":
+            continue
+        try:
+            sec = train_section(step, raw, spec) if name == "train" else bench_section(step, raw)
+        except Exception as e:  # one unreadable output costs its section, not the report
+            sec = {
+                "status": "failed",
+                "note": f"the report could not read its output: {e!r}",
+                "rc": step.get("rc"),
+                "seconds": step.get("seconds"),
+                "command": step.get("command", []),
+                "log": None,
+            }
+        rep["benchmarks"][name] = sec
+        if sec["status"] == "failed":
+            rep["failures"].append({"step": name, "why": sec["note"] or "failed", "log": sec["log"]})
+    for name in REQUIRED_STEPS:  # the attention steps may be "not available"; these always run
+        if name not in steps:
+            rep["failures"].append({"step": name, "why": "did not run (no record in steps.jsonl)"})
+    rep["attention"] = attention_comparison(rep["benchmarks"])
+    rep["ok"] = not rep["failures"]
+    return rep
+
+
+def md_command(cmd):
+    return "`" + " ".join(cmd).replace("`", "'") + "`" if cmd else ""
+
+
+def section_header(title, sec):
+    out = f"\n## {title}\n\n"
+    if sec is None:
+        return out + "Not run.\n"
+    out += f"Status: **{sec['status']}**"
+    if sec.get("note"):
+        out += f" ({fmt(sec['note'])})"
+    if sec.get("seconds") is not None:
+        out += f", {sec['seconds']} s"
+    out += f". Log: `{sec['log']}`.\n" if sec.get("log") else ".\n"
+    if sec.get("command"):
+        out += f"\n{md_command(sec['command'])}\n"
+    return out
+
+
+def rows_of(sec):
+    res = sec.get("result") if sec else None
+    return res.get("rows", []) if isinstance(res, dict) else []
+
+
+def render_md(rep):
+    c, g = rep["context"], rep["gpu"]
+    out = "# scmoe GPU check\n\n"
+    out += f"Result: **{'PASSED' if rep['ok'] else 'FAILED'}**"
+    out += f" ({len(rep['failures'])} failure(s), listed under Failures)\n\n" if rep["failures"] else "\n\n"
+    out += "| | |\n|---|---|\n"
+    for i, gpu in enumerate(g["gpus"]):
+        out += (
+            f"| GPU {gpu['index']} | {gpu['name']}, compute capability {gpu['compute_capability']}, "
+            f"{gpu['memory']} |\n"
+        )
+    if g["gpus"]:
+        out += f"| driver | {g['gpus'][0]['driver']} (supports CUDA {g['driver_cuda_version'] or '?'}) |\n"
+    out += f"| CUDA toolkit | {g['toolkit_cuda_version'] or 'unknown'} |\n"
+    for key in (
+        "commit",
+        "uncommitted_changes",
+        "date",
+        "host",
+        "mode",
+        "backend",
+        "build_dir",
+        "cuda_architectures",
+        "seconds",
+    ):
+        if key in c:
+            out += f"| {key.replace('_', ' ')} | {fmt(c[key])} |\n"
+
+    if g.get("configure"):
+        out += "\nConfigured with: " + "; ".join(fmt(l) for l in g["configure"]) + ".\n"
+    t = rep["tests"]
+    out += "\n## GPU tests\n\n"
+    if t is None:
+        out += "Not run (--skip-tests).\n"
+    else:
+        s = t["summary"] or {}
+        out += f"Status: **{t['status']}**. Log: `{t['log']}`.\n\n{md_command(t['command'])}\n\n"
+        out += md_table(
+            [
+                {
+                    "total": s.get("total", 0),
+                    "passed": s.get("passed", 0),
+                    "failed": len(s.get("failed", [])),
+                    "unexpected": len(s.get("skipped_unexpected", [])),
+                    "expected": len(s.get("skipped_expected", [])),
+                }
+            ],
+            [
+                ("total", "tests"),
+                ("passed", "passed"),
+                ("failed", "failed"),
+                ("unexpected", "skipped (a failure: a GPU is present)"),
+                ("expected", "skipped as expected (cover machines without a GPU)"),
+            ],
+        )
+        listed = (
+            [dict(c, kind="failed") for c in s.get("failed", [])]
+            + [dict(c, kind="skipped") for c in s.get("skipped_unexpected", [])]
+            + [dict(c, kind="skipped (expected)") for c in s.get("skipped_expected", [])]
+        )
+        if listed:
+            out += "\n" + md_table(listed, [("name", "test"), ("kind", "outcome"), ("reason", "reason")])
+
+    b = rep["benchmarks"]
+    sec = b.get("gemm")
+    out += section_header("Grouped GEMM vs cuBLAS dense at equal FLOPs", sec)
+    if rows_of(sec):
+        out += (
+            "\nA [rows, hidden] x W [experts, hidden, ffn] over the expert loads (balanced: rows/E each; "
+            "zipf: expert e's share ~ 1/(e+1)^s) against one dense GEMM [rows, hidden] x [hidden, ffn]; "
+            "dense/grouped = 1.0: the grouped GEMM is as efficient as dense.\n\n"
+        )
+        out += md_table(rows_of(sec), GEMM_COLUMNS)
+
+    out += "\n## Attention vs PyTorch scaled_dot_product_attention\n"
+    if not rep["attention"]:
+        out += "\nNot run.\n"
+    for tag, cmp in rep["attention"].items():
+        for label, key in (("scmoe-bench attention", "attention_" + tag), ("PyTorch SDPA", "attention_torch_" + tag)):
+            out += section_header(f"{label}, {tag}", b.get(key)).replace("\n## ", "\n### ", 1)
+        if cmp["rows"]:
+            out += (
+                "\nCausal attention; torch/scmoe = PyTorch's time / scmoe's time for the same shape (> 1: scmoe "
+                "is faster).\n\n"
+            )
+            out += md_table(cmp["rows"], ATTENTION_COLUMNS)
+        for extra in cmp["other_rows"]:  # rows without the shape fields: shown as they are
+            out += "\n" + md_table(extra, generic_columns(extra))
+
+    sec = b.get("layer")
+    out += section_header("MoE layer forward and forward+backward", sec)
+    if rows_of(sec):
+        out += "\n" + md_table(rows_of(sec), LAYER_COLUMNS)
+
+    sec = b.get("block")
+    out += section_header("ScMoE block variants, 4 local ranks, emulated PCIe 4 link", sec)
+    if rows_of(sec):
+        out += (
+            "\nThe 4 ranks share the GPU; the all-to-all runs behind an EmulatedLink (pcie4: 25 GB/s, 10 µs). "
+            "Speedups are against top-2; #wrong counts elements that differ bitwise between overlap on and off.\n\n"
+        )
+        out += md_table(rows_of(sec), BLOCK_COLUMNS)
+
+    sec = b.get("train")
+    out += section_header("gpt2-moe-small training: tokens/s and MFU", sec)
+    if sec is not None:
+        p = rep["peak"] or {}
+        out += (
+            "\nTimes: the mean over the steps after the first (which calibrates). Model FLOPs per token, as "
+            "scmoe-train counts them: 6 x the parameters a token uses (top-k of the experts; positions "
+            "excluded) + 6 x layers x hidden x seq for attention. MFU = model TFLOP/s per GPU / peak; peak: "
+            + (
+                f"{fmt(p['peak_tflops'])} TFLOP/s dense bf16, {p.get('source', '')}"
+                if p.get("peak_tflops")
+                else f"none ({p.get('why_not', 'unknown GPU')}; gpu_check.sh --peak-tflops X sets it)"
+            )
+            + ".\n\n"
+        )
+        out += md_table(
+            sec.get("rows", []),
+            [
+                ("variant", "variant"),
+                ("steps", "steps"),
+                ("tokens_per_s", "tokens/s"),
+                ("step_ms", "ms/step"),
+                ("model_tflops_per_gpu", "model TFLOP/s per GPU"),
+                ("peak_tflops", "peak TFLOP/s"),
+                ("mfu_pct", "MFU %"),
+                ("final_loss", "last loss"),
+            ],
+        )
+
+    out += "\n## Failures\n\n"
+    if not rep["failures"]:
+        out += "None.\n"
+    for f in rep["failures"]:
+        out += f"- **{f['step']}**: {fmt(f['why'])}" + (f" (log: `{f['log']}`)" if f.get("log") else "") + "\n"
+    return out
+
+
+def cmd_report(a):
+    context = {}
+    for kv in a.context or []:
+        k, _, v = kv.partition("=")
+        context[k] = v
+    rep = collect(a.raw, context)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "report.json"), "w") as f:
+        json.dump(rep, f, indent=1)
+    with open(os.path.join(a.out, "report.md"), "w") as f:
+        f.write(render_md(rep))
+    print(
+        f"report: {'PASSED' if rep['ok'] else 'FAILED'}"
+        + "".join(f"\n  {f['step']}: {f['why']}" for f in rep["failures"])
+    )
+    return 0 if rep["ok"] else 1
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("skips")
+    p.add_argument("junit")
+    p.add_argument("--json")
+    p = sub.add_parser("spec")
+    p.add_argument("--gpu-name", required=True)
+    p.add_argument("--bench", required=True)
+    p.add_argument("--json")
+    p.add_argument("--peak-tflops", type=float)
+    p = sub.add_parser("step")
+    p.add_argument("--raw", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--status", required=True, choices=["ok", "failed", "not available"])
+    p.add_argument("--rc", default="")
+    p.add_argument("--seconds", default="")
+    p.add_argument("--json", default="")
+    p.add_argument("--note", default="")
+    p.add_argument("command", nargs="*")
+    p = sub.add_parser("report")
+    p.add_argument("--raw", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--context", action="append")
+    a = ap.parse_args(argv)
+    return {"skips": cmd_skips, "spec": cmd_spec, "step": cmd_step, "report": cmd_report}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

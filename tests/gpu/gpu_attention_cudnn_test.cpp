@@ -1,0 +1,301 @@
+// cuDNN's fused flash attention (AttentionProvider::kCudnn, bf16) against scmoe's own CUDA kernel
+// (kOwn) and the CPU f32 reference on the same bf16-rounded inputs, forward (out, lse) and backward
+// (grad_qkv); lse interchangeable between the providers; determinism; the provider choice at run
+// time (environment, alignment, errors). Skips without a GPU, and without cuDNN in the build.
+//
+// Tolerances (|got - want| <= tol * max(1, |want|) elementwise; relative L2 over the tensor):
+//   out vs CPU, vs own:              2e-2 elementwise  (one bf16 rounding of out, 3.9e-3 relative, and
+//                                                       cuDNN rounds P to bf16 before P.V)
+//   lse vs CPU, vs own:              2e-4              (fp32 on every side; sum order only)
+//   grad_qkv vs CPU, vs own:         5e-2 elementwise, 2e-2 relative L2 (cuDNN rounds P and dS to bf16
+//                                                       for its dV, dQ, dK GEMMs: a few bf16 ulps)
+// The CPU backward reference is given the GPU's own `out` and the CPU's lse, as in
+// gpu_backbone_ops_test.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "gpu_test_util.h"
+#include "kernels/attention.h"
+#include "kernels/error.h"
+
+namespace scmoe {
+namespace {
+
+using namespace gpu_testing;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kOutTol = 2e-2f, kLseTol = 2e-4f, kGradTol = 5e-2f;
+constexpr double kGradRelL2 = 2e-2;
+
+#define SCMOE_REQUIRE_CUDNN()                                                               \
+    do {                                                                                    \
+        SCMOE_REQUIRE_GPU();                                                                \
+        if (!::scmoe::attention_cudnn_built()) GTEST_SKIP() << "scmoe built without cuDNN"; \
+    } while (0)
+
+struct Shape {
+    std::int64_t batch, seq, heads, head_dim;
+    std::int64_t qkv_size() const { return batch * seq * 3 * heads * head_dim; }
+    std::int64_t out_size() const { return batch * seq * heads * head_dim; }
+    std::int64_t lse_size() const { return batch * heads * seq; }
+    std::string name() const {
+        return "batch=" + std::to_string(batch) + " seq=" + std::to_string(seq) + " heads=" + std::to_string(heads) +
+               " head_dim=" + std::to_string(head_dim);
+    }
+};
+
+struct Result {
+    F out, lse, grad_qkv;
+};
+
+struct Inputs {
+    F qkv, grad_out;
+};
+
+Inputs make_inputs(const Shape& s, std::uint64_t seed, float scale = 1.0f) {
+    return {round_bf16(random_uniform(s.qkv_size(), scale, seed)),
+            round_bf16(random_uniform(s.out_size(), 1.0f, seed + 1))};
+}
+
+// Forward with `fwd`, then backward with `bwd` on that forward's out and lse. Outputs start as NaN
+// so that an element a provider leaves unwritten fails every comparison.
+Result run_gpu(Backends& b, const Shape& s, const Inputs& in, AttentionProvider fwd, AttentionProvider bwd) {
+    const DType dt = DType::kBF16;
+    DeviceBuffer dqkv = upload(b, in.qkv, dt), dgo = upload(b, in.grad_out, dt);
+    DeviceBuffer dout = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), dt);
+    DeviceBuffer dlse = upload(b, F(static_cast<std::size_t>(s.lse_size()), kNaN), DType::kF32);
+    DeviceBuffer dg = upload(b, F(static_cast<std::size_t>(s.qkv_size()), kNaN), dt);
+    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>()},
+                      *b.gpu_stream, fwd);
+    attention_backward(
+        {s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(), dg.data()},
+        *b.gpu_stream, bwd);
+    return {download(b, dout.data(), s.out_size(), dt), download(b, dlse.data(), s.lse_size(), DType::kF32),
+            download(b, dg.data(), s.qkv_size(), dt)};
+}
+
+// The CPU f32 reference: forward on the inputs, backward on the GPU's `gpu_out`.
+Result run_cpu(Backends& b, const Shape& s, const Inputs& in, const F& gpu_out) {
+    F out(static_cast<std::size_t>(s.out_size())), lse(static_cast<std::size_t>(s.lse_size())),
+        grad(static_cast<std::size_t>(s.qkv_size()));
+    attention_forward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, in.qkv.data(), out.data(), lse.data()},
+                      *b.cpu_stream);
+    attention_backward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, in.qkv.data(), gpu_out.data(), lse.data(),
+                        in.grad_out.data(), grad.data()},
+                       *b.cpu_stream);
+    b.cpu_stream->synchronize();
+    return {out, lse, grad};
+}
+
+void expect_grad_close(const F& got, const F& want, const char* what) {
+    expect_close(got, want, kGradTol, what);
+    expect_rel_l2(got, want, kGradRelL2, what);
+}
+
+// Sets an environment variable for a scope.
+class ScopedEnv {
+  public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) {
+            old_ = old;
+            had_ = true;
+        }
+        setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (had_)
+            setenv(name_, old_.c_str(), 1);
+        else
+            unsetenv(name_);
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+  private:
+    const char* name_;
+    std::string old_;
+    bool had_ = false;
+};
+
+void check_cudnn_against_own_and_cpu(Backends& b, const Shape& s, std::uint64_t seed, float input_scale = 1.0f) {
+    SCOPED_TRACE("cuDNN attention bf16 " + s.name());
+    const Inputs in = make_inputs(s, seed, input_scale);
+    const Result cudnn = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+    const Result own = run_gpu(b, s, in, AttentionProvider::kOwn, AttentionProvider::kOwn);
+    const Result cpu = run_cpu(b, s, in, cudnn.out);
+    expect_close(cudnn.out, cpu.out, kOutTol, "out vs cpu");
+    expect_close(cudnn.lse, cpu.lse, kLseTol, "lse vs cpu (the same natural-log lse)");
+    expect_grad_close(cudnn.grad_qkv, cpu.grad_qkv, "grad_qkv vs cpu");
+    expect_close(cudnn.out, own.out, kOutTol, "out vs own kernel");
+    expect_close(cudnn.lse, own.lse, kLseTol, "lse vs own kernel");
+    expect_grad_close(cudnn.grad_qkv, own.grad_qkv, "grad_qkv vs own kernel");
+}
+
+TEST(GpuAttentionCudnn, MatchesOwnKernelAndCpu) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    std::uint64_t seed = 700;
+    check_cudnn_against_own_and_cpu(b, {2, 100, 4, 64}, seed += 5);       // batch > 1, seq not a multiple of 64
+    check_cudnn_against_own_and_cpu(b, {1, 300, 2, 128}, seed += 5);      // head_dim 128
+    check_cudnn_against_own_and_cpu(b, {3, 65, 2, 64}, seed += 5);        // one past a 64-row tile
+    check_cudnn_against_own_and_cpu(b, {2, 37, 3, 128}, seed += 5);       // shorter than one tile
+    check_cudnn_against_own_and_cpu(b, {2, 1, 2, 64}, seed += 5);         // seq 1: out = v, grad_q = grad_k = 0
+    check_cudnn_against_own_and_cpu(b, {1, 77, 2, 64}, seed += 5, 3.0f);  // peaky softmax
+}
+
+TEST(GpuAttentionCudnn, LongSequenceMatchesOwnKernelAndCpu) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    check_cudnn_against_own_and_cpu(b, {2, 1000, 2, 64}, 800);
+    check_cudnn_against_own_and_cpu(b, {1, 1030, 2, 128}, 801);
+}
+
+// lse means the same on both providers: each backward takes the other forward's out and lse.
+TEST(GpuAttentionCudnn, LseIsInterchangeableBetweenProviders) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    for (const Shape& s : {Shape{2, 129, 2, 64}, Shape{1, 200, 3, 128}}) {
+        SCOPED_TRACE(s.name());
+        const Inputs in = make_inputs(s, 900);
+        const Result own_then_cudnn = run_gpu(b, s, in, AttentionProvider::kOwn, AttentionProvider::kCudnn);
+        const Result cudnn_then_own = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kOwn);
+        expect_grad_close(own_then_cudnn.grad_qkv, run_cpu(b, s, in, own_then_cudnn.out).grad_qkv,
+                          "cuDNN backward on the own forward's lse");
+        expect_grad_close(cudnn_then_own.grad_qkv, run_cpu(b, s, in, cudnn_then_own.out).grad_qkv,
+                          "own backward on cuDNN's lse");
+    }
+}
+
+TEST(GpuAttentionCudnn, InferenceWithoutLseGivesTheSameOutput) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    const Shape s{2, 90, 2, 64};
+    const Inputs in = make_inputs(s, 1000);
+    const Result with_lse = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+    DeviceBuffer dqkv = upload(b, in.qkv, DType::kBF16), dout = upload(b, F(with_lse.out.size(), kNaN), DType::kBF16);
+    attention_forward({s.batch, s.seq, s.heads, s.head_dim, DType::kBF16, dqkv.data(), dout.data(), nullptr},
+                      *b.gpu_stream, AttentionProvider::kCudnn);
+    // A different graph (no Stats output): not promised bitwise, within one bf16 rounding.
+    expect_close(download(b, dout.data(), s.out_size(), DType::kBF16), with_lse.out, 1e-2f, "out without lse");
+}
+
+// The default backward is cuDNN's deterministic algorithm (SCMOE_ATTENTION_DETERMINISTIC unset).
+TEST(GpuAttentionCudnn, ForwardAndBackwardAreBitwiseDeterministic) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    const Shape s{2, 256, 8, 64};
+    const Inputs in = make_inputs(s, 1100);
+    const Result first = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+    for (int run = 0; run < 3; ++run) {
+        const Result again = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+        expect_bitwise_equal(again.out, first.out, "out");
+        expect_bitwise_equal(again.lse, first.lse, "lse");
+        expect_bitwise_equal(again.grad_qkv, first.grad_qkv, "grad_qkv");
+    }
+}
+
+// SCMOE_ATTENTION_DETERMINISTIC=0: cuDNN's faster backward (atomic dQ), same values within tolerance.
+TEST(GpuAttentionCudnn, NonDeterministicBackwardStillMatches) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    const Shape s{2, 200, 4, 64};
+    const Inputs in = make_inputs(s, 1150);
+    const Result deterministic = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+    ScopedEnv env("SCMOE_ATTENTION_DETERMINISTIC", "0");
+    const Result fast = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+    expect_grad_close(fast.grad_qkv, deterministic.grad_qkv, "grad_qkv, atomic vs deterministic dQ");
+}
+
+// auto runs cuDNN for bf16; SCMOE_ATTENTION_PROVIDER=own turns auto into the own kernel; an explicit
+// argument is not overridden.
+TEST(GpuAttentionCudnn, EnvironmentSelectsTheProviderOfAuto) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    const Shape s{1, 70, 2, 64};
+    const Inputs in = make_inputs(s, 1200);
+    const Result cudnn = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+    const Result own = run_gpu(b, s, in, AttentionProvider::kOwn, AttentionProvider::kOwn);
+    {
+        ScopedEnv env("SCMOE_ATTENTION_PROVIDER", "");
+        const Result autod = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+        expect_bitwise_equal(autod.grad_qkv, cudnn.grad_qkv, "auto = cudnn");
+    }
+    {
+        ScopedEnv env("SCMOE_ATTENTION_PROVIDER", "own");
+        const Result autod = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+        expect_bitwise_equal(autod.out, own.out, "SCMOE_ATTENTION_PROVIDER=own: out");
+        expect_bitwise_equal(autod.grad_qkv, own.grad_qkv, "SCMOE_ATTENTION_PROVIDER=own: grad_qkv");
+        const Result explicit_cudnn = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+        expect_bitwise_equal(explicit_cudnn.grad_qkv, cudnn.grad_qkv, "explicit cudnn under the variable");
+    }
+    {
+        ScopedEnv env("SCMOE_ATTENTION_PROVIDER", "sometimes");
+        EXPECT_THROW(run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto), Error);
+    }
+}
+
+// Where cuDNN cannot run: explicit cudnn throws, auto runs the own kernel (same bits as kOwn).
+TEST(GpuAttentionCudnn, AutoFallsBackWhereCudnnCannotRun) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    {
+        // f32: cuDNN's SDPA is bf16 here.
+        const Shape s{1, 40, 2, 64};
+        DeviceBuffer buf(*b.gpu, static_cast<std::size_t>(s.qkv_size()) * 4);
+        EXPECT_THROW(
+            attention_forward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, buf.data(), buf.data(), nullptr},
+                              *b.gpu_stream, AttentionProvider::kCudnn),
+            Error);
+    }
+    {
+        // head_dim 20 (not a multiple of 8), and qkv one element past a 16-byte boundary.
+        const Shape s{2, 33, 2, 20};
+        const Inputs in = make_inputs(s, 1300);
+        const Result own = run_gpu(b, s, in, AttentionProvider::kOwn, AttentionProvider::kOwn);
+        const Result autod = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+        expect_bitwise_equal(autod.grad_qkv, own.grad_qkv, "auto on head_dim 20 = own");
+        EXPECT_THROW(run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn), Error);
+    }
+    {
+        const Shape s{1, 50, 2, 64};
+        const Inputs in = make_inputs(s, 1400);
+        F padded(in.qkv.size() + 1, 0.0f);
+        std::copy(in.qkv.begin(), in.qkv.end(), padded.begin() + 1);
+        DeviceBuffer dqkv = upload(b, padded, DType::kBF16);
+        const void* unaligned = dqkv.as<char>() + 2;  // one bf16 element in
+        DeviceBuffer auto_out = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), DType::kBF16);
+        DeviceBuffer own_out = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), DType::kBF16);
+        const AttentionArgs a{s.batch, s.seq, s.heads, s.head_dim, DType::kBF16, unaligned, auto_out.data(), nullptr};
+        AttentionArgs own = a;
+        own.out = own_out.data();
+        attention_forward(a, *b.gpu_stream, AttentionProvider::kAuto);
+        attention_forward(own, *b.gpu_stream, AttentionProvider::kOwn);
+        expect_bitwise_equal(download(b, auto_out.data(), s.out_size(), DType::kBF16),
+                             download(b, own_out.data(), s.out_size(), DType::kBF16), "auto on an unaligned qkv = own");
+        EXPECT_THROW(attention_forward(a, *b.gpu_stream, AttentionProvider::kCudnn), Error);
+    }
+    b.gpu_stream->synchronize();
+}
+
+// head_dim 256: cuDNN on sm_90 (cuDNN >= 9.9); on sm_80 its support check turns it down and auto
+// runs the own kernel (saying so once on stderr). Either way the result matches the CPU.
+TEST(GpuAttentionCudnn, LargestHeadDimRunsUnderAuto) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    const Shape s{1, 130, 2, 256};
+    const Inputs in = make_inputs(s, 1500);
+    const Result got = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+    const Result cpu = run_cpu(b, s, in, got.out);
+    expect_close(got.out, cpu.out, kOutTol, "out");
+    expect_close(got.lse, cpu.lse, kLseTol, "lse");
+    expect_grad_close(got.grad_qkv, cpu.grad_qkv, "grad_qkv");
+}
+
+}  // namespace
+}  // namespace scmoe
