@@ -10,8 +10,10 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -46,6 +48,25 @@ public:
     virtual void host_task(std::function<void()> fn) = 0;
     // cudaStream_t on CUDA, nullptr on CPU.
     virtual void* native_handle() const = 0;
+
+    // Registers `check` to run on the host once the next synchronize() of this stream has waited
+    // for the work enqueued before this call, in the thread that synchronizes. A check that throws
+    // makes that synchronize() throw (the first error; every check taken still runs). The way to
+    // read a flag the device wrote (copied to host memory) at a sync the caller makes anyway,
+    // without a host_task in the stream: on CUDA those run on the driver's one callback thread and
+    // hold up every other stream's callbacks (review L2). Checks registered while a synchronize()
+    // waits run at the following one. A stream destroyed unsynchronized drops its checks.
+    void check_at_sync(std::function<void()> check);
+
+protected:
+    // Each backend's synchronize(): take the checks before waiting, run them after the wait
+    // succeeded (a failed wait's own error wins and the checks are dropped).
+    std::vector<std::function<void()>> take_sync_checks();
+    static void run_sync_checks(std::vector<std::function<void()>>& checks);
+
+private:
+    std::mutex sync_checks_mu_;
+    std::vector<std::function<void()>> sync_checks_;
 };
 
 class Event {

@@ -16,6 +16,7 @@
 #include "kernels/router.h"
 #include "kernels/workspace.h"
 #include "moe/detail/moe_layer_buffers.h"
+#include "moe/detail/nonfinite_checks.h"
 
 namespace scmoe {
 
@@ -35,7 +36,8 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
       max_tokens_(max_tokens),
       ep_(ep),
       buf_(std::make_unique<Buffers>()),
-      host_(std::make_unique<HostScratch>()) {
+      host_(std::make_unique<HostScratch>()),
+      nonfinite_(std::make_unique<NonfiniteChecks>(device)) {
     config_.validate();
     SCMOE_CHECK(max_tokens >= 0, "MoeLayer: max_tokens = " << max_tokens << ": must be >= 0");
     SCMOE_CHECK(config_.dtype == device.compute_dtype(),
@@ -78,18 +80,11 @@ std::int64_t MoeLayer::expert_rows() const {
     return Buffers::max_expert_rows(config_, max_tokens_, ep_size_);
 }
 
+// A device count and a read at the stream's next synchronize (NonfiniteChecks): no host callback in
+// the stream, which on CUDA would stall the other stream's callbacks (review L2).
 void MoeLayer::check_finite(const Tensor& t, int slot, const char* what, Stream& stream) {
     if (!config_.check_finite) return;
-    std::int64_t* dev = buf_->nonfinite + 2 * slot;
-    std::int64_t* host = host_->nonfinite + 2 * slot;
-    count_nonfinite(t.data, t.numel(), t.dtype, dev, dev + 1, stream);
-    stream.copy(host, dev, 2 * sizeof(std::int64_t));
-    const std::int64_t width = t.ndim > 1 ? t.dim(1) : 1;
-    stream.host_task([host, what, width] {
-        if (host[0] > 0)
-            SCMOE_FAIL("MoeLayer: " << what << " holds " << host[0] << " NaN/Inf value(s), first at [token "
-                                    << host[1] / width << ", column " << host[1] % width << "]");
-    });
+    nonfinite_->enqueue(t, buf_->nonfinite + 2 * slot, what, stream);
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& shortcut, const MoeParams& params, Tensor y, Stream& stream) {

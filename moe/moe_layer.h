@@ -64,6 +64,7 @@ struct MoeExpertInputs {
 };
 
 class Communicator;
+class NonfiniteChecks;
 
 class MoeLayer {
 public:
@@ -222,7 +223,8 @@ private:
     std::unique_ptr<Buffers> buf_;
     std::unique_ptr<HostScratch> host_;
     DeviceBuffer owned_workspace_;
-    void* host_scratch_ = nullptr;  // pinned: non-finite counts, stats, exchange counts
+    void* host_scratch_ = nullptr;  // pinned: stats, exchange counts
+    std::unique_ptr<NonfiniteChecks> nonfinite_;  // check_finite's reads at the next sync
     GroupedGemmProvider provider_ = GroupedGemmProvider::kAuto;
     bool training_ = true;
     std::uint64_t noise_step_ = 0, noise_stream_ = 0;  // noise_stream_ = ep_rank_ at construction

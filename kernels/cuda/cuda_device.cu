@@ -187,6 +187,7 @@ class CudaStream final : public Stream {
 
     void synchronize() override {
         detail::count_host_sync();
+        auto checks = take_sync_checks();
         DeviceGuard guard(device_);
         SCMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
         SCMOE_CUDA_CHECK(cudaGetLastError());
@@ -196,6 +197,7 @@ class CudaStream final : public Stream {
             e = std::exchange(errors_->error, nullptr);
         }
         if (e) std::rethrow_exception(e);
+        run_sync_checks(checks);
     }
     void wait(const Event& event) override;
     void copy(void* dst, const void* src, std::size_t bytes) override {

@@ -144,10 +144,9 @@ struct MoeLayer::Buffers {
     }
 };
 
-// Pinned host memory: results copied back for the host (non-finite counts, statistics) and the
+// Pinned host memory: results copied back for the host (statistics) and the
 // counts the all-to-all exchanges read on the host.
 struct MoeLayer::HostScratch {
-    std::int64_t* nonfinite = nullptr;       // [6]
     std::int32_t* dropped = nullptr;         // [1]
     float* losses = nullptr;                 // [2]
     std::int32_t* expert_counts = nullptr;   // [E]
@@ -169,7 +168,6 @@ struct MoeLayer::HostScratch {
 
     void carve(WorkspaceCarver& w, const MoeConfig& c, int ep) {
         const std::int64_t E = c.num_experts;
-        nonfinite = w.take<std::int64_t>(6);
         dropped = w.take<std::int32_t>(1);
         losses = w.take<float>(2);
         expert_counts = w.take<std::int32_t>(E);
