@@ -103,7 +103,9 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
       max_tokens_(max_tokens),
       ep_(ep),
       backbone_stream_(device.create_stream()),
-      moe_stream_(device.create_stream()) {
+      // The MoE branch's stream carries the all-to-alls: high priority, so an exchange's kernels get
+      // SMs ahead of the backbone's GEMMs that fill the GPU (review, issue 14 part 6).
+      moe_stream_(device.create_stream(StreamPriority::kHigh)) {
     config_.validate();
     SCMOE_CHECK(max_tokens >= 0 && max_tokens % config_.backbone.seq_len == 0,
                 "BlockStack: max_tokens = " << max_tokens << " must be a non-negative multiple of seq_len "

@@ -141,7 +141,7 @@ private:
     Device& device_;
     std::int64_t max_tokens_;
     Communicator* ep_;
-    std::unique_ptr<Stream> backbone_stream_, moe_stream_;
+    std::unique_ptr<Stream> backbone_stream_, moe_stream_;  // moe_stream_: high priority (it carries the exchanges)
     std::unique_ptr<LayerScheduler> scheduler_;
     ParamSet backbone_params_, backbone_grads_;
     std::vector<std::unique_ptr<MoeParamStore>> moe_params_, moe_grads_;
