@@ -97,7 +97,8 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
     return c;
 }
 
-BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep)
+BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
+                       Communicator* agree)
     : config_(config),
       device_(device),
       max_tokens_(max_tokens),
@@ -114,7 +115,7 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
                 "BlockStack: dtype " << dtype_name(config_.backbone.dtype) << " but the "
                                      << backend_name(device.backend()) << " backend computes in "
                                      << dtype_name(device.compute_dtype()));
-    scheduler_ = std::make_unique<LayerScheduler>(device, *backbone_stream_, *moe_stream_, ep);
+    scheduler_ = std::make_unique<LayerScheduler>(device, *backbone_stream_, *moe_stream_, agree ? agree : ep);
     const int ep_size = ep ? ep->size() : 1;
     std::vector<ParamSpec> specs;
     const std::size_t n = config_.blocks.size();

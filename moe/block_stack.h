@@ -72,8 +72,13 @@ std::vector<std::string> block_variant_names();
 class BlockStack {
 public:
     // max_tokens: most tokens per pass on this rank (a multiple of seq_len). ep: expert-parallel group
-    // of the MoE layers (nullptr = single rank). The stack owns its two streams.
-    BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr);
+    // of the MoE layers (nullptr = single rank). agree: the group calibrate() averages its times over
+    // (nullptr = ep). A trainer with data parallelism passes the world, so every rank chooses the
+    // same slots and chunks and issues its NCCL operations in one global order (review R1: with
+    // several communicators per GPU, ranks whose host launch orders differ can deadlock). The stack
+    // owns its two streams.
+    BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
+               Communicator* agree = nullptr);
     ~BlockStack();
     BlockStack(const BlockStack&) = delete;
     BlockStack& operator=(const BlockStack&) = delete;
@@ -94,8 +99,8 @@ public:
     void set_noise_key(std::uint64_t step, std::uint64_t stream);
 
     // Measures the ops of a forward and a backward pass on `input`/`grad_output` (values matter not)
-    // and chooses every branch's expert slot (Eq. 11) and chunks; a collective over `ep`. Runs both
-    // passes.
+    // and chooses every branch's expert slot (Eq. 11) and chunks; a collective over `agree` (and
+    // `ep`). Runs both passes.
     void calibrate(const Tensor& input, const Tensor& grad_output, int repeats = 2);
     // The chunked all-to-all / expert-FFN pipeline of the MoE branches (LayerScheduler): 0 = auto
     // (the default: calibrate() chooses per branch and pass from the measured times), N >= 1 = N
