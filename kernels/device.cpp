@@ -23,6 +23,7 @@ const char* backend_name(Backend b) {
 }
 
 void Stream::check_at_sync(std::function<void()> check) {
+    SCMOE_CHECK(!capturing(), "a sync check cannot be captured into a graph: a replay would not register it");
     std::scoped_lock lock(sync_checks_mu_);
     sync_checks_.push_back(std::move(check));
 }
@@ -43,6 +44,10 @@ void Stream::run_sync_checks(std::vector<std::function<void()>>& checks) {
     }
     checks.clear();
     if (first) std::rethrow_exception(first);
+}
+
+std::unique_ptr<StreamGraph> Device::capture(Stream&, const std::function<void(Stream&)>&) {
+    SCMOE_FAIL("graph capture needs the CUDA backend; the " << backend_name(backend()) << " backend runs work eagerly");
 }
 
 double Device::host_time_us() const {

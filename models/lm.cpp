@@ -203,12 +203,9 @@ void LanguageModel::embed(Stream& s) {
 
 namespace {
 
-// Enqueues fn on s, as an op of `trace` on the "backbone" lane when there is one.
+// Enqueues fn on s as an op of the "backbone" lane (an NVTX range; a trace entry when traced).
 void traced(Tracer* trace, const char* name, Stream& s, const std::function<void(Stream&)>& fn) {
-    if (trace)
-        trace->op(name, "backbone", s, fn);
-    else
-        fn(s);
+    run_op(trace, name, "backbone", s, fn);
 }
 
 }  // namespace

@@ -80,8 +80,8 @@ void GradientReducer::reduce_stage(int stage, Stream& s, Tracer* trace, const ch
     };
     const bool sends =
         std::any_of(runs_.begin(), runs_.end(), [stage](const Run& x) { return x.stage == stage && x.comm; });
-    if (trace && sends)  // a stage with nothing to send (one rank) leaves no entry
-        trace->op("grad_allreduce[stage" + std::to_string(stage) + "]", lane, s, run, true);
+    if (sends)  // a stage with nothing to send (one rank) leaves no entry
+        run_op(trace, "grad_allreduce[stage" + std::to_string(stage) + "]", lane, s, run, true);
     else
         run(s);
 }

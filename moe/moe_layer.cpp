@@ -84,6 +84,9 @@ std::int64_t MoeLayer::expert_rows() const {
 // the stream, which on CUDA would stall the other stream's callbacks (review L2).
 void MoeLayer::check_finite(const Tensor& t, int slot, const char* what, Stream& stream) {
     if (!config_.check_finite) return;
+    SCMOE_CHECK(!stream.capturing(), "MoeLayer: " << what << ": the NaN/Inf check cannot be captured into a CUDA "
+                                                     "graph (it is read at a sync, not on replay); set "
+                                                     "MoeConfig.check_finite = false for captured layers");
     nonfinite_->enqueue(t, buf_->nonfinite + 2 * slot, what, stream);
 }
 

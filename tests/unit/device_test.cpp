@@ -176,6 +176,23 @@ TEST(StreamChecks, RunAfterTheNextSyncAndThrowThere) {
     }
 }
 
+// Graph capture is CUDA's: the other backends say so instead of running the work.
+TEST(StreamGraphs, CaptureNeedsCuda) {
+    for (const char* backend : {"cpu", "emu"}) {
+        auto device = make_device(backend);
+        auto stream = device->create_stream();
+        EXPECT_FALSE(stream->capturing());
+        bool ran = false;
+        try {
+            device->capture(*stream, [&](Stream&) { ran = true; });
+            ADD_FAILURE() << backend << ": capture did not throw";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("needs the CUDA backend"), std::string::npos) << e.what();
+        }
+        EXPECT_FALSE(ran) << backend << ": the work ran eagerly";
+    }
+}
+
 TEST(Backend, AutoPicksCpuWithoutGpuAndCudaWithoutGpuIsAClearError) {
     if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present: this test covers machines without one";
     EXPECT_EQ(make_device("auto")->backend(), Backend::kCpu);
