@@ -69,6 +69,11 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
 // The names block_variant accepts.
 std::vector<std::string> block_variant_names();
 
+// The scratch group of each MoE block, in block order: blocks in one group never have branch windows
+// that share a block, so their layers share one MoeLayer scratch (BlockStack). Pos-1 MoE in every
+// block, or MoE in every other block: one group; Pos-2/3 MoE in adjacent blocks: two.
+std::vector<int> moe_scratch_groups(const std::vector<BlockSpec>& blocks);
+
 class BlockStack {
 public:
     // max_tokens: most tokens per pass on this rank (a multiple of seq_len). ep: expert-parallel group
@@ -152,6 +157,7 @@ private:
     std::vector<std::unique_ptr<MoeParamStore>> moe_params_, moe_grads_;
     std::vector<std::unique_ptr<Block>> blocks_;
     DeviceBuffer activations_;
+    std::vector<DeviceBuffer> moe_scratch_;  // shared by the MoE layers of one moe_scratch_groups group
     std::vector<void*> h_, hmh_, grad_h_, grad_hmh_;  // [blocks + 1] / [blocks] residual-stream buffers
     std::int64_t plan_tokens_ = -1;
     SchedulePlan fwd_plan_, bwd_plan_;

@@ -20,17 +20,28 @@
 
 namespace scmoe {
 
-std::size_t MoeLayer::workspace_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size) {
+std::pair<std::size_t, std::size_t> MoeLayer::workspace_parts(const MoeConfig& config, std::int64_t max_tokens,
+                                                              int ep_size) {
     config.validate();
     moe_param_specs(config, ep_size);  // checks num_experts % ep_size
-    MoeLayer::Buffers b;
-    WorkspaceCarver carver(nullptr);
-    b.carve(carver, config, max_tokens, ep_size);
-    return carver.bytes_used();
+    Buffers b;
+    WorkspaceCarver kept(nullptr), scratch(nullptr);
+    b.carve(kept, scratch, config, max_tokens, ep_size);
+    return {kept.bytes_used(), scratch.bytes_used()};
+}
+
+std::size_t MoeLayer::workspace_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size,
+                                      bool shared_scratch) {
+    const auto [kept, scratch] = workspace_parts(config, max_tokens, ep_size);
+    return shared_scratch ? kept : kept + scratch;
+}
+
+std::size_t MoeLayer::scratch_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size) {
+    return workspace_parts(config, max_tokens, ep_size).second;
 }
 
 MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
-                   void* workspace, std::size_t workspace_size)
+                   void* workspace, std::size_t workspace_size, void* scratch, std::size_t scratch_size)
     : config_(config),
       device_(device),
       max_tokens_(max_tokens),
@@ -48,7 +59,13 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
         ep_rank_ = ep_->rank();
     }
     noise_stream_ = static_cast<std::uint64_t>(ep_rank_);
-    const std::size_t need = workspace_bytes(config_, max_tokens_, ep_size_);
+    const std::size_t need = workspace_bytes(config_, max_tokens_, ep_size_, scratch != nullptr);
+    if (scratch) {
+        const std::size_t scratch_need = scratch_bytes(config_, max_tokens_, ep_size_);
+        SCMOE_CHECK(scratch_size >= scratch_need, "MoeLayer: shared scratch of "
+                                                      << scratch_size << " bytes is smaller than the " << scratch_need
+                                                      << " bytes scratch_bytes() asks for");
+    }
     if (!workspace) {
         owned_workspace_ = DeviceBuffer(device, need);
         workspace = owned_workspace_.data();
@@ -58,7 +75,12 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
                                                                       << " bytes workspace_bytes() asks for");
     }
     WorkspaceCarver carver(workspace);
-    buf_->carve(carver, config_, max_tokens_, ep_size_);
+    if (scratch) {
+        WorkspaceCarver scratch_carver(scratch);
+        buf_->carve(carver, scratch_carver, config_, max_tokens_, ep_size_);
+    } else {
+        buf_->carve(carver, carver, config_, max_tokens_, ep_size_);
+    }
     WorkspaceCarver host_sizing(nullptr);
     host_->carve(host_sizing, config_, ep_size_);
     host_scratch_ = device.allocate_host(host_sizing.bytes_used());

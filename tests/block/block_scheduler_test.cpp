@@ -347,6 +347,29 @@ TEST(BlockStackErrors, NanInputFailsCleanlyWithOverlap) {
     EXPECT_NO_THROW(stack.synchronize());
 }
 
+// MoE layers share a scratch when their branch windows share no block (moe_scratch_groups): MoE
+// every other block, or Pos-1 MoE in every block, one group; Pos-3 MoE in adjacent blocks, whose
+// windows [b-1, b] overlap, alternate between two. (The overlap and multi-rank tests above run the
+// shared scratch; TSan runs them in CI.)
+TEST(BlockStackScratch, GroupsHaveDisjointBranchWindows) {
+    auto groups = [](const char* variant) { return moe_scratch_groups(testing::small_variant(variant).blocks); };
+    for (const char* v : {"top2", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "every-block-pos1"}) {
+        const std::vector<int> g = groups(v);
+        EXPECT_FALSE(g.empty()) << v;
+        for (int x : g) EXPECT_EQ(x, 0) << v << ": one scratch is enough";
+    }
+    std::vector<BlockSpec> blocks(5);
+    for (std::size_t b = 1; b < blocks.size(); ++b) {
+        blocks[b].ffn = FfnKind::kMoe;
+        blocks[b].shortcut = ShortcutSource::kPos3;
+    }
+    EXPECT_EQ(moe_scratch_groups(blocks), (std::vector<int>{0, 1, 0, 1}));
+    blocks[2].shortcut = ShortcutSource::kCurrent;  // [0,1], [2,2], [2,3], [3,4]
+    EXPECT_EQ(moe_scratch_groups(blocks), (std::vector<int>{0, 0, 1, 0}));
+    blocks[2].ffn = FfnKind::kDense;  // MoE at 1, 3, 4: [0,1], [2,3], [3,4]
+    EXPECT_EQ(moe_scratch_groups(blocks), (std::vector<int>{0, 0, 1}));
+}
+
 TEST(BlockStackErrors, BadShapesAndConfigs) {
     auto device = make_device("cpu");
     BlockStackConfig config = testing::small_variant("scmoe-pos2");
