@@ -4,10 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <sstream>
 #include <thread>
 
 #include "kernels/error.h"
+#if SCMOE_WITH_CUDA
+#include "comm/detail/link_timer_cuda.h"
+#endif
 
 namespace scmoe {
 namespace {
@@ -130,12 +134,44 @@ struct EmulatedLink::Pending {
     double sent_bytes = 0.0;
 };
 
+// NOTES: stamps come in pinned chunks; an op takes one when enqueued and gives it back once
+// collect_device_holds has seen its hold finish. Guarded by EmulatedLink::mu_.
+struct EmulatedLink::DeviceHolds {
+#if SCMOE_WITH_CUDA
+    struct Op {
+        comm_detail::LinkStamps* stamps;
+        LinkOp op;
+        double bytes, model_us;
+    };
+    static constexpr int kStampsPerChunk = 64;
+    std::vector<comm_detail::LinkStamps*> chunks, free;
+    std::deque<Op> in_flight;
+
+    ~DeviceHolds() {
+        for (comm_detail::LinkStamps* c : chunks) comm_detail::free_link_stamps(c);
+    }
+    comm_detail::LinkStamps* acquire() {
+        if (free.empty()) {
+            comm_detail::LinkStamps* chunk = comm_detail::allocate_link_stamps(kStampsPerChunk);
+            chunks.push_back(chunk);
+            for (int i = kStampsPerChunk - 1; i >= 0; --i) free.push_back(chunk + i);
+        }
+        comm_detail::LinkStamps* s = free.back();
+        free.pop_back();
+        *s = comm_detail::LinkStamps{};
+        return s;
+    }
+#endif
+};
+
 EmulatedLink::EmulatedLink(Communicator& inner, LinkModel model) : inner_(&inner), model_(checked(std::move(model))) {}
 
 EmulatedLink::EmulatedLink(std::shared_ptr<Communicator> inner, LinkModel model)
     : owned_(std::move(inner)), inner_(owned_.get()), model_(checked(std::move(model))) {
     SCMOE_CHECK(inner_ != nullptr, "EmulatedLink needs a communicator to wrap");
 }
+
+EmulatedLink::~EmulatedLink() = default;
 
 std::string EmulatedLink::name() const { return "link(" + describe_link_model(model()) + ") over " + inner_->name(); }
 
@@ -171,14 +207,70 @@ void EmulatedLink::finish(Stream& stream, LinkOp op, std::shared_ptr<Pending> pe
                                                            std::chrono::duration<double, std::micro>(model_us)));
         const double measured_us = us_since(pending->start);
         std::scoped_lock lock(mu_);
-        LinkCounters& c = counters_[static_cast<std::size_t>(op)];
-        ++c.ops;
-        c.bytes += bytes;
-        c.modelled_us += model_us;
-        c.wrapped_us += wrapped_us;
-        c.measured_us += measured_us;
+        count(op, bytes, model_us, wrapped_us, measured_us);
     });
 }
+
+void EmulatedLink::count(LinkOp op, double bytes, double model_us, double wrapped_us, double measured_us) const {
+    LinkCounters& c = counters_[static_cast<std::size_t>(op)];
+    ++c.ops;
+    c.bytes += bytes;
+    c.modelled_us += model_us;
+    c.wrapped_us += wrapped_us;
+    c.measured_us += measured_us;
+}
+
+void EmulatedLink::hold(Stream& stream, LinkOp op, const std::function<void()>& wrapped, std::function<double()> sent,
+                        std::function<double()> received) {
+    if (stream.backend() == Backend::kCuda) return hold_on_device(stream, op, wrapped, sent, received);
+    auto pending = start(stream, std::move(sent));
+    wrapped();
+    finish(stream, op, std::move(pending), std::move(received));
+}
+
+#if SCMOE_WITH_CUDA
+void EmulatedLink::hold_on_device(Stream& stream, LinkOp op, const std::function<void()>& wrapped,
+                                  const std::function<double()>& sent, const std::function<double()>& received) {
+    comm_detail::LinkStamps* stamps = nullptr;
+    {
+        std::scoped_lock lock(mu_);
+        if (!device_holds_) device_holds_ = std::make_unique<DeviceHolds>();
+        stamps = device_holds_->acquire();
+    }
+    comm_detail::link_timer_start_cuda(stamps, stream.native_handle());
+    wrapped();
+    const double bytes = std::max(sent ? sent() : 0.0, received ? received() : 0.0);
+    const double model_us = modelled_us(op, bytes);
+    comm_detail::link_timer_hold_cuda(stamps, static_cast<std::uint64_t>(std::llround(model_us * 1e3)),
+                                      stream.native_handle());
+    std::scoped_lock lock(mu_);
+    device_holds_->in_flight.push_back({stamps, op, bytes, model_us});
+}
+
+void EmulatedLink::collect_device_holds() const {
+    if (!device_holds_) return;
+    auto& in_flight = device_holds_->in_flight;
+    for (auto it = in_flight.begin(); it != in_flight.end();) {
+        const std::uint64_t end = comm_detail::link_stamps_end_ns(*it->stamps);
+        if (end == 0) {
+            ++it;
+            continue;
+        }
+        const auto& st = *it->stamps;
+        count(it->op, it->bytes, it->model_us, static_cast<double>(st.wrapped_end_ns - st.start_ns) * 1e-3,
+              static_cast<double>(end - st.start_ns) * 1e-3);
+        device_holds_->free.push_back(it->stamps);
+        it = in_flight.erase(it);
+    }
+}
+#else
+void EmulatedLink::hold_on_device(Stream&, LinkOp, const std::function<void()>&, const std::function<double()>&,
+                                  const std::function<double()>&) {
+    SCMOE_FAIL("EmulatedLink got a CUDA stream in a build without CUDA");
+}
+
+void EmulatedLink::collect_device_holds() const {}
+#endif
 
 namespace {
 // Bytes an all-to-all moves to or from the other ranks; null counts are left for the wrapped op to
@@ -195,54 +287,63 @@ double off_rank_bytes(const std::int64_t* counts, int me, int n, DType dtype) {
 void EmulatedLink::all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv,
                                 std::int64_t* recv_counts, DType dtype, Stream& stream) {
     const int me = rank(), n = size();
-    auto pending = start(stream, [=] { return off_rank_bytes(send_counts, me, n, dtype); });
-    inner_->all_to_all_v(send, send_counts, recv, recv_counts, dtype, stream);
-    finish(stream, LinkOp::kAllToAllV, std::move(pending), [=] { return off_rank_bytes(recv_counts, me, n, dtype); });
+    hold(
+        stream, LinkOp::kAllToAllV,
+        [&] { inner_->all_to_all_v(send, send_counts, recv, recv_counts, dtype, stream); },
+        [=] { return off_rank_bytes(send_counts, me, n, dtype); },
+        [=] { return off_rank_bytes(recv_counts, me, n, dtype); });
 }
 
 void EmulatedLink::all_to_all_v_known(const void* send, const std::int64_t* send_counts, void* recv,
                                       const std::int64_t* recv_counts, DType dtype, Stream& stream) {
     const int me = rank(), n = size();
-    auto pending = start(stream, [=] { return off_rank_bytes(send_counts, me, n, dtype); });
-    inner_->all_to_all_v_known(send, send_counts, recv, recv_counts, dtype, stream);
-    finish(stream, LinkOp::kAllToAllV, std::move(pending), [=] { return off_rank_bytes(recv_counts, me, n, dtype); });
+    hold(
+        stream, LinkOp::kAllToAllV,
+        [&] { inner_->all_to_all_v_known(send, send_counts, recv, recv_counts, dtype, stream); },
+        [=] { return off_rank_bytes(send_counts, me, n, dtype); },
+        [=] { return off_rank_bytes(recv_counts, me, n, dtype); });
 }
 
+namespace {
+double payload_bytes(std::int64_t count, DType dtype, double copies = 1.0) {
+    return static_cast<double>(std::max<std::int64_t>(count, 0)) * static_cast<double>(dtype_size(dtype)) * copies;
+}
+}  // namespace
+
 void EmulatedLink::all_reduce_sum(void* buf, std::int64_t count, DType dtype, Stream& stream) {
-    const double bytes = static_cast<double>(std::max<std::int64_t>(count, 0)) * static_cast<double>(dtype_size(dtype));
-    auto pending = start(stream, [bytes] { return bytes; });
-    inner_->all_reduce_sum(buf, count, dtype, stream);
-    finish(stream, LinkOp::kAllReduceSum, std::move(pending), nullptr);
+    const double bytes = payload_bytes(count, dtype);
+    hold(
+        stream, LinkOp::kAllReduceSum, [&] { inner_->all_reduce_sum(buf, count, dtype, stream); },
+        [bytes] { return bytes; }, nullptr);
 }
 
 void EmulatedLink::all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) {
-    const double bytes = static_cast<double>(std::max<std::int64_t>(count_per_rank, 0)) *
-                         static_cast<double>(dtype_size(dtype)) * static_cast<double>(size());
-    auto pending = start(stream, [bytes] { return bytes; });
-    inner_->all_gather(send, count_per_rank, recv, dtype, stream);
-    finish(stream, LinkOp::kAllGather, std::move(pending), nullptr);
+    const double bytes = payload_bytes(count_per_rank, dtype, static_cast<double>(size()));
+    hold(
+        stream, LinkOp::kAllGather, [&] { inner_->all_gather(send, count_per_rank, recv, dtype, stream); },
+        [bytes] { return bytes; }, nullptr);
 }
 
 void EmulatedLink::broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) {
-    const double bytes = static_cast<double>(std::max<std::int64_t>(count, 0)) * static_cast<double>(dtype_size(dtype));
-    auto pending = start(stream, [bytes] { return bytes; });
-    inner_->broadcast(buf, count, dtype, root, stream);
-    finish(stream, LinkOp::kBroadcast, std::move(pending), nullptr);
+    const double bytes = payload_bytes(count, dtype);
+    hold(
+        stream, LinkOp::kBroadcast, [&] { inner_->broadcast(buf, count, dtype, root, stream); },
+        [bytes] { return bytes; }, nullptr);
 }
 
 void EmulatedLink::barrier(Stream& stream) {
-    auto pending = start(stream, nullptr);
-    inner_->barrier(stream);
-    finish(stream, LinkOp::kBarrier, std::move(pending), nullptr);
+    hold(stream, LinkOp::kBarrier, [&] { inner_->barrier(stream); }, nullptr, nullptr);
 }
 
 LinkCounters EmulatedLink::counters(LinkOp op) const {
     std::scoped_lock lock(mu_);
+    collect_device_holds();
     return counters_[static_cast<std::size_t>(op)];
 }
 
 LinkCounters EmulatedLink::counters() const {
     std::scoped_lock lock(mu_);
+    collect_device_holds();
     LinkCounters total;
     for (const LinkCounters& c : counters_) {
         total.ops += c.ops;
@@ -256,6 +357,7 @@ LinkCounters EmulatedLink::counters() const {
 
 void EmulatedLink::reset_counters() {
     std::scoped_lock lock(mu_);
+    collect_device_holds();
     counters_ = {};
 }
 

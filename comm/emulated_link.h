@@ -6,12 +6,16 @@
 //   EmulatedLink link(std::move(inner), parse_link_model("pcie4"));
 //   link.all_to_all_v(send, send_counts, recv, recv_counts, DType::kF32, stream);
 //
-// Per operation, on the stream: a host task records the start time (and reads what the op sends),
-// the wrapped operation is enqueued unchanged, then a host task sleeps until start + modelled time.
-// The op therefore holds the stream for max(actual, modelled) and its data is the wrapped op's,
-// untouched. Host tasks are Stream::host_task, so this works on CPU streams (worker thread) and
-// CUDA streams (cudaLaunchHostFunc) alike. On CUDA the sleep occupies the driver's host-callback
-// thread, so host tasks of other streams may be delayed behind it.
+// Per operation, on the stream: the start is stamped, the wrapped operation is enqueued unchanged,
+// then the stream is held until start + modelled time. The op therefore holds the stream for
+// max(actual, modelled) and its data is the wrapped op's, untouched.
+//  - CPU streams: host tasks on the stream's worker record the start and sleep out the rest.
+//  - CUDA streams: kernels (comm/detail/link_timer_cuda.h): one stamps %globaltimer, one CTA of
+//    one thread spins on it until the hold ends. No host callback, so the other streams' callbacks
+//    never wait behind a link (review L2). The modelled time is computed on the host when the op
+//    is enqueued, so the wrapped communicator must have filled recv_counts by the time
+//    all_to_all_v returns, as NcclCommunicator and LocalCommunicator on CUDA do (their count
+//    exchange waits on the host).
 //
 // The model, per op on a group of n ranks (n == 1: no link is crossed, 0 us):
 //   time_us = latency_us + link_bytes / (gbps * 1e3)          (1 GB/s = 1e3 bytes per us)
@@ -78,7 +82,8 @@ const char* link_op_name(LinkOp op);
 // (num_ranks * count_per_rank * element size); barrier ignored. Applies the factors above.
 double modelled_link_us(const LinkModel& model, LinkOp op, double bytes, int num_ranks);
 
-// What the link has done so far. Written by host tasks, so read after synchronizing the stream.
+// What the link has done so far. Written by host tasks (CPU streams) or read from the device's
+// stamps (CUDA streams), so read after synchronizing the stream.
 struct LinkCounters {
     std::int64_t ops = 0;
     double bytes = 0.0;        // payload bytes as modelled_link_us takes them
@@ -95,6 +100,7 @@ class EmulatedLink final : public Communicator {
     EmulatedLink(Communicator& inner, LinkModel model);
     // Wraps and keeps `inner` alive (a unique_ptr converts).
     EmulatedLink(std::shared_ptr<Communicator> inner, LinkModel model);
+    ~EmulatedLink() override;
 
     int rank() const override { return inner_->rank(); }
     int size() const override { return inner_->size(); }
@@ -124,19 +130,33 @@ class EmulatedLink final : public Communicator {
     void reset_counters();
 
   private:
-    struct Pending;  // one op between its start and end host tasks
+    struct Pending;      // one op between its start and end host tasks
+    struct DeviceHolds;  // CUDA streams: the ops' stamps, read into the counters once finished
 
     // Enqueues the start task: records the time and the payload `sent_bytes()` (run in the task).
     std::shared_ptr<Pending> start(Stream& stream, std::function<double()> sent_bytes);
     // Enqueues the end task: payload = max(sent, `received_bytes()`), sleeps until start +
     // modelled time, updates the counters.
     void finish(Stream& stream, LinkOp op, std::shared_ptr<Pending> pending, std::function<double()> received_bytes);
+    // Adds one op to the counters of `op` (under mu_).
+    void count(LinkOp op, double bytes, double model_us, double wrapped_us, double measured_us) const;
+    // Holds `stream` for op around `wrapped` (which enqueues the wrapped communicator's op): host
+    // tasks on CPU streams, hold_on_device on CUDA streams. `sent`/`received` give the payload.
+    void hold(Stream& stream, LinkOp op, const std::function<void()>& wrapped, std::function<double()> sent,
+              std::function<double()> received);
+    // CUDA streams: runs `wrapped` between the start and hold kernels; `sent` and `received` are
+    // read on the host once `wrapped` has returned.
+    void hold_on_device(Stream& stream, LinkOp op, const std::function<void()>& wrapped,
+                        const std::function<double()>& sent, const std::function<double()>& received);
+    // Adds the finished device holds to the counters (under mu_).
+    void collect_device_holds() const;
 
     std::shared_ptr<Communicator> owned_;
     Communicator* inner_;
     LinkModel model_;
     mutable std::mutex mu_;
-    std::array<LinkCounters, kNumLinkOps> counters_{};
+    mutable std::array<LinkCounters, kNumLinkOps> counters_{};
+    std::unique_ptr<DeviceHolds> device_holds_;  // created by the first op on a CUDA stream
 };
 
 }  // namespace scmoe

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include "comm/detail/collective_util.h"
 #include "comm/detail/cuda_util.h"
+#include "comm/detail/nccl_launch_order.h"
 #include "comm/detail/nccl_teardown.h"
 #include "kernels/error.h"
 
@@ -106,6 +108,13 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::init(const ncclUniqueId& id,
     SCMOE_CHECK(size >= 1 && rank >= 0 && rank < size, "NcclCommunicator: rank " << rank << " of " << size);
     SCMOE_CHECK(timeout_s > 0.0, "NcclCommunicator timeout " << timeout_s << " s must be positive");
     DeviceScope scope(device);
+    int version = 0;
+    if (ncclGetVersion(&version) == ncclSuccess) {
+        // Before NCCL reads its environment (at the first communicator of the process).
+        if (const char* value =
+                comm_detail::nccl_launch_order_implicit_value(version, std::getenv("NCCL_LAUNCH_ORDER_IMPLICIT")))
+            setenv("NCCL_LAUNCH_ORDER_IMPLICIT", value, 0);
+    }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // so that a peer that never joins gives a timeout, not a hang
     ncclComm_t comm = nullptr;

@@ -1,6 +1,7 @@
 #include "kernels/device.h"
 
 #include <chrono>
+#include <exception>
 #include <utility>
 
 #include "kernels/cpu/cpu_device.h"
@@ -19,6 +20,34 @@ const char* backend_name(Backend b) {
         case Backend::kEmu: return "emu";
     }
     return "?";
+}
+
+void Stream::check_at_sync(std::function<void()> check) {
+    SCMOE_CHECK(!capturing(), "a sync check cannot be captured into a graph: a replay would not register it");
+    std::scoped_lock lock(sync_checks_mu_);
+    sync_checks_.push_back(std::move(check));
+}
+
+std::vector<std::function<void()>> Stream::take_sync_checks() {
+    std::scoped_lock lock(sync_checks_mu_);
+    return std::exchange(sync_checks_, {});
+}
+
+void Stream::run_sync_checks(std::vector<std::function<void()>>& checks) {
+    std::exception_ptr first;
+    for (auto& check : checks) {
+        try {
+            check();
+        } catch (...) {
+            if (!first) first = std::current_exception();
+        }
+    }
+    checks.clear();
+    if (first) std::rethrow_exception(first);
+}
+
+std::unique_ptr<StreamGraph> Device::capture(Stream&, const std::function<void(Stream&)>&) {
+    SCMOE_FAIL("graph capture needs the CUDA backend; the " << backend_name(backend()) << " backend runs work eagerly");
 }
 
 double Device::host_time_us() const {

@@ -10,8 +10,10 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -46,6 +48,37 @@ public:
     virtual void host_task(std::function<void()> fn) = 0;
     // cudaStream_t on CUDA, nullptr on CPU.
     virtual void* native_handle() const = 0;
+    // True while Device::capture records this stream's work into a graph; work that a graph cannot
+    // replay faithfully (host tasks, sync checks) refuses then.
+    virtual bool capturing() const { return false; }
+
+    // Registers `check` to run on the host once the next synchronize() of this stream has waited
+    // for the work enqueued before this call, in the thread that synchronizes. A check that throws
+    // makes that synchronize() throw (the first error; every check taken still runs). The way to
+    // read a flag the device wrote (copied to host memory) at a sync the caller makes anyway,
+    // without a host_task in the stream: on CUDA those run on the driver's one callback thread and
+    // hold up every other stream's callbacks (review L2). Checks registered while a synchronize()
+    // waits run at the following one. A stream destroyed unsynchronized drops its checks.
+    void check_at_sync(std::function<void()> check);
+
+protected:
+    // Each backend's synchronize(): take the checks before waiting, run them after the wait
+    // succeeded (a failed wait's own error wins and the checks are dropped).
+    std::vector<std::function<void()>> take_sync_checks();
+    static void run_sync_checks(std::vector<std::function<void()>>& checks);
+
+private:
+    std::mutex sync_checks_mu_;
+    std::vector<std::function<void()>> sync_checks_;
+};
+
+// Stream work recorded once (Device::capture) and replayed: a CUDA graph. replay() enqueues all of
+// it on `stream`, reading and writing the same memory as when it was recorded, with the launch
+// cost of one graph instead of one per kernel.
+class StreamGraph {
+public:
+    virtual ~StreamGraph() = default;
+    virtual void replay(Stream& stream) = 0;
 };
 
 class Event {
@@ -77,6 +110,12 @@ public:
         return make_stream(priority);
     }
     virtual std::unique_ptr<Event> create_event() = 0;
+    // Records the work fn enqueues on `stream` as a graph instead of running it (CUDA: stream capture
+    // in thread-local mode). fn must not synchronize, allocate, run host tasks or use another
+    // stream; what it decides on the host (sizes, providers, a noise key) is fixed in the graph. Run
+    // fn once eagerly first, so libraries allocate their workspaces outside the capture. CUDA only:
+    // the other backends throw.
+    virtual std::unique_ptr<StreamGraph> capture(Stream& stream, const std::function<void(Stream&)>& fn);
     // The issuing host thread's clock in microseconds, for timing host-side spans (a step, a
     // calibration): steady_clock on CPU and CUDA; the emulated host's clock on emu, which advances
     // by the modeled launch costs and jumps where the host blocks. Only differences are meaningful.

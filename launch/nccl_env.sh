@@ -56,10 +56,21 @@ if [ -n "${NCCL_IB_HCA:-}" ]; then export NCCL_IB_HCA; fi
 : "${CUDA_DEVICE_MAX_CONNECTIONS:=8}"
 export CUDA_DEVICE_MAX_CONNECTIONS
 
+# NCCL_LAUNCH_ORDER_IMPLICIT (default here: 1; NCCL >= 2.26 knows it, older releases ignore it)
+#   Each rank drives several communicators on its GPU at once: the expert-parallel all-to-alls
+#   and the world / expert-data-parallel gradient all-reduces, on two streams. NCCL's user guide
+#   ("Using multiple NCCL communicators concurrently"): before 2.26 the operations of all
+#   communicators had to be serialized into one global order or they could deadlock; with this
+#   variable NCCL orders them as the host issues them, and the host order must match on every GPU.
+#   scmoe-train issues in one deterministic order on every rank (the block schedule is agreed over
+#   the world). NcclCommunicator sets it too when it is unset; set 0 here to turn it off.
+: "${NCCL_LAUNCH_ORDER_IMPLICIT:=1}"
+export NCCL_LAUNCH_ORDER_IMPLICIT
+
 # The variables each rank needs (those set). PATH and LD_LIBRARY_PATH: remote ranks start from a
 # non-interactive shell that may lack the CUDA/NCCL/MPI library paths of this one.
 SCMOE_FORWARD_ENV=()
-for _scmoe_name in PATH LD_LIBRARY_PATH CUDA_DEVICE_MAX_CONNECTIONS \
+for _scmoe_name in PATH LD_LIBRARY_PATH CUDA_DEVICE_MAX_CONNECTIONS NCCL_LAUNCH_ORDER_IMPLICIT \
     NCCL_DEBUG NCCL_DEBUG_SUBSYS NCCL_DEBUG_FILE NCCL_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_DISABLE \
     SCMOE_COMM_TIMEOUT_S SCMOE_CPU_BLAS_THREADS SCMOE_GROUPED_GEMM_PROVIDER; do
     if [ -n "${!_scmoe_name:-}" ]; then SCMOE_FORWARD_ENV+=("$_scmoe_name"); fi

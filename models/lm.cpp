@@ -35,7 +35,8 @@ float init_std(const std::string& name, std::int64_t layers) {
 
 }  // namespace
 
-LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep)
+LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
+                             Communicator* agree)
     : config_(config), device_(device), max_tokens_(max_tokens) {
     config_.validate();
     SCMOE_CHECK(config_.backbone.dtype == device.compute_dtype(),
@@ -45,7 +46,7 @@ LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_
     SCMOE_CHECK(max_tokens > 0 && max_tokens % config_.backbone.seq_len == 0,
                 "LanguageModel: max_tokens = " << max_tokens << " must be a positive multiple of seq_len "
                                                << config_.backbone.seq_len);
-    blocks_ = std::make_unique<BlockStack>(config_.block_stack(), device, max_tokens, ep);
+    blocks_ = std::make_unique<BlockStack>(config_.block_stack(), device, max_tokens, ep, agree);
     const std::int64_t V = config_.vocab, H = config_.backbone.hidden, S = config_.backbone.seq_len;
     const DType dt = config_.backbone.dtype;
     const std::vector<ParamSpec> specs = {{"embed", {V, H}}, {"pos", {S, H}}, {"final_norm", {H}}};
@@ -202,12 +203,9 @@ void LanguageModel::embed(Stream& s) {
 
 namespace {
 
-// Enqueues fn on s, as an op of `trace` on the "backbone" lane when there is one.
+// Enqueues fn on s as an op of the "backbone" lane (an NVTX range; a trace entry when traced).
 void traced(Tracer* trace, const char* name, Stream& s, const std::function<void(Stream&)>& fn) {
-    if (trace)
-        trace->op(name, "backbone", s, fn);
-    else
-        fn(s);
+    run_op(trace, name, "backbone", s, fn);
 }
 
 }  // namespace

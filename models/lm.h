@@ -65,7 +65,10 @@ class LanguageModel {
   public:
     // max_tokens: most tokens per pass on this rank (a multiple of seq_len). ep: the MoE layers'
     // expert-parallel group (nullptr: single rank); it must outlive the model.
-    LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr);
+    // agree: the group the blocks' schedule is agreed over (BlockStack; nullptr = ep); a trainer
+    // passes the world.
+    LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
+                  Communicator* agree = nullptr);
     ~LanguageModel();
     LanguageModel(const LanguageModel&) = delete;
     LanguageModel& operator=(const LanguageModel&) = delete;

@@ -38,7 +38,8 @@ void check_comm(Communicator* c, int size, int rank, const char* what) {
 }  // namespace
 
 GradientReducer::GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device)
-    : model_(model), layout_(layout), comms_(comms), device_(device), stream_(device.create_stream()) {
+    : model_(model), layout_(layout), comms_(comms), device_(device),
+      stream_(device.create_stream(StreamPriority::kHigh)) {  // communication only: ahead of the backward's kernels
     layout_.validate();
     check_comm(comms_.world, layout_.world, layout_.rank, "world");
     check_comm(comms_.ep, layout_.ep, layout_.ep_rank(), "expert-parallel");
@@ -79,8 +80,8 @@ void GradientReducer::reduce_stage(int stage, Stream& s, Tracer* trace, const ch
     };
     const bool sends =
         std::any_of(runs_.begin(), runs_.end(), [stage](const Run& x) { return x.stage == stage && x.comm; });
-    if (trace && sends)  // a stage with nothing to send (one rank) leaves no entry
-        trace->op("grad_allreduce[stage" + std::to_string(stage) + "]", lane, s, run, true);
+    if (sends)  // a stage with nothing to send (one rank) leaves no entry
+        run_op(trace, "grad_allreduce[stage" + std::to_string(stage) + "]", lane, s, run, true);
     else
         run(s);
 }

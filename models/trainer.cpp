@@ -48,7 +48,8 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
     open_eval_data(corpus ? &*corpus : nullptr);
 
     const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
-    model_ = std::make_unique<LanguageModel>(config_.model, device, tokens, comms_.ep);
+    // The schedule is agreed over the world: one global launch order (review R1).
+    model_ = std::make_unique<LanguageModel>(config_.model, device, tokens, comms_.ep, comms_.world);
     model_->init_params(config_.seed);
     for (const ParamGroup& g : model_->param_groups())
         adamw_.push_back(std::make_unique<AdamW>(device, g.params, g.dtype, g.numel, config_.adamw, model_->stream()));

@@ -2,6 +2,7 @@
 // schedule plans (which op runs where) are built in block_stack_plan.cpp.
 #include "moe/block_stack.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "comm/communicator.h"
@@ -97,13 +98,16 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
     return c;
 }
 
-BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep)
+BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
+                       Communicator* agree)
     : config_(config),
       device_(device),
       max_tokens_(max_tokens),
       ep_(ep),
       backbone_stream_(device.create_stream()),
-      moe_stream_(device.create_stream()) {
+      // The MoE branch's stream carries the all-to-alls: high priority, so an exchange's kernels get
+      // SMs ahead of the backbone's GEMMs that fill the GPU (review, issue 14 part 6).
+      moe_stream_(device.create_stream(StreamPriority::kHigh)) {
     config_.validate();
     SCMOE_CHECK(max_tokens >= 0 && max_tokens % config_.backbone.seq_len == 0,
                 "BlockStack: max_tokens = " << max_tokens << " must be a non-negative multiple of seq_len "
@@ -112,10 +116,16 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
                 "BlockStack: dtype " << dtype_name(config_.backbone.dtype) << " but the "
                                      << backend_name(device.backend()) << " backend computes in "
                                      << dtype_name(device.compute_dtype()));
-    scheduler_ = std::make_unique<LayerScheduler>(device, *backbone_stream_, *moe_stream_, ep);
+    scheduler_ = std::make_unique<LayerScheduler>(device, *backbone_stream_, *moe_stream_, agree ? agree : ep);
     const int ep_size = ep ? ep->size() : 1;
     std::vector<ParamSpec> specs;
     const std::size_t n = config_.blocks.size();
+    // The MoE layers' scratch (MoeLayer::scratch_bytes: the backward's gradients, the exchanges'
+    // staging), one per group of layers whose branch windows are disjoint (moe_scratch_groups).
+    const std::vector<int> scratch_group = moe_scratch_groups(config_.blocks);
+    const int groups = scratch_group.empty() ? 0 : *std::max_element(scratch_group.begin(), scratch_group.end()) + 1;
+    const std::size_t scratch_bytes = groups ? MoeLayer::scratch_bytes(config_.moe, max_tokens, ep_size) : 0;
+    for (int g = 0; g < groups; ++g) moe_scratch_.emplace_back(device, scratch_bytes);
     for (std::size_t b = 0; b < n; ++b) {
         auto block = std::make_unique<Block>();
         block->spec = config_.blocks[b];
@@ -140,7 +150,9 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
                 block->norm_s = std::make_unique<NormSublayer>(config_.backbone, device, max_tokens);
             }
             block->moe_index = static_cast<int>(moe_params_.size());
-            block->moe = std::make_unique<MoeLayer>(config_.moe, device, max_tokens, ep);
+            DeviceBuffer& scratch = moe_scratch_[static_cast<std::size_t>(scratch_group[moe_params_.size()])];
+            block->moe = std::make_unique<MoeLayer>(config_.moe, device, max_tokens, ep, nullptr, 0, scratch.data(),
+                                                    scratch.bytes());
             moe_params_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, config_.moe.dtype, ep_size));
             moe_grads_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, DType::kF32, ep_size));
         }
@@ -179,6 +191,31 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
         block->grad_x = take();
         block->grad_s = take();
     }
+}
+
+std::vector<int> moe_scratch_groups(const std::vector<BlockSpec>& blocks) {
+    // A MoE block b's branch spans blocks [b-1, b] when its shortcut comes from block b-1 (Pos-2,
+    // Pos-3), else [b, b], in both passes (block_stack_plan.cpp). Between disjoint windows the
+    // scheduler's events order every op of the earlier branch (MoE stream and its expert slot on
+    // the backbone) before any op of the later one; windows that share a block may run at once.
+    // Greedy interval colouring in block order: the fewest groups.
+    std::vector<int> group;
+    std::vector<std::size_t> group_last_block;  // per group: the last block of its latest window
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+        if (blocks[b].ffn == FfnKind::kDense) continue;
+        const ShortcutSource s = blocks[b].shortcut;
+        const std::size_t first = (s == ShortcutSource::kPos2 || s == ShortcutSource::kPos3) && b > 0 ? b - 1 : b;
+        int chosen = -1;
+        for (std::size_t g = 0; g < group_last_block.size() && chosen < 0; ++g)
+            if (group_last_block[g] < first) chosen = static_cast<int>(g);
+        if (chosen < 0) {
+            chosen = static_cast<int>(group_last_block.size());
+            group_last_block.push_back(0);
+        }
+        group_last_block[static_cast<std::size_t>(chosen)] = b;
+        group.push_back(chosen);
+    }
+    return group;
 }
 
 BlockStack::~BlockStack() {

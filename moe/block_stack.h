@@ -69,11 +69,21 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
 // The names block_variant accepts.
 std::vector<std::string> block_variant_names();
 
+// The scratch group of each MoE block, in block order: blocks in one group never have branch windows
+// that share a block, so their layers share one MoeLayer scratch (BlockStack). Pos-1 MoE in every
+// block, or MoE in every other block: one group; Pos-2/3 MoE in adjacent blocks: two.
+std::vector<int> moe_scratch_groups(const std::vector<BlockSpec>& blocks);
+
 class BlockStack {
 public:
     // max_tokens: most tokens per pass on this rank (a multiple of seq_len). ep: expert-parallel group
-    // of the MoE layers (nullptr = single rank). The stack owns its two streams.
-    BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr);
+    // of the MoE layers (nullptr = single rank). agree: the group calibrate() averages its times over
+    // (nullptr = ep). A trainer with data parallelism passes the world, so every rank chooses the
+    // same slots and chunks and issues its NCCL operations in one global order (review R1: with
+    // several communicators per GPU, ranks whose host launch orders differ can deadlock). The stack
+    // owns its two streams.
+    BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
+               Communicator* agree = nullptr);
     ~BlockStack();
     BlockStack(const BlockStack&) = delete;
     BlockStack& operator=(const BlockStack&) = delete;
@@ -94,8 +104,8 @@ public:
     void set_noise_key(std::uint64_t step, std::uint64_t stream);
 
     // Measures the ops of a forward and a backward pass on `input`/`grad_output` (values matter not)
-    // and chooses every branch's expert slot (Eq. 11) and chunks; a collective over `ep`. Runs both
-    // passes.
+    // and chooses every branch's expert slot (Eq. 11) and chunks; a collective over `agree` (and
+    // `ep`). Runs both passes.
     void calibrate(const Tensor& input, const Tensor& grad_output, int repeats = 2);
     // The chunked all-to-all / expert-FFN pipeline of the MoE branches (LayerScheduler): 0 = auto
     // (the default: calibrate() chooses per branch and pass from the measured times), N >= 1 = N
@@ -141,12 +151,13 @@ private:
     Device& device_;
     std::int64_t max_tokens_;
     Communicator* ep_;
-    std::unique_ptr<Stream> backbone_stream_, moe_stream_;
+    std::unique_ptr<Stream> backbone_stream_, moe_stream_;  // moe_stream_: high priority (it carries the exchanges)
     std::unique_ptr<LayerScheduler> scheduler_;
     ParamSet backbone_params_, backbone_grads_;
     std::vector<std::unique_ptr<MoeParamStore>> moe_params_, moe_grads_;
     std::vector<std::unique_ptr<Block>> blocks_;
     DeviceBuffer activations_;
+    std::vector<DeviceBuffer> moe_scratch_;  // shared by the MoE layers of one moe_scratch_groups group
     std::vector<void*> h_, hmh_, grad_h_, grad_hmh_;  // [blocks + 1] / [blocks] residual-stream buffers
     std::int64_t plan_tokens_ = -1;
     SchedulePlan fwd_plan_, bwd_plan_;

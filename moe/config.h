@@ -35,7 +35,7 @@ struct MoeConfig {
     std::uint64_t noise_seed = 0x5c3e;
     float aux_loss_coef = 0.01f;      // load-balancing loss weight in the total loss
     float z_loss_coef = 0.001f;       // router z-loss weight in the total loss
-    bool check_finite = true;         // forward/backward raise an error on NaN/Inf inputs
+    bool check_finite = true;         // NaN/Inf inputs: an error at the stream's next synchronize()
     // Dropless expert parallelism: a rank's experts receive at most
     // ceil(recv_limit_factor * max_tokens * top_k) rows per step (the balanced load is
     // max_tokens * top_k), which sizes the expert-side workspace; a step that routes more to one

@@ -304,11 +304,8 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
         if (!op.run) return;
         const bool blocking = op.comm;
         push(steps, {[op = std::move(op), owner, &stream, lane, trace] {
-                         if (trace)
-                             trace->op(owner.empty() ? op.name : op.name + "[" + owner + "]", lane, stream, op.run,
-                                       op.comm);
-                         else
-                             op.run(stream);
+                         run_op(trace, owner.empty() ? op.name : op.name + "[" + owner + "]", lane, stream, op.run,
+                                op.comm);
                      },
                      -1, -1, 0, blocking});
     };

@@ -16,26 +16,39 @@
 #include "kernels/router.h"
 #include "kernels/workspace.h"
 #include "moe/detail/moe_layer_buffers.h"
+#include "moe/detail/nonfinite_checks.h"
 
 namespace scmoe {
 
-std::size_t MoeLayer::workspace_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size) {
+std::pair<std::size_t, std::size_t> MoeLayer::workspace_parts(const MoeConfig& config, std::int64_t max_tokens,
+                                                              int ep_size) {
     config.validate();
     moe_param_specs(config, ep_size);  // checks num_experts % ep_size
-    MoeLayer::Buffers b;
-    WorkspaceCarver carver(nullptr);
-    b.carve(carver, config, max_tokens, ep_size);
-    return carver.bytes_used();
+    Buffers b;
+    WorkspaceCarver kept(nullptr), scratch(nullptr);
+    b.carve(kept, scratch, config, max_tokens, ep_size);
+    return {kept.bytes_used(), scratch.bytes_used()};
+}
+
+std::size_t MoeLayer::workspace_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size,
+                                      bool shared_scratch) {
+    const auto [kept, scratch] = workspace_parts(config, max_tokens, ep_size);
+    return shared_scratch ? kept : kept + scratch;
+}
+
+std::size_t MoeLayer::scratch_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size) {
+    return workspace_parts(config, max_tokens, ep_size).second;
 }
 
 MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
-                   void* workspace, std::size_t workspace_size)
+                   void* workspace, std::size_t workspace_size, void* scratch, std::size_t scratch_size)
     : config_(config),
       device_(device),
       max_tokens_(max_tokens),
       ep_(ep),
       buf_(std::make_unique<Buffers>()),
-      host_(std::make_unique<HostScratch>()) {
+      host_(std::make_unique<HostScratch>()),
+      nonfinite_(std::make_unique<NonfiniteChecks>(device)) {
     config_.validate();
     SCMOE_CHECK(max_tokens >= 0, "MoeLayer: max_tokens = " << max_tokens << ": must be >= 0");
     SCMOE_CHECK(config_.dtype == device.compute_dtype(),
@@ -46,7 +59,13 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
         ep_rank_ = ep_->rank();
     }
     noise_stream_ = static_cast<std::uint64_t>(ep_rank_);
-    const std::size_t need = workspace_bytes(config_, max_tokens_, ep_size_);
+    const std::size_t need = workspace_bytes(config_, max_tokens_, ep_size_, scratch != nullptr);
+    if (scratch) {
+        const std::size_t scratch_need = scratch_bytes(config_, max_tokens_, ep_size_);
+        SCMOE_CHECK(scratch_size >= scratch_need, "MoeLayer: shared scratch of "
+                                                      << scratch_size << " bytes is smaller than the " << scratch_need
+                                                      << " bytes scratch_bytes() asks for");
+    }
     if (!workspace) {
         owned_workspace_ = DeviceBuffer(device, need);
         workspace = owned_workspace_.data();
@@ -56,7 +75,12 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
                                                                       << " bytes workspace_bytes() asks for");
     }
     WorkspaceCarver carver(workspace);
-    buf_->carve(carver, config_, max_tokens_, ep_size_);
+    if (scratch) {
+        WorkspaceCarver scratch_carver(scratch);
+        buf_->carve(carver, scratch_carver, config_, max_tokens_, ep_size_);
+    } else {
+        buf_->carve(carver, carver, config_, max_tokens_, ep_size_);
+    }
     WorkspaceCarver host_sizing(nullptr);
     host_->carve(host_sizing, config_, ep_size_);
     host_scratch_ = device.allocate_host(host_sizing.bytes_used());
@@ -78,18 +102,14 @@ std::int64_t MoeLayer::expert_rows() const {
     return Buffers::max_expert_rows(config_, max_tokens_, ep_size_);
 }
 
+// A device count and a read at the stream's next synchronize (NonfiniteChecks): no host callback in
+// the stream, which on CUDA would stall the other stream's callbacks (review L2).
 void MoeLayer::check_finite(const Tensor& t, int slot, const char* what, Stream& stream) {
     if (!config_.check_finite) return;
-    std::int64_t* dev = buf_->nonfinite + 2 * slot;
-    std::int64_t* host = host_->nonfinite + 2 * slot;
-    count_nonfinite(t.data, t.numel(), t.dtype, dev, dev + 1, stream);
-    stream.copy(host, dev, 2 * sizeof(std::int64_t));
-    const std::int64_t width = t.ndim > 1 ? t.dim(1) : 1;
-    stream.host_task([host, what, width] {
-        if (host[0] > 0)
-            SCMOE_FAIL("MoeLayer: " << what << " holds " << host[0] << " NaN/Inf value(s), first at [token "
-                                    << host[1] / width << ", column " << host[1] % width << "]");
-    });
+    SCMOE_CHECK(!stream.capturing(), "MoeLayer: " << what << ": the NaN/Inf check cannot be captured into a CUDA "
+                                                     "graph (it is read at a sync, not on replay); set "
+                                                     "MoeConfig.check_finite = false for captured layers");
+    nonfinite_->enqueue(t, buf_->nonfinite + 2 * slot, what, stream);
 }
 
 void MoeLayer::forward(const Tensor& x, const Tensor& shortcut, const MoeParams& params, Tensor y, Stream& stream) {

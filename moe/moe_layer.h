@@ -64,6 +64,7 @@ struct MoeExpertInputs {
 };
 
 class Communicator;
+class NonfiniteChecks;
 
 class MoeLayer {
 public:
@@ -71,17 +72,28 @@ public:
     // ep: the expert-parallel group (nullptr = single rank); it must outlive the layer. At
     //   construction every rank of the group checks that all hold the same config (a collective:
     //   construct the layer on every rank), and num_experts % ep size == 0.
-    // workspace: device memory of at least workspace_bytes(config, max_tokens, ep size) bytes;
-    //   nullptr = allocate it once here.
+    // workspace: device memory of at least workspace_bytes(config, max_tokens, ep size, scratch !=
+    //   nullptr) bytes; nullptr = allocate it once here.
+    // scratch: device memory of at least scratch_bytes(config, max_tokens, ep size) bytes shared with
+    //   other layers of the same config and max_tokens (nullptr = the layer's own, in its
+    //   workspace). It holds what is dead between the layer's passes: the backward's gradient
+    //   buffers and the exchanges' staging. Layers may share one scratch only if no two of them ever
+    //   run a pass (or stages of one) concurrently on different streams; BlockStack shares it
+    //   between MoE blocks whose branch windows are disjoint.
     MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
-             void* workspace = nullptr, std::size_t workspace_size = 0);
+             void* workspace = nullptr, std::size_t workspace_size = 0, void* scratch = nullptr,
+             std::size_t scratch_size = 0);
     ~MoeLayer();
     MoeLayer(const MoeLayer&) = delete;
     MoeLayer& operator=(const MoeLayer&) = delete;
 
     // Dropless expert parallelism sizes the expert-side buffers for the worst case (every rank
-    // sends all its tokens to this rank's experts): ep_size * max_tokens * top_k rows.
-    static std::size_t workspace_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size = 1);
+    // sends all its tokens to this rank's experts): ep_size * max_tokens * top_k rows, bounded by
+    // the receive limit (MoeConfig.recv_limit_factor). shared_scratch: without the scratch part.
+    static std::size_t workspace_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size = 1,
+                                       bool shared_scratch = false);
+    // The part of the workspace that layers may share (see the constructor's `scratch`).
+    static std::size_t scratch_bytes(const MoeConfig& config, std::int64_t max_tokens, int ep_size = 1);
 
     const MoeConfig& config() const { return config_; }
     std::int64_t max_tokens() const { return max_tokens_; }
@@ -192,6 +204,9 @@ public:
 private:
     struct Buffers;
     struct HostScratch;
+    // Bytes of the layer's own workspace (kept between passes) and of its shareable scratch.
+    static std::pair<std::size_t, std::size_t> workspace_parts(const MoeConfig& config, std::int64_t max_tokens,
+                                                               int ep_size);
     void check_finite(const Tensor& t, int slot, const char* what, Stream& stream);
     void require_forward(const char* what) const;  // throws unless a forward has run
     void check_config_across_ranks();
@@ -222,7 +237,8 @@ private:
     std::unique_ptr<Buffers> buf_;
     std::unique_ptr<HostScratch> host_;
     DeviceBuffer owned_workspace_;
-    void* host_scratch_ = nullptr;  // pinned: non-finite counts, stats, exchange counts
+    void* host_scratch_ = nullptr;  // pinned: stats, exchange counts
+    std::unique_ptr<NonfiniteChecks> nonfinite_;  // check_finite's reads at the next sync
     GroupedGemmProvider provider_ = GroupedGemmProvider::kAuto;
     bool training_ = true;
     std::uint64_t noise_step_ = 0, noise_stream_ = 0;  // noise_stream_ = ep_rank_ at construction

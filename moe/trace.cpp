@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kernels/error.h"
+#include "kernels/nvtx.h"
 
 namespace scmoe {
 
@@ -17,6 +18,15 @@ Tracer::~Tracer() = default;
 Event& Tracer::next_event() {
     if (pool_used_ == pool_.size()) pool_.push_back(device_.create_event());
     return *pool_[pool_used_++];
+}
+
+void run_op(Tracer* trace, const std::string& name, const std::string& lane, Stream& stream,
+            const std::function<void(Stream&)>& fn, bool comm) {
+    NvtxRange range(name, comm);
+    if (trace)
+        trace->op(name, lane, stream, fn, comm);
+    else
+        fn(stream);
 }
 
 void Tracer::op(const std::string& name, const std::string& lane, Stream& stream,

@@ -41,6 +41,15 @@ struct OverlapSummary {
 };
 OverlapSummary summarize_overlap(std::span<const TraceEntry> entries);
 
+class Tracer;
+
+// Enqueues fn(stream) as the op `name` of `lane`: inside an NVTX range of that name (kernels/nvtx.h:
+// Nsight Systems shows it over the op's kernels), and as an entry of `trace` when there is one. The
+// one way scheduled ops, exchanges and gradient all-reduces are enqueued, so the profiler's names
+// and the Perfetto trace's are the same.
+void run_op(Tracer* trace, const std::string& name, const std::string& lane, Stream& stream,
+            const std::function<void(Stream&)>& fn, bool comm = false);
+
 class Tracer {
 public:
     // rank: the trace's process id (one timeline per rank; merge the files to see all ranks).

@@ -132,14 +132,18 @@ public:
     void record_event(CpuEvent& event, std::uint64_t generation) { enqueue({nullptr, {&event, generation}}); }
     void synchronize() override {
         detail::count_host_sync();
-        std::unique_lock lock(mu_);
-        std::uint64_t target = enqueued_;
-        done_cv_.wait(lock, [&] { return finished_ >= target; });
-        if (error_) {
-            std::exception_ptr e = error_;
-            error_ = nullptr;
-            std::rethrow_exception(e);
+        auto checks = take_sync_checks();
+        {
+            std::unique_lock lock(mu_);
+            std::uint64_t target = enqueued_;
+            done_cv_.wait(lock, [&] { return finished_ >= target; });
+            if (error_) {
+                std::exception_ptr e = error_;
+                error_ = nullptr;
+                std::rethrow_exception(e);
+            }
         }
+        run_sync_checks(checks);
     }
     void wait(const Event& event) override {
         const auto& e = dynamic_cast<const CpuEvent&>(event);

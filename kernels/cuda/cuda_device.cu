@@ -184,9 +184,15 @@ class CudaStream final : public Stream {
 
     Backend backend() const override { return Backend::kCuda; }
     void* native_handle() const override { return stream_; }
+    bool capturing() const override {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        SCMOE_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+        return status != cudaStreamCaptureStatusNone;
+    }
 
     void synchronize() override {
         detail::count_host_sync();
+        auto checks = take_sync_checks();
         DeviceGuard guard(device_);
         SCMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
         SCMOE_CUDA_CHECK(cudaGetLastError());
@@ -196,6 +202,7 @@ class CudaStream final : public Stream {
             e = std::exchange(errors_->error, nullptr);
         }
         if (e) std::rethrow_exception(e);
+        run_sync_checks(checks);
     }
     void wait(const Event& event) override;
     void copy(void* dst, const void* src, std::size_t bytes) override {
@@ -209,6 +216,8 @@ class CudaStream final : public Stream {
         SCMOE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
     }
     void host_task(std::function<void()> fn) override {
+        // A captured host node would replay a task that deletes itself after its first run.
+        SCMOE_CHECK(!capturing(), "a host task cannot be captured into a CUDA graph");
         DeviceGuard guard(device_);
         auto task = std::make_unique<HostTask>(HostTask{std::move(fn), errors_});
         SCMOE_CUDA_CHECK(cudaLaunchHostFunc(stream_, run_host_task, task.get()));
@@ -255,6 +264,36 @@ class CudaEvent final : public Event {
   private:
     int device_;
     cudaEvent_t event_ = nullptr;
+};
+
+// A captured and instantiated graph (Device::capture).
+class CudaGraph final : public StreamGraph {
+  public:
+    CudaGraph(int device, cudaGraph_t graph) : device_(device), graph_(graph) {
+        DeviceGuard guard(device_);
+        const cudaError_t e = cudaGraphInstantiate(&exec_, graph_, 0);
+        if (e != cudaSuccess) {
+            cudaGraphDestroy(graph_);
+            SCMOE_FAIL("cudaGraphInstantiate failed: " << cudaGetErrorString(e));
+        }
+    }
+    ~CudaGraph() override {
+        cudaGraphExecDestroy(exec_);
+        cudaGraphDestroy(graph_);
+    }
+    CudaGraph(const CudaGraph&) = delete;
+    CudaGraph& operator=(const CudaGraph&) = delete;
+    void replay(Stream& stream) override {
+        SCMOE_CHECK(stream.backend() == Backend::kCuda,
+                    "a CUDA graph replayed on a " << backend_name(stream.backend()) << " stream");
+        DeviceGuard guard(device_);
+        SCMOE_CUDA_CHECK(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(stream.native_handle())));
+    }
+
+  private:
+    int device_;
+    cudaGraph_t graph_ = nullptr;
+    cudaGraphExec_t exec_ = nullptr;
 };
 
 void CudaStream::wait(const Event& event) {
@@ -320,11 +359,37 @@ class CudaDevice final : public Device {
         return std::make_unique<CudaStream>(index_, priority);
     }
     std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(index_); }
+    std::unique_ptr<StreamGraph> capture(Stream& stream, const std::function<void(Stream&)>& fn) override;
 
   private:
     int index_;
     cudaDeviceProp props_{};
 };
+
+std::unique_ptr<StreamGraph> CudaDevice::capture(Stream& stream, const std::function<void(Stream&)>& fn) {
+    SCMOE_CHECK(stream.backend() == Backend::kCuda, "capture on a " << backend_name(stream.backend()) << " stream");
+    DeviceGuard guard(index_);
+    auto s = static_cast<cudaStream_t>(stream.native_handle());
+    SCMOE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+        fn(stream);
+    } catch (...) {
+        cudaStreamEndCapture(s, &graph);  // ends the capture; the partial graph is dropped
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        throw;
+    }
+    const cudaError_t e = cudaStreamEndCapture(s, &graph);
+    if (e != cudaSuccess) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        SCMOE_FAIL("CUDA graph capture failed: " << cudaGetErrorString(e)
+                                                 << " (the captured work synchronized, allocated or used another "
+                                                    "stream without joining it)");
+    }
+    return std::make_unique<CudaGraph>(index_, graph);
+}
 
 }  // namespace
 

@@ -234,7 +234,9 @@ const GpuSpec& EmuStreamImpl::spec() const { return device_.spec(); }
 
 void EmuStreamImpl::synchronize() {
     detail::count_host_sync();
+    auto checks = take_sync_checks();
     timeline().synchronize(id_);
+    run_sync_checks(checks);
 }
 
 void EmuStreamImpl::copy(void* dst, const void* src, std::size_t bytes) {

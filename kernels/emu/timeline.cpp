@@ -384,6 +384,7 @@ void Timeline::complete(StreamState& s) {
     }
     ++s.finished;
     ++stats_.works;
+    if (a.work.kind == WorkKind::kHostTask) ++stats_.host_tasks;
     if (waited_ && !waited_done_at_ && waited_()) waited_done_at_ = now_;
 }
 

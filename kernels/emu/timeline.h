@@ -116,6 +116,7 @@ struct Work {
 // Counters of one timeline (model time in us).
 struct TimelineStats {
     std::uint64_t works = 0;       // Work completed
+    std::uint64_t host_tasks = 0;  // of which host tasks (driver callbacks on CUDA)
     std::uint64_t late_starts = 0; // Work that became ready in the model's past (see horizon); 0 in
     double late_us = 0;            // a faithful run: their total delay
 };

@@ -83,11 +83,16 @@ struct MoeLayer::Buffers {
         return std::max<std::int64_t>(std::min(all, limit), 1);
     }
 
-    void carve(WorkspaceCarver& w, const MoeConfig& c, std::int64_t T, int ep) {
+    // w: what the layer keeps between its stages and passes (activations, routing). sc: scratch,
+    // dead between a layer's passes (the gradients inside a backward, the exchange's staging), which
+    // layers whose passes never run concurrently may share (MoeLayer's constructor, BlockStack). The
+    // same carver for both gives one workspace of workspace_bytes(config, T, ep).
+    void carve(WorkspaceCarver& w, WorkspaceCarver& sc, const MoeConfig& c, std::int64_t T, int ep) {
         const std::int64_t E = c.num_experts, K = c.top_k, H = c.hidden, F = c.ffn, I = c.expert_inner_width();
         const std::int64_t R = max_rows(c, T), Re = max_expert_rows(c, T, ep);
         const std::size_t ds = dtype_size(c.dtype);
         auto take = [&](std::int64_t n) { return w.take_bytes(static_cast<std::size_t>(n) * ds); };
+        auto scratch = [&](std::int64_t n) { return sc.take_bytes(static_cast<std::size_t>(n) * ds); };
         logits = w.take<float>(T * E);
         probs = w.take<float>(T * E);
         logsumexp = w.take<float>(T);
@@ -103,8 +108,8 @@ struct MoeLayer::Buffers {
         nonfinite = w.take<std::int64_t>(6);
         xp = take(R * H);
         yp = take(R * H);
-        grad_yp = take(R * H);
-        grad_xp = take(R * H);
+        grad_yp = scratch(R * H);
+        grad_xp = scratch(R * H);
         if (ep == 1) {
             xe = xp;
             ye = yp;
@@ -113,41 +118,40 @@ struct MoeLayer::Buffers {
         } else {
             xe = take(Re * H);
             ye = take(Re * H);
-            grad_ye = take(Re * H);
-            grad_xe = take(Re * H);
-            exchange = take(Re * H);
+            grad_ye = scratch(Re * H);
+            grad_xe = scratch(Re * H);
+            exchange = scratch(Re * H);
             send_expert_counts = w.take<std::int32_t>(E);
             recv_expert_counts = w.take<std::int32_t>(E);
             local_offsets = w.take<std::int32_t>(E / ep + 1);
-            stage = take(R * H);
+            stage = scratch(R * H);
             chunk_table = w.take<std::int32_t>(6 * E);
         }
         h = take(Re * I);
         act = take(Re * F);
-        grad_act = take(Re * F);
-        grad_h = take(Re * I);
-        grad_gate_weight = w.take<float>(T * K);
-        grad_logits = take(T * E);
+        grad_act = scratch(Re * F);
+        grad_h = scratch(Re * I);
+        grad_gate_weight = sc.take<float>(T * K);
+        grad_logits = scratch(T * E);
         if (c.shared_expert) {
             const std::int64_t Fs = c.shared_ffn_width(), Is = activation_input_width(c.activation, Fs);
             shared_h = take(T * Is);
             shared_act = take(T * Fs);
             shared_out = take(T * H);
-            grad_shared_out = take(T * H);
-            grad_shared_act = take(T * Fs);
-            grad_shared_h = take(T * Is);
+            grad_shared_out = scratch(T * H);
+            grad_shared_act = scratch(T * Fs);
+            grad_shared_h = scratch(T * Is);
             if (c.coefficient_gate) {
                 cg_logit = w.take<float>(T);
-                grad_cg_logit = take(T);
+                grad_cg_logit = scratch(T);
             }
         }
     }
 };
 
-// Pinned host memory: results copied back for the host (non-finite counts, statistics) and the
+// Pinned host memory: results copied back for the host (statistics) and the
 // counts the all-to-all exchanges read on the host.
 struct MoeLayer::HostScratch {
-    std::int64_t* nonfinite = nullptr;       // [6]
     std::int32_t* dropped = nullptr;         // [1]
     float* losses = nullptr;                 // [2]
     std::int32_t* expert_counts = nullptr;   // [E]
@@ -169,7 +173,6 @@ struct MoeLayer::HostScratch {
 
     void carve(WorkspaceCarver& w, const MoeConfig& c, int ep) {
         const std::int64_t E = c.num_experts;
-        nonfinite = w.take<std::int64_t>(6);
         dropped = w.take<std::int32_t>(1);
         losses = w.take<float>(2);
         expert_counts = w.take<std::int32_t>(E);

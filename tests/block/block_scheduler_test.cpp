@@ -17,6 +17,7 @@
 
 #include "block_test_util.h"
 #include "comm/local_communicator.h"
+#include "kernels/nvtx.h"
 #include "moe/trace.h"
 #include "rendezvous_util.h"
 
@@ -346,6 +347,29 @@ TEST(BlockStackErrors, NanInputFailsCleanlyWithOverlap) {
     EXPECT_NO_THROW(stack.synchronize());
 }
 
+// MoE layers share a scratch when their branch windows share no block (moe_scratch_groups): MoE
+// every other block, or Pos-1 MoE in every block, one group; Pos-3 MoE in adjacent blocks, whose
+// windows [b-1, b] overlap, alternate between two. (The overlap and multi-rank tests above run the
+// shared scratch; TSan runs them in CI.)
+TEST(BlockStackScratch, GroupsHaveDisjointBranchWindows) {
+    auto groups = [](const char* variant) { return moe_scratch_groups(testing::small_variant(variant).blocks); };
+    for (const char* v : {"top2", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "every-block-pos1"}) {
+        const std::vector<int> g = groups(v);
+        EXPECT_FALSE(g.empty()) << v;
+        for (int x : g) EXPECT_EQ(x, 0) << v << ": one scratch is enough";
+    }
+    std::vector<BlockSpec> blocks(5);
+    for (std::size_t b = 1; b < blocks.size(); ++b) {
+        blocks[b].ffn = FfnKind::kMoe;
+        blocks[b].shortcut = ShortcutSource::kPos3;
+    }
+    EXPECT_EQ(moe_scratch_groups(blocks), (std::vector<int>{0, 1, 0, 1}));
+    blocks[2].shortcut = ShortcutSource::kCurrent;  // [0,1], [2,2], [2,3], [3,4]
+    EXPECT_EQ(moe_scratch_groups(blocks), (std::vector<int>{0, 0, 1, 0}));
+    blocks[2].ffn = FfnKind::kDense;  // MoE at 1, 3, 4: [0,1], [2,3], [3,4]
+    EXPECT_EQ(moe_scratch_groups(blocks), (std::vector<int>{0, 0, 1}));
+}
+
 TEST(BlockStackErrors, BadShapesAndConfigs) {
     auto device = make_device("cpu");
     BlockStackConfig config = testing::small_variant("scmoe-pos2");
@@ -421,6 +445,34 @@ TEST(BlockTrace, ShowsBothStreamsAndEveryBranchOp) {
     const std::vector<TraceEntry> single = traced_step(config, 1);
     EXPECT_TRUE(std::any_of(single.begin(), single.end(), [](const TraceEntry& e) { return e.name == "experts[moe1]"; }));
     for (const TraceEntry& e : single) EXPECT_FALSE(e.comm) << e.name << ": one rank has no all-to-all";
+}
+
+// NVTX (kernels/nvtx.h): every scheduled op and exchange of a pass opens a range named as its trace
+// entry, traced or not, in the order the host issues them.
+TEST(BlockTrace, NvtxRangesCarryTheTraceNamesTracedOrNot) {
+    const BlockStackConfig config = testing::small_variant("scmoe-pos2");
+    const std::int64_t T = 8, H = config.backbone.hidden;
+    auto device = make_device("cpu");
+    BlockStack stack(config, *device, T);
+    testing::init_params(stack, 5);
+    auto x = testing::make_input(T, H, 1), gy = testing::make_input(T, H, 2);
+    std::vector<float> out(x.size()), gx(x.size());
+    std::vector<std::string> traced_ranges, untraced_ranges;
+    Tracer trace(*device, 0);
+    set_nvtx_log(&traced_ranges);
+    stack.forward(testing::host_tensor(x, T, H), testing::host_tensor(out, T, H), true, &trace);
+    stack.backward(testing::host_tensor(gy, T, H), testing::host_tensor(gx, T, H), true, &trace);
+    set_nvtx_log(&untraced_ranges);
+    stack.forward(testing::host_tensor(x, T, H), testing::host_tensor(out, T, H), true);
+    stack.backward(testing::host_tensor(gy, T, H), testing::host_tensor(gx, T, H), true);
+    set_nvtx_log(nullptr);
+    stack.synchronize();
+    trace.collect();
+    std::vector<std::string> entry_names;
+    for (const TraceEntry& e : trace.entries()) entry_names.push_back(e.name);
+    EXPECT_EQ(traced_ranges, entry_names);
+    EXPECT_EQ(untraced_ranges, entry_names) << "the ranges must not depend on tracing";
+    EXPECT_NE(std::find(entry_names.begin(), entry_names.end(), "experts[moe1]"), entry_names.end());
 }
 
 TraceEntry entry(const char* lane, double start, double end, bool comm) {

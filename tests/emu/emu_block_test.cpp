@@ -162,6 +162,48 @@ TEST(EmuDrain, IssuingTheBackboneAheadKeepsItBusyThroughEveryExchange) {
 
 // Virtual time: the same run gives the same timeline to the last bit, whatever the host's load or
 // the order in which the rank threads happen to run.
+// Review R1: two data-parallel replicas of a 2-rank expert-parallel group, one on A800s and one
+// on A30s, so their measured op times differ. Agreed over the expert-parallel group only, the
+// replicas choose different slots (different host launch orders for the world's NCCL
+// operations); agreed over the world, every rank holds the same schedule.
+std::vector<std::string> schedules_of_two_replicas(bool agree_over_world) {
+    const Topology topo = cluster_topology("a800-nvlink-8");
+    auto world = EmuGroup::create(topo, {0, 1, 2, 3});
+    std::vector<std::shared_ptr<EmuGroup>> ep = {EmuGroup::create(topo, {0, 1}), EmuGroup::create(topo, {2, 3})};
+    std::vector<std::string> schedules(4), errors(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                auto device = make_device("emu", 0, r < 2 ? "a800" : "a30");
+                auto world_comm = world->communicator(r);
+                auto ep_comm = ep[static_cast<std::size_t>(r / 2)]->communicator(r % 2);
+                const BlockStackConfig config = gpt2_small_pos2();
+                const std::int64_t tokens = 2 * 1024, hidden = config.backbone.hidden;
+                BlockStack stack(config, *device, tokens, ep_comm.get(), agree_over_world ? world_comm.get() : nullptr);
+                DeviceBuffer x(*device, tokens * hidden * 2);
+                Tensor in(x.data(), DType::kBF16, {tokens, hidden});
+                stack.calibrate(in, in);
+                stack.synchronize();
+                schedules[static_cast<std::size_t>(r)] = stack.describe_schedule();
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+    return schedules;
+}
+
+TEST(EmuLaunchOrder, TheScheduleIsAgreedOverTheWorldNotJustTheExpertGroup) {
+    const std::vector<std::string> ep_only = schedules_of_two_replicas(false);
+    EXPECT_EQ(ep_only[0], ep_only[1]) << "an expert-parallel group always agrees";
+    EXPECT_NE(ep_only[0], ep_only[2]) << "the replicas' times do not differ: this test cannot tell the two apart";
+    const std::vector<std::string> world = schedules_of_two_replicas(true);
+    for (int r = 1; r < 4; ++r) EXPECT_EQ(world[static_cast<std::size_t>(r)], world[0]) << "rank " << r;
+    std::printf("agreed over the world, every rank:\n%s\n", world[0].c_str());
+}
+
 TEST(EmuBlock, TheEmulatedTimelineIsDeterministic) {
     const std::vector<TraceEntry> a = traced_forward(true), b = traced_forward(true);
     ASSERT_FALSE(a.empty());

@@ -16,9 +16,14 @@ namespace {
 
 using namespace gpu_testing;
 
-// Runs on machines without a GPU (and is skipped where one exists).
+// Without a GPU, "cuda" is a clear error and "auto" falls back to the CPU; with one, both give the
+// GPU. Never skips, so launch/gpu_check.sh can fail on any skip while a GPU is present.
 TEST(GpuDevice, MakeCudaWithoutDeviceThrows) {
-    if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present: the no-device error path cannot be hit";
+    if (cuda_device_available()) {
+        EXPECT_EQ(make_device("cuda")->backend(), Backend::kCuda);
+        EXPECT_EQ(make_device("auto")->backend(), Backend::kCuda);
+        return;
+    }
     EXPECT_THROW(make_device("cuda"), Error);
     try {
         make_device("cuda");
@@ -85,6 +90,34 @@ TEST(GpuDevice, HostTaskErrorIsRethrownBySynchronize) {
     s.host_task([&] { ran = true; });
     EXPECT_NO_THROW(s.synchronize());
     EXPECT_TRUE(ran);
+}
+
+// check_at_sync on a CUDA stream: the check runs at the next synchronize, after the copy enqueued
+// before it, and its error is the sync's.
+TEST(GpuDevice, SyncChecksReadWhatTheStreamCopied) {
+    SCMOE_REQUIRE_GPU();
+    Backends b;
+    Stream& s = *b.gpu_stream;
+    DeviceBuffer d(*b.gpu, sizeof(float));
+    auto* pinned = static_cast<float*>(b.gpu->allocate_host(sizeof(float)));
+    const float value = 3.5f;
+    *pinned = 0.0f;
+    s.copy(d.data(), &value, sizeof(float));
+    s.copy(pinned, d.data(), sizeof(float));
+    float seen = -1.0f;
+    s.check_at_sync([&] {
+        seen = *pinned;
+        if (seen != 0.0f) SCMOE_FAIL("flag set: " << seen);
+    });
+    try {
+        s.synchronize();
+        ADD_FAILURE() << "the check's error did not come out of synchronize";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("flag set: 3.5"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(seen, 3.5f);
+    EXPECT_NO_THROW(s.synchronize());
+    b.gpu->deallocate_host(pinned);
 }
 
 TEST(GpuDevice, EventsOrderStreamsAndTime) {

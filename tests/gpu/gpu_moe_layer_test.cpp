@@ -222,5 +222,62 @@ TEST(GpuMoeLayerErrors, NanInputRaisesOnSynchronize) {
     }
 }
 
+// CUDA graphs (issue 14 part 7): a capacity-mode single-rank layer's forward + backward captured
+// once and replayed equals the eager pass bit for bit, also on new input values written into the
+// same buffers; a NaN check refuses to be captured.
+TEST(GpuMoeLayerGraph, ReplayIsBitwiseEqualToEager) {
+    SCMOE_REQUIRE_GPU();
+    Backends b;
+    MoeConfig c = small_config(DispatchMode::kCapacity, DType::kBF16);
+    const Inputs in(c);
+    GpuLayer eager(b, c, in, GroupedGemmProvider::kAuto);
+    c.check_finite = false;
+    GpuLayer graphed(b, c, in, GroupedGemmProvider::kAuto);
+    auto pass = [&](Stream& s) {
+        graphed.layer.forward(graphed.t(graphed.x), graphed.t(graphed.s), graphed.params.view(), graphed.t(graphed.y),
+                              s);
+        graphed.layer.backward(graphed.t(graphed.grad_y), graphed.params.view(), graphed.grads.view(),
+                               graphed.t(graphed.grad_x), graphed.t(graphed.grad_s), s);
+    };
+    pass(*b.gpu_stream);  // eager once: cuBLAS and the layer's first-use work outside the capture
+    b.gpu_stream->synchronize();
+    const std::unique_ptr<StreamGraph> graph = b.gpu->capture(*b.gpu_stream, pass);
+    const std::int64_t n = kTokens * c.hidden;
+    auto outputs = [&](GpuLayer& g) {
+        return std::vector<F>{download(b, g.y.data(), n, DType::kBF16), download(b, g.grad_x.data(), n, DType::kBF16),
+                              download(b, g.grad_s.data(), n, DType::kBF16),
+                              download(b, g.grads.data(), g.grads.numel(), DType::kF32)};
+    };
+    const char* names[] = {"y", "grad_x", "grad_shortcut", "weight grads"};
+    for (int round = 0; round < 2; ++round) {
+        if (round == 1) {  // new values in the same buffers: the graph reads them on replay
+            const F x2 = round_bf16(random_uniform(n, 1.0f, 21)), gy2 = round_bf16(random_uniform(n, 1.0f, 22));
+            for (GpuLayer* g : {&eager, &graphed}) {
+                DeviceBuffer ux = upload(b, x2, DType::kBF16), ugy = upload(b, gy2, DType::kBF16);
+                b.gpu_stream->copy(g->x.data(), ux.data(), ux.bytes());
+                b.gpu_stream->copy(g->grad_y.data(), ugy.data(), ugy.bytes());
+                b.gpu_stream->synchronize();
+            }
+        }
+        eager.run(b);
+        graph->replay(*b.gpu_stream);
+        b.gpu_stream->synchronize();
+        const std::vector<F> want = outputs(eager), got = outputs(graphed);
+        for (std::size_t i = 0; i < want.size(); ++i)
+            expect_bitwise_equal(got[i], want[i], (std::string(names[i]) + ", round " + std::to_string(round)).c_str());
+    }
+
+    // With the NaN check on, capture is refused with a message that says what to do.
+    try {
+        b.gpu->capture(*b.gpu_stream, [&](Stream& s) {
+            eager.layer.forward(eager.t(eager.x), eager.t(eager.s), eager.params.view(), eager.t(eager.y), s);
+        });
+        ADD_FAILURE() << "check_finite was captured";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("check_finite = false"), std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(eager.run(b)) << "the stream is usable after a refused capture";
+}
+
 }  // namespace
 }  // namespace scmoe

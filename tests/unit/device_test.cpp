@@ -131,6 +131,68 @@ TEST(CpuStream, ErrorIsRethrownAtSynchronizeAndLaterWorkSkipped) {
     EXPECT_TRUE(ran);
 }
 
+// Stream::check_at_sync: a check runs once, after the sync has waited for the work enqueued before
+// it (it sees that work's result), and its error is the sync's. On every backend without a GPU.
+TEST(StreamChecks, RunAfterTheNextSyncAndThrowThere) {
+    for (const char* backend : {"cpu", "emu"}) {
+        SCOPED_TRACE(backend);
+        auto device = std::string(backend) == "emu" ? make_device("emu", 0, "a800") : make_device("cpu");
+        auto stream = device->create_stream();
+        auto* src = static_cast<std::int64_t*>(device->allocate_host(sizeof(std::int64_t)));
+        auto* dst = static_cast<std::int64_t*>(device->allocate_host(sizeof(std::int64_t)));
+        *src = 7;
+        *dst = 0;
+        stream->copy(dst, src, sizeof(std::int64_t));
+        int runs = 0;
+        std::int64_t seen = -1;
+        stream->check_at_sync([&] {
+            ++runs;
+            seen = *dst;
+        });
+        EXPECT_EQ(runs, 0) << "a check ran before any sync";
+        stream->synchronize();
+        EXPECT_EQ(runs, 1);
+        EXPECT_EQ(seen, 7) << "the check ran before the copy enqueued ahead of it";
+        stream->synchronize();
+        EXPECT_EQ(runs, 1) << "a check ran twice";
+
+        // Every check runs; the first error is the sync's; the stream is fine afterwards.
+        bool second_ran = false;
+        stream->check_at_sync([] { SCMOE_FAIL("first check failed"); });
+        stream->check_at_sync([&] {
+            second_ran = true;
+            SCMOE_FAIL("second check failed");
+        });
+        try {
+            stream->synchronize();
+            ADD_FAILURE() << "synchronize did not throw the check's error";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("first check failed"), std::string::npos) << e.what();
+        }
+        EXPECT_TRUE(second_ran);
+        EXPECT_NO_THROW(stream->synchronize());
+        device->deallocate_host(src);
+        device->deallocate_host(dst);
+    }
+}
+
+// Graph capture is CUDA's: the other backends say so instead of running the work.
+TEST(StreamGraphs, CaptureNeedsCuda) {
+    for (const char* backend : {"cpu", "emu"}) {
+        auto device = make_device(backend);
+        auto stream = device->create_stream();
+        EXPECT_FALSE(stream->capturing());
+        bool ran = false;
+        try {
+            device->capture(*stream, [&](Stream&) { ran = true; });
+            ADD_FAILURE() << backend << ": capture did not throw";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("needs the CUDA backend"), std::string::npos) << e.what();
+        }
+        EXPECT_FALSE(ran) << backend << ": the work ran eagerly";
+    }
+}
+
 TEST(Backend, AutoPicksCpuWithoutGpuAndCudaWithoutGpuIsAClearError) {
     if (cuda_device_available()) GTEST_SKIP() << "a CUDA device is present: this test covers machines without one";
     EXPECT_EQ(make_device("auto")->backend(), Backend::kCpu);

@@ -295,6 +295,45 @@ TEST(MoeWorkspace, ReceiveLimitBoundsTheDroplessExpertSide) {
     EXPECT_LT(after, before);
 }
 
+// The shareable scratch (the backward's gradients, the exchanges' staging) is a part of the
+// workspace: kept + scratch = the whole, on one rank and with expert parallelism. A layer given a
+// shared scratch needs only the kept part, and one too small is refused. At the review's shape, a
+// 32-layer model holds one scratch instead of 32.
+TEST(MoeWorkspace, SharedScratchIsTheWorkspaceMinusWhatTheLayerKeeps) {
+    for (const int ep : {1, 8})
+        for (const DispatchMode d : {DispatchMode::kCapacity, kDropless}) {
+            MoeConfig c = dropless_top2(64, 128, DType::kF32);
+            c.dispatch = d;
+            c.shared_expert = true;
+            c.coefficient_gate = true;
+            const std::size_t whole = MoeLayer::workspace_bytes(c, 256, ep);
+            const std::size_t kept = MoeLayer::workspace_bytes(c, 256, ep, true);
+            const std::size_t scratch = MoeLayer::scratch_bytes(c, 256, ep);
+            EXPECT_EQ(kept + scratch, whole) << "ep " << ep;
+            EXPECT_GT(scratch, 0u);
+            EXPECT_LT(kept, whole);
+        }
+    auto device = make_device("cpu");
+    const MoeConfig c = testing::ep_config(EpCase{});
+    DeviceBuffer small(*device, MoeLayer::scratch_bytes(c, 4) - 256);
+    try {
+        MoeLayer layer(c, *device, 4, nullptr, nullptr, 0, small.data(), small.bytes());
+        ADD_FAILURE() << "a scratch too small was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("scratch_bytes()"), std::string::npos) << e.what();
+    }
+
+    const MoeConfig big = dropless_top2(4096, 14336, DType::kBF16);  // default receive limit (2x)
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const double whole = static_cast<double>(MoeLayer::workspace_bytes(big, 16384, 8)) / gib;
+    const double kept = static_cast<double>(MoeLayer::workspace_bytes(big, 16384, 8, true)) / gib;
+    const double scratch = static_cast<double>(MoeLayer::scratch_bytes(big, 16384, 8)) / gib;
+    std::printf("workspace per layer at hidden 4096, ffn 14336, 16384 tokens, ep 8, dropless, bf16, receive limit 2x: "
+                "%.2f GiB alone, %.2f GiB with a shared scratch of %.2f GiB; 32 layers: %.1f GiB vs %.1f GiB\n",
+                whole, kept, scratch, 32 * whole, 32 * kept + scratch);
+    EXPECT_LT(32 * kept + scratch, 32 * whole);
+}
+
 TEST(MoeEpLocalRanks, ForcedRoutingRejectsBadTables) {
     auto device = make_device("cpu");
     MoeConfig config = testing::ep_config(EpCase{});

@@ -5,9 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 
+#include "kernels/emu/emu_device.h"
 #include "kernels/error.h"
+#include "kernels/workspace.h"
+#include "moe/params.h"
 #include "test_util.h"
 
 namespace scmoe {
@@ -147,6 +151,45 @@ TEST(MoeLayerInput, NaNInSeparateXAndInGradientAreReported) {
     h.forward();
     h.grad_y[9] = -std::numeric_limits<float>::infinity();
     expect_error([&] { h.backward(); }, "grad_y of backward holds 1 NaN/Inf");
+}
+
+// check_finite is a device count read at the next sync (review L2): on an emulated GPU, where ops
+// are kernels and a host task is a driver callback as on CUDA, it adds no host task to the stream
+// (on CUDA those stall every other stream's callbacks). On the CPU, two forwards enqueued back to
+// back keep their own results: the first one's NaN is reported at the one sync after both.
+TEST(MoeLayerInput, NonFiniteCheckAddsNoHostTaskAndKeepsEachPassResult) {
+    auto emu = make_device("emu", 0, "a800");
+    MoeConfig c = valid_config();
+    c.shared_expert = true;
+    c.dtype = DType::kBF16;
+    const std::int64_t T = 6, H = c.hidden;
+    const std::size_t bytes = static_cast<std::size_t>(T * H) * dtype_size(c.dtype);
+    DeviceBuffer x(*emu, bytes), s(*emu, bytes), y(*emu, bytes);
+    MoeParamStore params(*emu, c, c.dtype);
+    auto& timeline = dynamic_cast<emu::EmuDevice&>(*emu).timeline();
+    std::uint64_t tasks[2] = {0, 0};
+    for (bool check : {false, true}) {
+        c.check_finite = check;
+        MoeLayer layer(c, *emu, T);
+        auto stream = emu->create_stream();
+        for (DeviceBuffer* b : {&x, &s}) stream->fill_zero(b->data(), bytes);
+        const std::uint64_t before = timeline.stats().host_tasks;
+        layer.forward(Tensor(x.data(), c.dtype, {T, H}), Tensor(s.data(), c.dtype, {T, H}), params.view(),
+                      Tensor(y.data(), c.dtype, {T, H}), *stream);
+        stream->synchronize();
+        tasks[check] = timeline.stats().host_tasks - before;
+    }
+    EXPECT_EQ(tasks[1], tasks[0]) << "check_finite added host tasks to the stream";
+
+    testing::CpuLayerHarness h(valid_config(), 6, false);
+    std::vector<float> bad = h.x;
+    bad[1 * 8 + 3] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> y2(h.y.size());
+    h.layer.forward(testing::host_tensor(bad, 6, 8), Tensor(), h.params.view(), testing::host_tensor(h.y, 6, 8),
+                    *h.stream);
+    h.layer.forward(h.xt(), Tensor(), h.params.view(), testing::host_tensor(y2, 6, 8), *h.stream);
+    expect_error([&] { h.stream->synchronize(); }, "holds 1 NaN/Inf value(s), first at [token 1, column 3]");
+    EXPECT_NO_THROW(h.stream->synchronize());
 }
 
 TEST(MoeLayerInput, WorkspaceTooSmallIsRejected) {
