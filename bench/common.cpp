@@ -1,6 +1,8 @@
 #include "common.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/elementwise.h"
@@ -245,6 +247,29 @@ double time_us(Device& device, Stream& stream, int warmup, int iters, const std:
     stop->synchronize();
     stream.synchronize();  // surfaces an error raised by the timed work
     return 1000.0 * static_cast<double>(stop->elapsed_ms_since(*start)) / iters;
+}
+
+DType resolve_dtype(const std::string& name, const Device& device) {
+    if (name == "auto") return device.compute_dtype();
+    if (name == "f32") return DType::kF32;
+    if (name == "bf16") {
+        if (device.backend() == Backend::kCpu) throw UsageError("--dtype bf16: the cpu backend computes in f32 only");
+        return DType::kBF16;
+    }
+    throw UsageError("--dtype " + name + ": expected auto, f32 or bf16");
+}
+
+std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol) {
+    double sum_sq = 0.0;
+    for (float r : ref) sum_sq += static_cast<double>(r) * r;
+    const double rms = ref.empty() ? 0.0 : std::sqrt(sum_sq / static_cast<double>(ref.size()));
+    std::int64_t wrong = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+        const double r = ref[i];
+        const double diff = std::fabs(static_cast<double>(got[i]) - r);
+        if (!(diff <= tol * std::max(std::fabs(r), rms))) ++wrong;
+    }
+    return wrong;
 }
 
 }  // namespace scmoe::bench

@@ -86,5 +86,13 @@ std::int64_t count_nonfinite_elements(Device& device, Stream& stream, const void
 // Runs `enqueue` `warmup` times, then `iters` times between two events on `stream`; returns the mean
 // microseconds per timed iteration. `enqueue` only enqueues work on `stream`.
 double time_us(Device& device, Stream& stream, int warmup, int iters, const std::function<void()>& enqueue);
+// TFLOP/s of `flops` done in `us` microseconds (0 for a zero time).
+inline double tflops(double flops, double us) { return us > 0.0 ? flops / (us * 1e-6) / 1e12 : 0.0; }
+
+// --dtype auto | f32 | bf16: auto is the device's compute dtype; bf16 is refused on the CPU backend.
+DType resolve_dtype(const std::string& name, const Device& device);
+// Elements of `got` farther than tol * max(|ref|, rms(ref)) from `ref` (NaN counts as wrong). The
+// rms floor keeps outputs that cancel to near zero from failing on rounding alone.
+std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol);
 
 }  // namespace scmoe::bench

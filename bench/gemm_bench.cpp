@@ -84,16 +84,6 @@ GemmBenchArgs read_gemm_args(const cxxopts::ParseResult& r) {
     return a;
 }
 
-DType resolve_dtype(const std::string& name, const Device& device) {
-    if (name == "auto") return device.compute_dtype();
-    if (name == "f32") return DType::kF32;
-    if (name == "bf16") {
-        if (device.backend() == Backend::kCpu) throw UsageError("--dtype bf16: the cpu backend computes in f32 only");
-        return DType::kBF16;
-    }
-    throw UsageError("--dtype " + name + ": expected auto, f32 or bf16");
-}
-
 // The provider that actually runs, so the table names it: auto resolves as the library does for a
 // ragged forward call of this shape (device buffers are 256-byte aligned, so null pointers stand in).
 GroupedGemmProvider resolve_provider(GroupedGemmProvider p, const GemmBenchArgs& args, DType dtype, Device& device) {
@@ -108,23 +98,6 @@ GroupedGemmProvider resolve_provider(GroupedGemmProvider p, const GemmBenchArgs&
     std::unique_ptr<Stream> stream = device.create_stream();
     return resolve_grouped_gemm_provider(g, p, grouped_gemm_target(*stream));
 }
-
-// Elements of `got` farther than tol * max(|ref|, rms(ref)) from `ref` (NaN counts as wrong). The
-// rms floor keeps outputs that cancel to near zero from failing on rounding alone.
-std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol) {
-    double sum_sq = 0.0;
-    for (float r : ref) sum_sq += static_cast<double>(r) * r;
-    const double rms = ref.empty() ? 0.0 : std::sqrt(sum_sq / static_cast<double>(ref.size()));
-    std::int64_t wrong = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-        const double r = ref[i];
-        const double diff = std::fabs(static_cast<double>(got[i]) - r);
-        if (!(diff <= tol * std::max(std::fabs(r), rms))) ++wrong;
-    }
-    return wrong;
-}
-
-double tflops(double flops, double us) { return us > 0.0 ? flops / (us * 1e-6) / 1e12 : 0.0; }
 
 }  // namespace
 

@@ -59,7 +59,9 @@ void MoeLayer::build_chunk_tables(int chunks, Stream& stream) {
     if (table_chunks_ == chunks) return;
     table_chunks_ = chunks;
     // The pack/unpack tables, in stream order (the buffer they are uploaded from is reused).
-    stream.host_task([&h, El, P, chunks] {
+    // A copy of the scratch's pointers: the task may run after this layer is gone (the pinned
+    // memory itself outlives the stream's work, Device::deallocate_host).
+    stream.host_task([h = h, El, P, chunks] {
         for (int c = 0; c < chunks; ++c) {
             const ChunkTableLayout l = chunk_table_layout(P, El, chunks, c);
             const int e0 = c * El / chunks, ne = l.experts, nx = P * ne;

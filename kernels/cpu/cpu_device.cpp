@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <mutex>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "kernels/error.h"
 #include "kernels/host_syncs.h"
@@ -110,12 +113,39 @@ private:
     }
 };
 
+class CpuStream;
+
+// The streams of one CpuDevice, so that freeing memory can wait in stream order for the work
+// already enqueued (CpuDevice::deallocate). Shared by the device and its streams: either may go
+// first.
+struct StreamRegistry {
+    std::mutex mu;
+    std::vector<CpuStream*> streams;
+};
+
 // NOTES: tasks run in enqueue order on one worker thread. The first exception a task throws is
 // kept; later tasks are skipped (their inputs may be garbage) until synchronize() rethrows it.
+// Release tasks (run_always) run even then: they free memory, whatever the stream computed.
 class CpuStream final : public Stream {
 public:
-    CpuStream() : worker_([this] { run(); }) { BlasThreads::stream_created(); }
+    explicit CpuStream(std::shared_ptr<StreamRegistry> registry)
+        : registry_(std::move(registry)), worker_([this] { run(); }) {
+        BlasThreads::stream_created();
+        std::scoped_lock lock(registry_->mu);
+        registry_->streams.push_back(this);
+    }
+    // True while work enqueued so far has not finished.
+    bool busy() {
+        std::scoped_lock lock(mu_);
+        return finished_ < enqueued_;
+    }
+    // Enqueues fn to run after the work enqueued so far, even on a failed stream.
+    void run_always(std::function<void()> fn) { enqueue({std::move(fn), {}, true}); }
     ~CpuStream() override {
+        {
+            std::scoped_lock lock(registry_->mu);
+            std::erase(registry_->streams, this);
+        }
         BlasThreads::stream_destroyed();
         {
             std::scoped_lock lock(mu_);
@@ -166,6 +196,7 @@ private:
     struct Task {
         std::function<void()> fn;
         EventRecord record;
+        bool always = false;  // runs on a failed stream too (memory releases)
     };
     void enqueue(Task task) {
         {
@@ -188,7 +219,7 @@ private:
         }
         if (task.record.event) {
             task.record.event->complete(task.record.generation, failed);
-        } else if (!failed) {
+        } else if (!failed || task.always) {
             try {
                 task.fn();
             } catch (...) {
@@ -222,6 +253,7 @@ private:
     std::uint64_t enqueued_ = 0, finished_ = 0;
     std::exception_ptr error_;
     bool stopping_ = false;
+    std::shared_ptr<StreamRegistry> registry_;
     std::thread worker_;
 };
 
@@ -248,11 +280,33 @@ public:
         if (!p) throw std::bad_alloc();
         return p;
     }
-    void deallocate(void* ptr) override { std::free(ptr); }
+    // NOTES: as cudaFree, which waits for the device, memory is freed only once the work already
+    // enqueued on this device's streams has run (it may still read or write it: an object destroyed
+    // while its stream works, e.g. by an exception unwinding the scope). Without waiting: the last
+    // busy stream to reach a release task frees it; with every stream idle it is freed at once.
+    void deallocate(void* ptr) override {
+        if (!ptr) return;
+        std::scoped_lock lock(registry_->mu);
+        std::vector<CpuStream*> busy;
+        for (CpuStream* s : registry_->streams)
+            if (s->busy()) busy.push_back(s);
+        if (busy.empty()) {
+            std::free(ptr);
+            return;
+        }
+        auto pending = std::make_shared<std::atomic<std::size_t>>(busy.size());
+        for (CpuStream* s : busy)
+            s->run_always([ptr, pending] {
+                if (pending->fetch_sub(1) == 1) std::free(ptr);
+            });
+    }
     void* allocate_host(std::size_t bytes) override { return allocate(bytes); }
     void deallocate_host(void* ptr) override { deallocate(ptr); }
-    std::unique_ptr<Stream> make_stream(StreamPriority) override { return std::make_unique<CpuStream>(); }
+    std::unique_ptr<Stream> make_stream(StreamPriority) override { return std::make_unique<CpuStream>(registry_); }
     std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+
+private:
+    std::shared_ptr<StreamRegistry> registry_ = std::make_shared<StreamRegistry>();
 };
 
 }  // namespace
