@@ -32,10 +32,13 @@ if [ "${SCMOE_TEST_SANITIZE:-0}" = 1 ]; then
   cmake -S . -B "$build-tsan" -DCMAKE_BUILD_TYPE=Debug -DSCMOE_WITH_CUDA=OFF -DSCMOE_BUILD_BENCH=OFF \
         -DSCMOE_SANITIZE=thread
   cmake --build "$build-tsan" -j "$jobs" --target scmoe_block_scheduler_test scmoe_block_overlap_link_test \
-        scmoe_local_comm_test scmoe_emu_timeline_test scmoe_emu_comm_test scmoe_emu_block_test
+        scmoe_local_comm_test scmoe_emu_timeline_test scmoe_emu_comm_test scmoe_emu_block_test \
+        scmoe_safe_destruction_test
   # The overlap tests prove overlap with rendezvous (no timing), so they run under TSan as well.
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_scheduler_test"
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_overlap_link_test"
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/comm/scmoe_local_comm_test"
   for t in timeline comm block; do TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/emu/scmoe_emu_${t}_test"; done
+  # Memory freed while streams still work is released by those streams' threads (CpuDevice).
+  TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/unit/scmoe_safe_destruction_test"
 fi

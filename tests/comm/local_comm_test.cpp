@@ -107,12 +107,15 @@ TEST(LocalCommFourRanks, AllToAllVKnownHandChecked) { check_all_to_all_v(4, true
 TEST(LocalCommFourRanks, AllToAllVKnownMismatchIsNamed) {
     auto group = LocalGroup::create(4, 30.0);
     std::vector<std::vector<float>> received(4, std::vector<float>(5, -1.0f));
+    // The send buffers outlive every rank: rank 0 leaves the failed collective while its peers may
+    // still copy from its buffer (LocalGroup::Rendezvous does not hold a failing rank back).
+    std::vector<std::vector<float>> send(4, std::vector<float>(4, 1.0f));
     auto errors = run_ranks(group, [&](Communicator& comm, Stream& stream) {
         std::vector<std::int64_t> counts(4, 1), expected(4, 1);
         if (comm.rank() == 0) expected[1] = 2;
-        std::vector<float> send(4, 1.0f);
-        comm.all_to_all_v_known(send.data(), counts.data(), received[static_cast<std::size_t>(comm.rank())].data(),
-                                expected.data(), DType::kF32, stream);
+        const auto r = static_cast<std::size_t>(comm.rank());
+        comm.all_to_all_v_known(send[r].data(), counts.data(), received[r].data(), expected.data(), DType::kF32,
+                                stream);
         stream.synchronize();
     });
     EXPECT_NE(errors[0].find("rank 1 sends 1 elements, this rank was told to receive 2"), std::string::npos)
