@@ -123,9 +123,11 @@ std::string format_seconds(double seconds) {
     return os.str();
 }
 
-std::string timeout_message(int rank, CommOp op, double timeout_s, int peer) {
+std::string timeout_message(int rank, CommOp op, double timeout_s, const std::vector<int>& peers) {
+    std::string who = peers.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < peers.size(); ++i) who += (i > 0 ? ", " : "") + std::to_string(peers[i]);
     return "rank " + std::to_string(rank) + ": " + comm_op_name(op) + " timed out after " + format_seconds(timeout_s) +
-           " s waiting for rank " + std::to_string(peer) + " (SCMOE_COMM_TIMEOUT_S)";
+           " s waiting for " + who + " (SCMOE_COMM_TIMEOUT_S)";
 }
 
 }  // namespace comm_detail

@@ -66,7 +66,7 @@ Clock::duration to_duration(double seconds) {
 }  // namespace
 
 void LocalGroup::Rendezvous::raise(int rank, CommOp op, std::uint64_t seq, const std::string& failure) {
-    SCMOE_FAIL("rank " << rank << ": " << comm_op_name(op) << " (collective #" << seq << ") failed: " << failure);
+    SCMOE_COMM_FAIL("rank " << rank << ": " << comm_op_name(op) << " (collective #" << seq << ") failed: " << failure);
 }
 
 void LocalGroup::Rendezvous::wait(std::unique_lock<std::mutex>& lock, Op& o, int rank, CommOp op, std::uint64_t seq,
@@ -75,11 +75,12 @@ void LocalGroup::Rendezvous::wait(std::unique_lock<std::mutex>& lock, Op& o, int
     while (o.failure.empty() && !done()) {
         if (cv.wait_until(lock, deadline) != std::cv_status::timeout) continue;
         if (!o.failure.empty() || done()) break;
-        int peer = 0;
-        while (peer < size && !pending(peer)) ++peer;
-        o.failure = comm_detail::timeout_message(rank, op, timeout_s, peer);
+        std::vector<int> peers;
+        for (int peer = 0; peer < size; ++peer)
+            if (pending(peer)) peers.push_back(peer);
+        o.failure = comm_detail::timeout_message(rank, op, timeout_s, peers);
         cv.notify_all();
-        SCMOE_FAIL(o.failure);
+        SCMOE_COMM_FAIL(o.failure);
     }
     if (!o.failure.empty()) raise(rank, op, seq, o.failure);
 }

@@ -141,7 +141,7 @@ void CudaCollectives::poll(const std::function<cudaError_t()>& query, CommOp op,
         if (e == cudaSuccess) return;
         if (e != cudaErrorNotReady) check(e, op, what);
         if (Clock::now() >= deadline)
-            SCMOE_FAIL("rank " << rank_ << ": " << comm_op_name(op) << " timed out after "
+            SCMOE_COMM_FAIL("rank " << rank_ << ": " << comm_op_name(op) << " timed out after "
                                << comm_detail::format_seconds(timeout_s_) << " s waiting for " << what
                                << " (SCMOE_COMM_TIMEOUT_S)");
         std::this_thread::sleep_for(std::chrono::microseconds(20));

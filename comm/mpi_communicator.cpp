@@ -5,6 +5,8 @@
 #include <climits>
 #include <cstring>
 #include <exception>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -76,6 +78,16 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s) : timeout_s_(t
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // Failure messages name MPI_COMM_WORLD's ranks: what mpirun and the trainer's lines say.
+    world_of_.resize(static_cast<std::size_t>(size_));
+    std::vector<int> ranks(static_cast<std::size_t>(size_));
+    for (int p = 0; p < size_; ++p) ranks[static_cast<std::size_t>(p)] = p;
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(comm_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_translate_ranks(group, size_, ranks.data(), world, world_of_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -89,9 +101,25 @@ std::string MpiCommunicator::name() const {
 }
 
 void MpiCommunicator::check_usable(const char* op) const {
-    SCMOE_CHECK(!broken_.load(), "rank " << rank_ << ": " << op
-                                         << " on an MPI communicator that failed earlier (messages may still be in "
-                                            "flight); it cannot be used any more");
+    if (!broken_.load()) return;
+    std::string first;
+    {
+        std::lock_guard<std::mutex> lock(failure_mutex_);
+        first = first_failure_;
+    }
+    SCMOE_COMM_FAIL("rank " << world_rank(rank_) << ": " << op
+                            << " on an MPI communicator that failed earlier (messages may still be in flight), first "
+                               "in: "
+                            << first);
+}
+
+void MpiCommunicator::fail(const std::string& message) {
+    {
+        std::lock_guard<std::mutex> lock(failure_mutex_);
+        if (first_failure_.empty()) first_failure_ = message;
+    }
+    broken_ = true;
+    SCMOE_COMM_FAIL(message);
 }
 
 void MpiCommunicator::complete(Exchange& ex) {
@@ -123,9 +151,9 @@ void MpiCommunicator::complete(Exchange& ex) {
                          : MPI_Isend(m.buf, bytes, MPI_BYTE, m.peer, m.tag, comm_, &p.request);
         if (rc != MPI_SUCCESS) {
             abandon();
-            SCMOE_FAIL("rank " << rank_ << ": " << comm_op_name(ex.op) << ": "
-                               << (is_recv ? "MPI_Irecv from" : "MPI_Isend to") << " rank " << m.peer
-                               << " failed: " << mpi_error_text(rc));
+            fail("rank " + std::to_string(world_rank(rank_)) + ": " + comm_op_name(ex.op) + ": " +
+                 (is_recv ? "MPI_Irecv from" : "MPI_Isend to") + " rank " + std::to_string(world_rank(m.peer)) +
+                 " failed: " + mpi_error_text(rc));
         }
         pending.push_back(p);
     };
@@ -144,9 +172,9 @@ void MpiCommunicator::complete(Exchange& ex) {
             const int rc = MPI_Test(&p.request, &flag, MPI_STATUS_IGNORE);
             if (rc != MPI_SUCCESS) {
                 abandon();
-                SCMOE_FAIL("rank " << rank_ << ": " << comm_op_name(ex.op) << ": message "
-                                   << (p.is_recv ? "from" : "to") << " rank " << p.peer
-                                   << " failed: " << mpi_error_text(rc));
+                fail("rank " + std::to_string(world_rank(rank_)) + ": " + comm_op_name(ex.op) + ": message " +
+                     (p.is_recv ? "from" : "to") + " rank " + std::to_string(world_rank(p.peer)) +
+                     " failed: " + mpi_error_text(rc));
             }
             if (flag) {
                 p.done = true;
@@ -156,14 +184,17 @@ void MpiCommunicator::complete(Exchange& ex) {
         }
         if (remaining == 0) break;
         if (Clock::now() > deadline) {
-            // Name the first peer we still wait to hear from; failing that, the first still to take our data.
-            auto it =
-                std::find_if(pending.begin(), pending.end(), [](const Pending& p) { return !p.done && p.is_recv; });
-            if (it == pending.end())
-                it = std::find_if(pending.begin(), pending.end(), [](const Pending& p) { return !p.done; });
-            const int peer = it->peer;
+            // Name every peer we still wait to hear from; failing that, those still to take our data.
+            std::vector<int> peers;
+            for (bool recvs : {true, false}) {
+                for (const Pending& p : pending)
+                    if (!p.done && p.is_recv == recvs) peers.push_back(world_rank(p.peer));
+                if (!peers.empty()) break;
+            }
+            std::sort(peers.begin(), peers.end());
+            peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
             abandon();
-            SCMOE_FAIL(comm_detail::timeout_message(rank_, ex.op, timeout_s_, peer));
+            fail(comm_detail::timeout_message(world_rank(rank_), ex.op, timeout_s_, peers));
         }
         // Spin briefly for latency, then back off so ranks oversubscribing cores still progress.
         if (progressed) {

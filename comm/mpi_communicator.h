@@ -8,9 +8,12 @@
 // MPI_THREAD_MULTIPLE has no such restriction.
 //
 // Non-blocking point-to-point messages completed by MPI_Test polling, so every wait honours the
-// timeout (SCMOE_COMM_TIMEOUT_S, see comm/communicator.h) and a dead or stuck peer gives an Error
-// naming it rather than a hang. Errors from MPI itself are returned (MPI_ERRORS_RETURN on the
-// duplicated communicator) and raised as Error. Each message is limited to INT_MAX bytes.
+// timeout (SCMOE_COMM_TIMEOUT_S, see comm/communicator.h) and a dead or stuck peer gives a
+// CommError naming it rather than a hang. Errors from MPI itself are returned (MPI_ERRORS_RETURN
+// on the duplicated communicator) and raised as CommError. Failure messages name ranks of
+// MPI_COMM_WORLD, also on a sub-communicator (an expert-parallel group): the ranks mpirun and
+// scmoe-train's lines name. The first failure is kept: a later call names it when it refuses to
+// run. Each message is limited to INT_MAX bytes.
 #pragma once
 
 #if SCMOE_WITH_MPI
@@ -19,7 +22,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -58,7 +63,12 @@ class MpiCommunicator final : public Communicator {
     struct Exchange;
     // Posts the receives and sends of `ex` and polls them to completion within the timeout.
     void complete(Exchange& ex);
+    // MPI_COMM_WORLD's rank of this communicator's rank `p`: failure messages name those.
+    int world_rank(int p) const { return world_of_[static_cast<std::size_t>(p)]; }
+    // Throws a CommError naming the first failure if an earlier operation failed.
     void check_usable(const char* op) const;
+    // Marks the communicator unusable, remembers the first failure, throws CommError(message).
+    [[noreturn]] void fail(const std::string& message);
 
     MPI_Comm comm_ = MPI_COMM_NULL;
     int rank_ = 0;
@@ -67,6 +77,9 @@ class MpiCommunicator final : public Communicator {
     // Set once an operation failed part-way: messages may still be in flight, so later calls
     // refuse to run rather than match them up wrongly.
     std::atomic<bool> broken_{false};
+    std::vector<int> world_of_;  // [size_] MPI_COMM_WORLD's rank of each rank
+    mutable std::mutex failure_mutex_;
+    std::string first_failure_;  // the first failure's message: later refusals name it
 };
 
 }  // namespace scmoe

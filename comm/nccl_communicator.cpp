@@ -201,8 +201,9 @@ std::string NcclCommunicator::name() const {
 }
 
 void NcclCommunicator::check_usable(const char* op) const {
-    SCMOE_CHECK(!broken_,
-                "rank " << rank_ << ": " << op << ": the NCCL communicator was aborted after an earlier error");
+    if (broken_)
+        SCMOE_COMM_FAIL("rank " << rank_ << ": " << op << ": the NCCL communicator was aborted after an earlier error, "
+                                << "first in: " << first_failure_);
 }
 
 void* NcclCommunicator::native_stream(Stream& stream, const char* op) const {
@@ -213,11 +214,13 @@ void* NcclCommunicator::native_stream(Stream& stream, const char* op) const {
 }
 
 void NcclCommunicator::abort_and_fail(const char* op, const std::string& what) {
+    const std::string message = "rank " + std::to_string(rank_) + ": " + op + ": " + what;
     if (!broken_) {
         broken_ = true;
+        first_failure_ = message;
         ncclCommAbort(comm_);  // NOTES: a borrowed communicator is aborted too: it is unusable now
     }
-    SCMOE_FAIL("rank " << rank_ << ": " << op << ": " << what);
+    SCMOE_COMM_FAIL(message);
 }
 
 void NcclCommunicator::settle(const char* op) {

@@ -113,6 +113,7 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t comm_ = nullptr;
     bool owned_ = false;
     bool broken_ = false;
+    std::string first_failure_;  // the failure that aborted it: later refusals name it
     int device_ = 0;
     int rank_ = 0;
     int size_ = 1;

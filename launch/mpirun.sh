@@ -38,6 +38,13 @@ environment (defaults in parentheses):
   SCMOE_BIND_TO            mpirun --bind-to: none | core | numa | socket (none: Open MPI's default
                            binds 1-2 ranks to one core each and more ranks to a socket, which would
                            squeeze a rank's threads - CPU stream workers, BLAS, NCCL's proxy thread)
+  SCMOE_ABORT_GRACE_S      (30) once a rank has reported the error that ends it (a stderr line
+                           "scmoe-train: rank R: ..."; it then calls MPI_Abort), mpirun has this
+                           long to return; then its process group is killed (TERM, 10 s later
+                           KILL) and this script exits 3. mpirun can stay behind when it cannot
+                           reach a host's daemon any more, e.g. after that host's link was cut
+  SCMOE_MPIRUN_TIMEOUT_S   (0: none) the whole run's limit: mpirun's process group is killed
+                           after it and this script exits 124, as timeout(1) does
   SCMOE_MPIRUN_ARGS        extra mpirun arguments, split on spaces, e.g.
                            "--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0" to keep
                            Open MPI's own TCP traffic on the cluster network too
@@ -102,4 +109,82 @@ echo "# $nodes node(s) x $ranks_per_node rank(s); NCCL_DEBUG=$NCCL_DEBUG NCCL_SO
     "NCCL_IB_HCA=${NCCL_IB_HCA:-(all)} CUDA_DEVICE_MAX_CONNECTIONS=$CUDA_DEVICE_MAX_CONNECTIONS"
 print_cmd "${cmd[@]}"
 [ "$dry_run" = 1 ] && exit 0
-exec "${cmd[@]}"
+
+# The watchdog. mpirun runs in its own session (setsid), so its process group - mpirun and what it
+# started on this host: ranks, rsh agents - can be killed as one. Its stderr passes through a
+# filter (reading a FIFO) that passes every line on and notes the first rank error line, with its
+# time, and Open MPI's line naming a rank that died; this shell polls mpirun once a second
+# against the grace period and the overall limit.
+grace=${SCMOE_ABORT_GRACE_S:-30}
+limit=${SCMOE_MPIRUN_TIMEOUT_S:-0}
+case $grace in '' | *[!0-9]*) echo "error: SCMOE_ABORT_GRACE_S='$grace' is not a whole number of seconds" >&2; exit 2 ;; esac
+case $limit in '' | *[!0-9]*) echo "error: SCMOE_MPIRUN_TIMEOUT_S='$limit' is not a whole number of seconds" >&2; exit 2 ;; esac
+state=$(mktemp -d "${TMPDIR:-/tmp}/scmoe-mpirun.XXXXXX")
+trap 'rm -rf "$state"' EXIT
+fatal=$state/fatal died=$state/died
+mkfifo "$state/stderr"
+while IFS= read -r line; do
+    printf '%s\n' "$line" >&2
+    case $line in
+        "scmoe-train: rank "[0-9]*)
+            [ -e "$fatal" ] || { printf '%s\n%s\n' "$(date +%s)" "$line" >"$fatal.new" && mv "$fatal.new" "$fatal"; } ;;
+        *"mpirun noticed that process rank "*) [ -e "$died" ] || printf '%s\n' "$line" >"$died" ;;
+    esac
+done <"$state/stderr" &
+filter_pid=$!
+setsid "${cmd[@]}" 2>"$state/stderr" &
+mpirun_pid=$!
+# setsid runs mpirun in place (a background job of a script leads no process group), so the
+# group's id is mpirun's pid; if it ever is not, only mpirun itself can be killed.
+# (The child may not have called setsid yet: look a few times.)
+group=$mpirun_pid
+for _ in $(seq 40); do
+    [ "$(ps -o pgid= -p "$mpirun_pid" 2>/dev/null | tr -d ' ')" = "$mpirun_pid" ] && { group=-$mpirun_pid; break; }
+    kill -0 "$mpirun_pid" 2>/dev/null || break
+    sleep 0.05
+done
+# Kills the job's process group: TERM, then KILL after 10 s if anything is left.
+kill_job() {
+    kill -CONT -- "$group" 2>/dev/null || true  # a stopped process takes TERM only once continued
+    kill -TERM -- "$group" 2>/dev/null || true
+    local i
+    for i in $(seq 10); do
+        kill -0 -- "$group" 2>/dev/null || return 0
+        sleep 1
+    done
+    kill -KILL -- "$group" 2>/dev/null || true
+}
+# A signal to this script ends the whole job.
+trap 'echo "mpirun.sh: interrupted: killing mpirun'"'"'s process group $mpirun_pid" >&2; kill_job; exit 143' INT TERM HUP
+started=$SECONDS
+verdict=
+while kill -0 "$mpirun_pid" 2>/dev/null; do
+    if [ -e "$fatal" ] && [ $(($(date +%s) - $(head -1 "$fatal"))) -ge "$grace" ]; then
+        echo "mpirun.sh: mpirun has not returned ${grace} s after a rank's error (SCMOE_ABORT_GRACE_S):" \
+            "killing its process group $mpirun_pid. The error: $(sed -n 2p "$fatal")" >&2
+        verdict=3
+        kill_job
+        break
+    fi
+    if [ "$limit" -gt 0 ] && [ $((SECONDS - started)) -ge "$limit" ]; then
+        echo "mpirun.sh: the run exceeded SCMOE_MPIRUN_TIMEOUT_S=$limit s: killing mpirun's process group $mpirun_pid" >&2
+        verdict=124
+        kill_job
+        break
+    fi
+    sleep 1
+done
+status=0
+wait "$mpirun_pid" || status=$?
+# The filter ends at the end of mpirun's stderr (unless a process left behind holds it open).
+for _ in $(seq 20); do kill -0 "$filter_pid" 2>/dev/null || break; sleep 0.1; done
+if [ -e "$died" ] && [ ! -e "$fatal" ]; then
+    # What Open MPI reports is all there is: it ended the job before any rank's collective failed.
+    echo "mpirun.sh: a rank died before any rank reported an error; Open MPI ended the job:" \
+        "$(sed 's/^.*mpirun noticed that //' "$died")" >&2
+fi
+if [ -n "$verdict" ]; then
+    echo "mpirun.sh: exit $verdict (mpirun itself: $status)" >&2
+    exit "$verdict"
+fi
+exit "$status"

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/error.h"
+#include "models/detail/json_integer.h"
 #include "models/safetensors.h"
 
 namespace scmoe::models {
@@ -63,6 +64,8 @@ void collectively(const CheckpointTarget& t, const std::string& what, Fn&& fn) {
     std::exception_ptr error;
     try {
         fn();
+    } catch (const CommError&) {
+        throw;  // a failed collective is not agreed on (see Trainer::step)
     } catch (...) {
         error = std::current_exception();
     }
@@ -103,6 +106,38 @@ std::string describe_config_difference(const std::string& ours, const std::strin
 }
 
 }  // namespace
+
+CheckpointState parse_checkpoint_state(const std::string& text, const std::string& dir) {
+    CheckpointState st;
+    try {
+        const ordered_json j = ordered_json::parse(text);
+        SCMOE_CHECK(j.at("format").get<std::string>() == kFormat, "format " << j.at("format") << ", expected " << kFormat);
+        st.step = detail::json_integer<std::int64_t>(j.at("step"));
+        st.world = detail::json_integer<int>(j.at("world"));
+        st.ep = detail::json_integer<int>(j.at("ep"));
+        st.config = j.at("config").dump();
+    } catch (const nlohmann::json::exception& e) {
+        SCMOE_FAIL((fs::path(dir) / "trainer_state.json").string() << ": corrupted checkpoint state: " << e.what());
+    } catch (const Error& e) {
+        SCMOE_FAIL(dir << ": " << e.what());
+    }
+    return st;
+}
+
+ByteBatcherState parse_checkpoint_rank_state(const std::string& text, const std::string& path) {
+    ByteBatcherState data;
+    try {
+        const ordered_json r = ordered_json::parse(text);
+        const ordered_json& d = r.at("data");
+        data.seed = detail::json_integer<std::uint64_t>(d.at("seed"));
+        data.epoch = detail::json_integer<std::int64_t>(d.at("epoch"));
+        data.position = detail::json_integer<std::int64_t>(d.at("position"));
+        data.num_windows = detail::json_integer<std::int64_t>(d.at("num_windows"));
+    } catch (const nlohmann::json::exception& e) {
+        SCMOE_FAIL(path << ": corrupted checkpoint rank state: " << e.what());
+    }
+    return data;
+}
 
 std::string save_checkpoint(const std::string& root, CheckpointTarget t, int keep) {
     SCMOE_CHECK(t.optimizers.size() == t.model.param_groups().size(),
@@ -226,18 +261,20 @@ void load_checkpoint(const std::string& path, CheckpointTarget t) {
         }
         SCMOE_CHECK(fs::exists(dir / "trainer_state.json"),
                     "no checkpoint at " << path << " (neither a 'latest' file nor trainer_state.json)");
-        ordered_json st;
+        std::string state_text;
         try {
-            st = ordered_json::parse(read_text((dir / "trainer_state.json").string()));
-            SCMOE_CHECK(st.at("format").get<std::string>() == kFormat,
-                        "format " << st.at("format") << ", expected " << kFormat);
-            step = st.at("step").get<std::int64_t>();
-            const int world = st.at("world").get<int>(), ep = st.at("ep").get<int>();
-            SCMOE_CHECK(world == L.world && ep == L.ep, "the checkpoint was written by world " << world << " x ep " << ep
-                                                                                             << "; this run is world "
-                                                                                             << L.world << " x ep " << L.ep
-                                                                                             << ": refusing to resume");
-            const std::string theirs = st.at("config").dump();
+            state_text = read_text((dir / "trainer_state.json").string());
+        } catch (const Error& e) {
+            SCMOE_FAIL(dir.string() << ": " << e.what());
+        }
+        const CheckpointState st = parse_checkpoint_state(state_text, dir.string());
+        step = st.step;
+        try {
+            SCMOE_CHECK(st.world == L.world && st.ep == L.ep,
+                        "the checkpoint was written by world " << st.world << " x ep " << st.ep << "; this run is world "
+                                                               << L.world << " x ep " << L.ep
+                                                               << ": refusing to resume");
+            const std::string& theirs = st.config;
             const std::string ours = t.model.config().to_json();
             SCMOE_CHECK(LmConfig::from_json(theirs).to_json() == ours,
                         "the checkpoint's model config differs:" << describe_config_difference(ours, theirs)
@@ -275,16 +312,8 @@ void load_checkpoint(const std::string& path, CheckpointTarget t) {
                 }
             }
         }
-        try {
-            const ordered_json r = ordered_json::parse(read_text((dir / rank_file_name(L.rank)).string()));
-            const ordered_json& d = r.at("data");
-            data.seed = d.at("seed").get<std::uint64_t>();
-            data.epoch = d.at("epoch").get<std::int64_t>();
-            data.position = d.at("position").get<std::int64_t>();
-            data.num_windows = d.at("num_windows").get<std::int64_t>();
-        } catch (const nlohmann::json::exception& e) {
-            SCMOE_FAIL((dir / rank_file_name(L.rank)).string() << ": corrupted checkpoint rank state: " << e.what());
-        }
+        const std::string rank_path = (dir / rank_file_name(L.rank)).string();
+        data = parse_checkpoint_rank_state(read_text(rank_path), rank_path);
         SCMOE_CHECK(data.num_windows == t.batcher.num_windows(),
                     dir.string() << ": the data differs: the checkpoint's shard has " << data.num_windows
                                  << " windows, this run's " << t.batcher.num_windows());

@@ -44,6 +44,22 @@ struct CheckpointTarget {
     std::int64_t& step;
 };
 
+// A checkpoint's trainer_state.json.
+struct CheckpointState {
+    std::int64_t step = 0;  // steps taken
+    int world = 0, ep = 0;  // the world and expert-parallel sizes that wrote it
+    std::string config;     // the model's LmConfig as JSON text (LmConfig::from_json reads it)
+};
+
+// Parses the text of `dir`/trainer_state.json (load_checkpoint's first check; pure, for tests and
+// fuzzing). Throws scmoe::Error "<dir>/trainer_state.json: corrupted checkpoint state: <what>" when it
+// is not a JSON object with format, step, world, ep and config, and "<dir>: format <f>, expected
+// scmoe-checkpoint-v1" for another format.
+CheckpointState parse_checkpoint_state(const std::string& text, const std::string& dir);
+// Parses the text of a checkpoint's rank-NNNNN.json at `path`: that rank's data position. Throws
+// scmoe::Error "<path>: corrupted checkpoint rank state: <what>".
+ByteBatcherState parse_checkpoint_rank_state(const std::string& text, const std::string& path);
+
 // Collective over the world. Returns the checkpoint directory written.
 std::string save_checkpoint(const std::string& root, CheckpointTarget target, int keep = 2);
 // Collective. `path`: a root with a `latest` file, or one step-N directory.

@@ -44,8 +44,8 @@ std::uint64_t feistel(std::uint64_t x, int half_bits, std::uint64_t key) {
 std::int64_t permute_index(std::int64_t i, std::int64_t n, std::uint64_t key) {
     SCMOE_CHECK(n > 0 && i >= 0 && i < n, "permute_index: index " << i << " outside [0, " << n << ")");
     if (n == 1) return 0;
-    int half_bits = 1;
-    while ((std::uint64_t{1} << (2 * half_bits)) < static_cast<std::uint64_t>(n)) ++half_bits;
+    int half_bits = 1;  // the smallest domain of 4^half_bits >= n; 32 (all 64 bits) covers every int64 n
+    while (half_bits < 32 && (std::uint64_t{1} << (2 * half_bits)) < static_cast<std::uint64_t>(n)) ++half_bits;
     // Cycle walking: the domain is < 4n, so on average fewer than 4 steps land back in [0, n).
     auto x = static_cast<std::uint64_t>(i);
     do {
@@ -113,9 +113,10 @@ void ByteDataset::restrict_to(std::int64_t begin, std::int64_t end) {
 }
 
 void ByteDataset::read(std::int64_t offset, std::int64_t count, std::uint8_t* out) const {
-    SCMOE_CHECK(offset >= 0 && count >= 0 && offset + count <= size(),
-                "ByteDataset::read: bytes [" << offset << ", " << offset + count << ") outside the stream of " << size()
-                                             << " bytes");
+    // Written so that no sum can overflow: offset and count may be anything.
+    SCMOE_CHECK(offset >= 0 && count >= 0 && offset <= size() && count <= size() - offset,
+                "ByteDataset::read: " << count << " bytes at offset " << offset << " outside the stream of " << size()
+                                      << " bytes");
     if (count == 0) return;
     offset += begin_;
     // The file holding `offset`: the one before the first start past it.
@@ -148,9 +149,10 @@ ByteBatcher::ByteBatcher(ByteDataset data, const ByteBatcherConfig& config) : da
     SCMOE_CHECK(config.world > 0, "ByteBatcher: world must be positive, got " << config.world);
     SCMOE_CHECK(config.rank >= 0 && config.rank < config.world,
                 "ByteBatcher: rank " << config.rank << " outside [0, " << config.world << ")");
-    SCMOE_CHECK(data_.size() >= config.seq_len + 1,
+    // size - 1 < seq_len rather than size < seq_len + 1: seq_len may be the largest int64 (size >= 1).
+    SCMOE_CHECK(data_.size() - 1 >= config.seq_len,
                 "ByteBatcher: the data (" << data_.size() << " bytes) is shorter than one sequence of seq_len + 1 = "
-                                          << config.seq_len + 1 << " bytes");
+                                          << config.seq_len << " + 1 bytes");
     const std::int64_t total_windows = (data_.size() - 1) / config.seq_len;
     SCMOE_CHECK(total_windows >= config.world,
                 "ByteBatcher: the data has " << total_windows << " windows of " << config.seq_len
@@ -215,11 +217,11 @@ EvalWindows::EvalWindows(ByteDataset data, std::int64_t seq_len, std::int64_t ma
     SCMOE_CHECK(seq_len > 0, "EvalWindows: seq_len must be positive, got " << seq_len);
     SCMOE_CHECK(world > 0 && rank >= 0 && rank < world,
                 "EvalWindows: rank " << rank << " outside [0, " << world << ")");
-    if (data_.size() < seq_len + 1) {
+    if (data_.size() - 1 < seq_len) {  // not size < seq_len + 1: seq_len may be the largest int64 (size >= 1)
         std::string files;
         for (const std::string& p : data_.paths()) files += (files.empty() ? "'" : ", '") + p + "'";
         SCMOE_FAIL("eval data " << files << " (" << data_.size()
-                                << " bytes) is shorter than one window of seq + 1 = " << seq_len + 1 << " bytes");
+                                << " bytes) is shorter than one window of seq + 1 = " << seq_len << " + 1 bytes");
     }
     stream_windows_ = (data_.size() - 1) / seq_len;
     num_windows_ = max_windows > 0 ? std::min(stream_windows_, max_windows) : stream_windows_;
@@ -231,13 +233,14 @@ EvalWindows::EvalWindows(ByteDataset data, std::int64_t seq_len, std::int64_t ma
 std::int64_t EvalWindows::num_batches(std::int64_t batch) const {
     SCMOE_CHECK(batch > 0, "EvalWindows::num_batches: batch must be positive, got " << batch);
     const std::int64_t largest_shard = (num_windows_ + world_ - 1) / world_;
-    return (largest_shard + batch - 1) / batch;
+    return largest_shard / batch + (largest_shard % batch != 0);  // rounded up; no overflow for any batch
 }
 
 void EvalWindows::read(std::int64_t first, std::int64_t count, std::int32_t* inputs, std::int32_t* targets) const {
-    SCMOE_CHECK(first >= 0 && count >= 0 && first + count <= stream_windows_,
-                "EvalWindows::read: windows [" << first << ", " << first + count << ") outside the stream's "
-                                               << stream_windows_);
+    // Written so that no sum can overflow: first and count may be anything.
+    SCMOE_CHECK(first >= 0 && count >= 0 && first <= stream_windows_ && count <= stream_windows_ - first,
+                "EvalWindows::read: " << count << " windows from window " << first << " outside the stream's "
+                                      << stream_windows_);
     for (std::int64_t w = 0; w < count; ++w) {
         data_.read((first + w) * seq_len_, seq_len_ + 1, bytes_.data());
         for (std::int64_t t = 0; t < seq_len_; ++t) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "models/detail/json_integer.h"
 
 namespace scmoe::models {
 namespace {
@@ -18,11 +19,16 @@ DType parse_dtype(const std::string& s) {
 
 bool is_pair_variant(const std::string& v) { return v != "every-block-pos1"; }
 
+// Most layers a model may have (BlockStackConfig's limit on blocks): a corrupted or mistyped count is
+// refused before the blocks are built.
+constexpr std::int64_t kMaxLayers = 1 << 16;
+
 }  // namespace
 
 void LmConfig::validate() const {
     SCMOE_CHECK(vocab > 0, "LmConfig.vocab = " << vocab << " must be > 0");
-    SCMOE_CHECK(layers > 0, "LmConfig.layers = " << layers << " must be > 0");
+    SCMOE_CHECK(layers > 0 && layers <= kMaxLayers,
+                "LmConfig.layers = " << layers << " must be in [1, " << kMaxLayers << "]");
     if (is_pair_variant(variant))
         SCMOE_CHECK(layers % 2 == 0, "LmConfig.layers = " << layers << " must be even for the pair variant '" << variant
                                                           << "' (a [dense, MoE] pair per 2 layers)");
@@ -30,7 +36,8 @@ void LmConfig::validate() const {
 }
 
 BlockStackConfig LmConfig::block_stack() const {
-    SCMOE_CHECK(layers > 0, "LmConfig.layers = " << layers << " must be > 0");
+    SCMOE_CHECK(layers > 0 && layers <= kMaxLayers,
+                "LmConfig.layers = " << layers << " must be in [1, " << kMaxLayers << "]");
     MoeConfig base = moe;
     base.hidden = backbone.hidden;
     base.dtype = backbone.dtype;
@@ -74,24 +81,24 @@ LmConfig LmConfig::from_json(const std::string& text) {
     try {
         j = ordered_json::parse(text);
         LmConfig c;
-        c.vocab = j.at("vocab").get<std::int64_t>();
-        c.layers = j.at("layers").get<std::int64_t>();
+        c.vocab = detail::json_integer<std::int64_t>(j.at("vocab"));
+        c.layers = detail::json_integer<std::int64_t>(j.at("layers"));
         c.variant = j.at("variant").get<std::string>();
         c.coefficient_gate = j.at("coefficient_gate").get<bool>();
-        c.backbone.hidden = j.at("hidden").get<std::int64_t>();
-        c.backbone.heads = j.at("heads").get<std::int64_t>();
-        c.backbone.seq_len = j.at("seq_len").get<std::int64_t>();
-        c.backbone.ffn = j.at("ffn").get<std::int64_t>();
+        c.backbone.hidden = detail::json_integer<std::int64_t>(j.at("hidden"));
+        c.backbone.heads = detail::json_integer<std::int64_t>(j.at("heads"));
+        c.backbone.seq_len = detail::json_integer<std::int64_t>(j.at("seq_len"));
+        c.backbone.ffn = detail::json_integer<std::int64_t>(j.at("ffn"));
         c.backbone.activation = parse_activation(j.at("activation").get<std::string>());
         c.backbone.dtype = parse_dtype(j.at("dtype").get<std::string>());
         c.backbone.norm_eps = j.at("norm_eps").get<float>();
-        c.moe.num_experts = j.at("experts").get<int>();
-        c.moe.ffn = j.at("expert_ffn").get<std::int64_t>();
+        c.moe.num_experts = detail::json_integer<int>(j.at("experts"));
+        c.moe.ffn = detail::json_integer<std::int64_t>(j.at("expert_ffn"));
         c.moe.capacity_factor = j.at("capacity_factor").get<float>();
         c.moe.dispatch = parse_dispatch_mode(j.at("dispatch").get<std::string>());
-        c.moe.shared_ffn = j.at("shared_ffn").get<std::int64_t>();
+        c.moe.shared_ffn = detail::json_integer<std::int64_t>(j.at("shared_ffn"));
         c.moe.noise_std = j.at("noise_std").get<float>();
-        c.moe.noise_seed = j.at("noise_seed").get<std::uint64_t>();
+        c.moe.noise_seed = detail::json_integer<std::uint64_t>(j.at("noise_seed"));
         c.moe.aux_loss_coef = j.at("aux_loss_coef").get<float>();
         c.moe.z_loss_coef = j.at("z_loss_coef").get<float>();
         c.moe.activation = c.backbone.activation;

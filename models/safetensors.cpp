@@ -331,7 +331,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
     json j;
     try {
         j = json::parse(header);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e700
         corrupted(path, std::string("the header is not valid JSON: ") + e.what());
     }
     if (!j.is_object()) corrupted(path, "the header is not a JSON object");
@@ -466,7 +466,7 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
     json j;
     try {
         j = json::parse(bytes.begin(), bytes.end());
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e700
         fail(std::string("not valid JSON: ") + e.what());
     }
     if (!j.is_object()) fail("not a JSON object");

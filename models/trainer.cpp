@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <span>
 #include <vector>
@@ -26,6 +27,11 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
     SCMOE_CHECK(config_.model.moe.num_experts % layout_.ep == 0,
                 "experts = " << config_.model.moe.num_experts << " is not divisible by ep = " << layout_.ep);
     config_.adamw.schedule.total_steps = config_.steps;
+    if (config_.grad_fault)
+        SCMOE_CHECK(config_.grad_fault->rank >= 0 && config_.grad_fault->rank < layout_.world &&
+                        config_.grad_fault->step >= 1,
+                    "grad_fault: step " << config_.grad_fault->step << ", rank " << config_.grad_fault->rank
+                                        << ": expected a step >= 1 and a rank of the world");
 
     std::optional<DefaultCorpus> corpus;
     std::vector<std::string> paths = config_.data;
@@ -143,7 +149,10 @@ StepMetrics Trainer::step() {
     if (!trace_) step_trace_->clear();
     const std::size_t first_entry = trace.entries().size();
     model_->set_noise_key(static_cast<std::uint64_t>(steps_done_), static_cast<std::uint64_t>(layout_.rank));
-    model_->forward_backward(batch.inputs.data(), batch.targets.data(), tokens, 1.0f / static_cast<float>(tokens),
+    const GradFault* fault = config_.grad_fault ? &*config_.grad_fault : nullptr;
+    const bool inject = fault && fault->step == steps_done_ + 1 && fault->rank == layout_.rank;
+    const float grad_scale = inject ? std::numeric_limits<float>::max() : 1.0f / static_cast<float>(tokens);
+    model_->forward_backward(batch.inputs.data(), batch.targets.data(), tokens, grad_scale,
                              config_.overlap, &trace,
                              overlap_reduce ? reducer_->grads_ready(&trace) : LanguageModel::GradsReadyFn{});
     Stream& s = model_->stream();
@@ -153,19 +162,31 @@ StepMetrics Trainer::step() {
         reducer_->reduce(&trace);
     // The loss, agreed over the world before anything is updated: a rank whose loss is not finite
     // (or whose loss could not be read) makes every rank stop at this step, each having made the
-    // same collective calls, instead of leaving its peers waiting.
-    std::exception_ptr local_error;
-    float local[3] = {std::nanf(""), 0.0f, 0.0f};
+    // same collective calls, instead of leaving its peers waiting. A failed collective is not
+    // agreed on: its communicator is unusable, the peers have failed too or will time out, and the
+    // agreement could only wait out another timeout before reporting a later, wrong operation.
+    // Slots 3.. flag the ranks that failed, so every rank names them in the same words.
+    std::vector<float> local(3 + static_cast<std::size_t>(layout_.world), 0.0f);
+    std::string local_failure;
     try {
         local[0] = static_cast<float>(model_->loss_sum() / static_cast<double>(tokens));
         local[1] = static_cast<float>(model_->router_loss());
         local[2] = static_cast<float>(model_->dropped_tokens());
-    } catch (...) {
-        local_error = std::current_exception();
+        if (!std::isfinite(local[0])) local_failure = "the loss is not finite";
+    } catch (const CommError&) {
+        throw;
+    } catch (const std::exception& e) {
+        local_failure = e.what();
     }
-    const std::vector<float> sums = world_sum({local[0], local[1], local[2]});
-    if (local_error) std::rethrow_exception(local_error);
-    SCMOE_CHECK(std::isfinite(sums[0]), "step " << steps_done_ + 1 << ": the loss is not finite on another rank");
+    if (!local_failure.empty()) local[3 + static_cast<std::size_t>(layout_.rank)] = 1.0f;
+    const std::vector<float> sums = world_sum(local);
+    std::string failed;
+    for (int r = 0; r < layout_.world; ++r)
+        if (sums[3 + static_cast<std::size_t>(r)] != 0.0f) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    if (!failed.empty())
+        SCMOE_FAIL("step " << steps_done_ + 1 << ": the loss or its gradients are not finite on rank(s) " << failed
+                           << ": every rank stops at this step, before any update"
+                           << (local_failure.empty() ? "" : "; on this rank: " + local_failure));
 
     const float norm = reducer_->global_norm() / static_cast<float>(layout_.world);
     SCMOE_CHECK(std::isfinite(norm), "step " << steps_done_ + 1 << ": the gradient norm is " << norm
@@ -251,6 +272,8 @@ EvalMetrics Trainer::evaluate() {
         if (count <= 0 || local_error) continue;
         try {
             loss_sum += model_->loss_sum();
+        } catch (const CommError&) {
+            throw;  // as in step(): no agreement after a failed collective
         } catch (...) {
             local_error = std::current_exception();
             loss_sum = std::nan("");

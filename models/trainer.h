@@ -35,6 +35,17 @@ class Tracer;
 
 namespace scmoe::models {
 
+// A numerical fault to inject (testing): at step `step` (1-based), rank `rank`'s backward runs
+// with a loss gradient scale of FLT_MAX instead of 1/tokens, so its gradients overflow to Inf (and
+// NaN where infinities meet) before the reduction, as a loss scale set too high makes them. The
+// loss stays finite. What follows is the trainer's answer to any non-finite gradient: the
+// reduction carries it to every rank, every rank stops at that step with the same error, before
+// any update, and no checkpoint of that step is written.
+struct GradFault {
+    std::int64_t step = 0;
+    int rank = 0;
+};
+
 struct TrainConfig {
     LmConfig model;
     std::int64_t batch = 8;         // sequences per rank per step
@@ -52,6 +63,7 @@ struct TrainConfig {
     // (only without `data`); empty: no evaluation.
     std::vector<std::string> eval_data;
     std::int64_t eval_batches = 64;  // caps the windows at eval_batches x batch x world; <= 0: all
+    std::optional<GradFault> grad_fault;  // testing only (scmoe-train: SCMOE_FAULT_GRAD)
 };
 
 // TrainConfig::eval_data = {kDefaultHeldOut}: the held-out split of default_corpus().
@@ -87,7 +99,9 @@ class Trainer {
     Trainer(const TrainConfig& config, Device& device, const ParallelLayout& layout, TrainComms comms);
     ~Trainer();
 
-    // One training step (collective). Throws scmoe::Error on a non-finite loss or gradient.
+    // One training step (collective). Throws scmoe::Error on a non-finite loss or gradient: on
+    // every rank, at the same step, with the same message, before anything is updated. A failed
+    // collective (CommError) is thrown at once, without the loss agreement.
     StepMetrics step();
     // The held-out loss of the current parameters (collective; see the top of this file). Changes
     // nothing a later step depends on. Throws scmoe::Error without eval data or on a non-finite loss.

@@ -10,6 +10,13 @@
 #include "moe/detail/block.h"
 
 namespace scmoe {
+namespace {
+
+// Most blocks a stack may have: far beyond any model, small enough that a corrupted or mistyped
+// count is refused instead of allocated.
+constexpr int kMaxBlocks = 1 << 16;
+
+}  // namespace
 
 const char* shortcut_source_name(ShortcutSource s) {
     switch (s) {
@@ -23,6 +30,8 @@ const char* shortcut_source_name(ShortcutSource s) {
 
 void BlockStackConfig::validate() const {
     SCMOE_CHECK(!blocks.empty(), "BlockStackConfig.blocks is empty");
+    SCMOE_CHECK(blocks.size() <= kMaxBlocks,
+                "BlockStackConfig.blocks has " << blocks.size() << " blocks, more than the limit of " << kMaxBlocks);
     SCMOE_CHECK(backbone.hidden > 0 && backbone.heads > 0 && backbone.hidden % backbone.heads == 0,
                 "BlockStackConfig.backbone: hidden " << backbone.hidden << " must be a positive multiple of heads "
                                                      << backbone.heads);
@@ -86,7 +95,8 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
     else if (name == "scmoe-pos3") pair(1, true, ShortcutSource::kPos3);
     else if (name == "scmoe2") pair(2, true, ShortcutSource::kPos2);
     else if (name == "every-block-pos1") {
-        SCMOE_CHECK(num_blocks >= 1, "block_variant: num_blocks = " << num_blocks);
+        SCMOE_CHECK(num_blocks >= 1 && num_blocks <= kMaxBlocks,
+                    "block_variant: num_blocks = " << num_blocks << " outside [1, " << kMaxBlocks << "]");
         pair(1, true, ShortcutSource::kPos1);
         c.blocks.assign(static_cast<std::size_t>(num_blocks), BlockSpec{FfnKind::kMoe, ShortcutSource::kPos1});
     } else {

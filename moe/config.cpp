@@ -1,6 +1,7 @@
 #include "moe/config.h"
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "kernels/error.h"
@@ -34,6 +35,19 @@ void MoeConfig::validate() const {
     SCMOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
                 "MoeConfig.dtype = " << dtype_name(dtype) << ": must be f32 or bf16");
     SCMOE_CHECK(shared_ffn >= 0, "MoeConfig.shared_ffn = " << shared_ffn << ": must be >= 0 (0 = ffn)");
+    // Every weight's element count fits in int64: the experts' W1 [E, H, I] and the shared expert's
+    // [H, I_shared], counted with I = 2F (SwiGLU's; GELU's F is smaller), so expert_inner_width() and
+    // every size derived from them are exact.
+    auto weight_fits = [&](std::int64_t width, std::int64_t copies) {
+        std::int64_t n = 0;
+        return width <= std::numeric_limits<std::int64_t>::max() / 2 && !__builtin_mul_overflow(hidden, 2 * width, &n) &&
+               !__builtin_mul_overflow(n, copies, &n);
+    };
+    SCMOE_CHECK(weight_fits(ffn, num_experts), "MoeConfig.ffn = " << ffn << " with hidden = " << hidden << " and "
+                                                                  << num_experts
+                                                                  << " experts: the expert weights' size overflows");
+    SCMOE_CHECK(weight_fits(shared_ffn, 1), "MoeConfig.shared_ffn = " << shared_ffn << " with hidden = " << hidden
+                                                                      << ": the shared expert's weights' size overflows");
     SCMOE_CHECK(!coefficient_gate || shared_expert,
                 "MoeConfig.coefficient_gate = true: CG-1 gates the shared expert, so shared_expert must be true");
     SCMOE_CHECK(std::isfinite(noise_std) && noise_std >= 0.0f, "MoeConfig.noise_std = " << noise_std << ": must be >= 0");

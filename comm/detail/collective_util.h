@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -26,7 +27,8 @@ std::size_t checked_bytes(std::int64_t count, DType dtype, const char* what);
 // "5", "0.5": seconds as people write them.
 std::string format_seconds(double seconds);
 
-// "rank <rank>: <op> timed out after <t> s waiting for rank <peer> (SCMOE_COMM_TIMEOUT_S)".
-std::string timeout_message(int rank, CommOp op, double timeout_s, int peer);
+// "rank <rank>: <op> timed out after <t> s waiting for rank <peer> (SCMOE_COMM_TIMEOUT_S)";
+// with several peers (ascending, distinct) "... waiting for ranks <p>, <q> ...".
+std::string timeout_message(int rank, CommOp op, double timeout_s, const std::vector<int>& peers);
 
 }  // namespace scmoe::comm_detail

@@ -383,6 +383,18 @@ TEST(BlockStackErrors, BadShapesAndConfigs) {
     EXPECT_THROW(block_variant("top3", testing::small_backbone(), testing::small_moe()), Error);
 }
 
+// The block-count limit behind LmConfig's layer limit (tests/fuzz/config_fuzz found LmConfig::validate
+// allocating 12.8 GB for an absurd every-block-pos1 count; see LmConfig.AbsurdLayerCounts...).
+TEST(BlockStackErrors, AbsurdBlockCountsAreRefusedBeforeAllocating) {
+    BlockStackConfig config = testing::small_variant("scmoe-pos2");
+    config.blocks.resize((std::size_t{1} << 16) + 1, BlockSpec{});  // dense blocks: cheap to validate
+    ASSERT_THROW(config.validate(), Error);  // first: without the limit this one is accepted, cheaply
+    EXPECT_THROW(block_variant("every-block-pos1", testing::small_backbone(), testing::small_moe(), true,
+                               std::numeric_limits<int>::max()),
+                 Error);
+    EXPECT_NO_THROW(block_variant("every-block-pos1", testing::small_backbone(), testing::small_moe(), true, 1 << 16));
+}
+
 // Traces of one step on two ranks: every op on its stream's lane, the all-to-alls marked as
 // communication. One rank exchanges nothing: no all-to-all entries at all.
 std::vector<TraceEntry> traced_step(const BlockStackConfig& config, int ranks) {

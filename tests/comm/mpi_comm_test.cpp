@@ -202,6 +202,44 @@ int run_rank_exits(Communicator& comm, Stream& stream) {
     return 2;
 }
 
+// On sub-communicators ({0, 2} and {1, 3} of 4 ranks, as an expert-parallel split makes them):
+// world rank 3 completes one all_to_all_v, then leaves. World rank 1 (rank 0 of its group) must
+// fail naming MPI_COMM_WORLD's ranks, itself 1 and the peer 3, not the group's 0 and 1; its next
+// call must refuse as a CommError naming that first failure.
+int run_subgroup_rank_exits(Stream& stream) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    MPI_Comm half = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_rank, &half);
+    scmoe::MpiCommunicator comm(half);
+    MPI_Comm_free(&half);
+    check_all_to_all_v(comm, stream);
+    if (world_rank != 1) {
+        if (world_rank == 3) {
+            std::fflush(nullptr);
+            std::_Exit(0);
+        }
+        check_all_to_all_v(comm, stream);  // the other group carries on
+        return 0;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+        check_all_to_all_v(comm, stream);
+    } catch (const scmoe::CommError& e) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::printf("rank %d caught after %.1f s: %s\n", world_rank, s, e.what());
+        try {
+            check_all_to_all_v(comm, stream);
+        } catch (const scmoe::CommError& again) {
+            std::printf("then: CommError: %s\n", again.what());
+        }
+        std::fflush(nullptr);
+        return 1;
+    }
+    std::printf("rank %d: all_to_all_v with a departed peer did not fail with a CommError\n", world_rank);
+    return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -213,6 +251,10 @@ int main(int argc, char** argv) {
         auto device = scmoe::make_device("cpu");
         auto stream = device->create_stream();
         scmoe::MpiCommunicator comm(MPI_COMM_WORLD);
+        if (mode == "subgroup-rank-exits") {
+            rc = run_subgroup_rank_exits(*stream);
+            std::_Exit(rc);  // a peer is gone: MPI_Finalize could wait for it forever
+        }
         if (mode == "rank-exits") {
             rc = run_rank_exits(comm, *stream);
             // The peer is gone: MPI_Finalize could wait for it forever, so leave now.

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -281,4 +282,77 @@ TEST_F(DataTest, GeneratedFallbackCorpus) {
     for (char ch : text) EXPECT_TRUE(std::isalpha(static_cast<unsigned char>(ch)) || std::strchr(" ,.?\n", ch));
     // A second call reuses the file.
     EXPECT_EQ(scmoe::models::default_corpus((dir / "no_licenses_here").string(), dir.string()).paths, corpus.paths);
+}
+
+// Found by tests/fuzz/data_fuzz (corpus/data/regression-read-range-overflow.bin): ByteDataset::read
+// computed offset + count, which overflows for large arguments. The fuzzer's input was offset
+// -4374882000130015232, count -9217951078113326015 (the overflow was in the error message, UBSan);
+// a large count at a valid offset wrapped the sum negative, passed the range check and read past
+// the stream and the caller's buffer.
+TEST_F(DataTest, ReadRangeThatOverflowsIsRefused) {
+    const ByteDataset d({write_ramp("ten", 0, 10)});
+    std::vector<std::uint8_t> out(10);
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    EXPECT_THROW(d.read(-4374882000130015232, -9217951078113326015, out.data()), scmoe::Error);
+    EXPECT_THROW(d.read(2, kMax, out.data()), scmoe::Error);
+    EXPECT_THROW(d.read(kMax, 1, out.data()), scmoe::Error);
+    EXPECT_NE(error_of([&] { d.read(2, kMax, out.data()); }).find("outside the stream of 10 bytes"), std::string::npos);
+    d.read(2, 8, out.data());  // the last 8 bytes still read
+    EXPECT_EQ(out[0], 2);
+    EXPECT_EQ(out[7], 9);
+}
+
+// Found by tests/fuzz/data_fuzz (corpus/data/regression-permute-huge-n.bin): for n > 2^62 the search
+// for the Feistel domain shifted 1 by 64 bits (undefined; on x86 it never ended). Every n > 0 must
+// give an index in [0, n).
+TEST(DataPermutation, HandlesTheLargestDomains) {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    for (const std::int64_t n : {(std::int64_t{1} << 62) + 1, kMax - 1, kMax}) {
+        for (const std::int64_t i : {std::int64_t{0}, n / 2, n - 1}) {
+            for (const std::uint64_t key : {0ull, 0x5c3eull, ~0ull}) {
+                const std::int64_t p = scmoe::models::permute_index(i, n, key);
+                EXPECT_GE(p, 0) << "i " << i << " n " << n;
+                EXPECT_LT(p, n) << "i " << i << " n " << n;
+            }
+        }
+    }
+    EXPECT_THROW(scmoe::models::permute_index(0, 0, 1), scmoe::Error);
+    EXPECT_THROW(scmoe::models::permute_index(-1, kMax, 1), scmoe::Error);
+}
+
+// Found by tests/fuzz/data_fuzz (corpus/data/regression-eval-read-range-overflow.bin): EvalWindows::read
+// computed first + count (UBSan: -6908486506036322272 + -6908428033697243104 in the range message);
+// a large count from a valid first window wrapped negative, passed the check and read past the
+// caller's buffers. num_batches rounded up with batch - 1 added, overflowing for the largest batches.
+TEST_F(DataTest, EvalWindowRangesThatOverflowAreRefused) {
+    using scmoe::models::EvalWindows;
+    const EvalWindows windows(ByteDataset({write_ramp("eval", 0, 33)}), 8, 0, 0, 1);  // 4 windows
+    ASSERT_EQ(windows.stream_windows(), 4);
+    std::vector<std::int32_t> inputs(4 * 8), targets(4 * 8);
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    EXPECT_THROW(windows.read(-6908486506036322272, -6908428033697243104, inputs.data(), targets.data()),
+                 scmoe::Error);
+    EXPECT_THROW(windows.read(1, kMax, inputs.data(), targets.data()), scmoe::Error);
+    EXPECT_THROW(windows.read(kMax, 1, inputs.data(), targets.data()), scmoe::Error);
+    windows.read(1, 3, inputs.data(), targets.data());  // the last three windows still read
+    EXPECT_EQ(inputs[0], 8);
+    EXPECT_EQ(targets[3 * 8 - 1], 32);
+    EXPECT_EQ(windows.num_batches(kMax), 1);
+    EXPECT_EQ(windows.num_batches(3), 2);
+}
+
+// Found by tests/fuzz/data_fuzz (corpus/data/regression-seq-len-max.bin): the length checks computed
+// seq_len + 1, overflowing for the largest seq_len (UBSan: "9223372036854775807 + 1" in EvalWindows;
+// ByteBatcher had the same check). Unsanitized, the messages named the wrapped sum
+// -9223372036854775808, and whether the check held was up to the optimizer.
+TEST_F(DataTest, LargestSeqLenIsRefused) {
+    const std::string path = write_ramp("short", 0, 16);
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    const std::string e = error_of([&] { scmoe::models::EvalWindows w(ByteDataset({path}), kMax, 0, 0, 1); });
+    EXPECT_NE(e.find("is shorter than one window of seq + 1 = 9223372036854775807 + 1 bytes"), std::string::npos) << e;
+    const std::string batcher_error = error_of([&] { ByteBatcher b(ByteDataset({path}), make_config(1, kMax)); });
+    EXPECT_NE(batcher_error.find("shorter than one sequence of seq_len + 1 = 9223372036854775807 + 1 bytes"),
+              std::string::npos)
+        << batcher_error;  // not the wrapped sum -9223372036854775808
+    EXPECT_EQ(error_of([&] { ByteBatcher b(ByteDataset({path}), make_config(1, 15)); }), "(no error)");
 }

@@ -69,6 +69,41 @@ TEST(LmConfig, BadConfigsAreRejected) {
 
 // Loss (mean CE + router losses off) by finite differences against the analytic gradient, for
 // elements of every tensor of every group.
+// Found by tests/fuzz/config_fuzz (corpus/config/regression-layers-absurd.bin): LmConfig::validate
+// built the block list for any layer count, allocating 12.8 GB for every-block-pos1 with 1606201947
+// layers, and cut counts beyond int to their low bits (2^32 + 2 layers became 2 blocks).
+TEST(LmConfig, AbsurdLayerCountsAreRefusedBeforeAllocating) {
+    LmConfig c = lm_preset("tiny");
+    c.variant = "every-block-pos1";
+    c.layers = (std::int64_t{1} << 32) + 2;
+    ASSERT_THROW(c.validate(), Error);  // first: without the limit this one is accepted, cheaply
+    c.layers = 1606201947;
+    EXPECT_THROW(c.validate(), Error);
+    c.variant = "scmoe-pos2";
+    c.layers = std::int64_t{1} << 40;
+    EXPECT_THROW(c.validate(), Error);
+    c.layers = 1 << 16;  // the limit itself is accepted
+    EXPECT_NO_THROW(c.validate());
+    EXPECT_EQ(c.block_stack().blocks.size(), std::size_t{1} << 16);
+}
+
+// Found by tests/fuzz/checkpoint_fuzz (the config inside trainer_state.json): from_json read integers
+// with nlohmann's get<T>(), undefined for a float beyond T's range and wrapping integers beyond it.
+TEST(LmConfig, FromJsonNeedsIntegersInRange) {
+    const std::string good = lm_preset("tiny").to_json();
+    EXPECT_EQ(LmConfig::from_json(good).to_json(), good);
+    auto with = [&](const std::string& key, const std::string& value) {
+        const std::size_t at = good.find("\"" + key + "\":");
+        const std::size_t begin = at + key.size() + 3, end = good.find_first_of(",}", begin);
+        return good.substr(0, begin) + value + good.substr(end);
+    };
+    EXPECT_THROW(LmConfig::from_json(with("layers", "1e300")), Error);
+    EXPECT_THROW(LmConfig::from_json(with("hidden", "128.5")), Error);
+    EXPECT_THROW(LmConfig::from_json(with("experts", "4294967304")), Error);  // 2^32 + 8: was read as 8
+    EXPECT_THROW(LmConfig::from_json(with("noise_seed", "-1")), Error);
+    EXPECT_EQ(LmConfig::from_json(with("layers", "6")).layers, 6);
+}
+
 TEST(LmGradcheck, EveryGroupAgainstFiniteDifferences) {
     LmConfig c = small_lm("scmoe-pos2");
     c.moe.dispatch = DispatchMode::kDropless;  // no capacity cliffs

@@ -416,5 +416,24 @@ TEST_F(SafetensorsTest, BadIndexIsRefused) {
     EXPECT_NE(error_of("[]").find("not a JSON object"), std::string::npos);
 }
 
+// Found by tests/fuzz/checkpoint_fuzz (corpus/checkpoint/regression-number-overflow-1e700.json): a
+// number too large for a double (1e700) makes nlohmann's parser throw out_of_range, not parse_error,
+// and the readers caught only parse_error, so it escaped as a non-scmoe exception (std::terminate
+// in the fuzzer). The safetensors header had the same gap.
+TEST_F(SafetensorsTest, NumberOverflowInJsonIsRefused) {
+    const std::string index_text = R"({"metadata": {"total_size": 1e700}, "weight_map": {"w": "a.safetensors"}})";
+    put_bytes(path("i.json"), {index_text.begin(), index_text.end()});
+    try {
+        read_safetensors_index(path("i.json"));
+        ADD_FAILURE() << "read an index with a number beyond a double";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("corrupted safetensors index: not valid JSON"), std::string::npos)
+            << e.what();
+    }
+    const std::string p = path("overflow.safetensors");
+    put_raw(p, R"({"w":{"dtype":"F32","shape":[1e700],"data_offsets":[0,4]}})", 4);
+    expect_corrupted(p, "the header is not valid JSON");
+}
+
 }  // namespace
 }  // namespace scmoe

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "comm/local_communicator.h"
+#include "models/checkpoint.h"
 #include "moe/moe_layer.h"
 #include "moe/trace.h"
 #include "rendezvous_util.h"
@@ -369,6 +370,47 @@ TEST(Trainer, CorruptedCheckpointIsRefusedAndThePreviousOneStillLoads) {
         EXPECT_EQ(t.step().loss, loss_after_2[static_cast<std::size_t>(rank)]);
     });
     fs::remove_all(dir);
+}
+
+// Found by tests/fuzz/checkpoint_fuzz (corpus/checkpoint/regression-*.json): trainer_state.json and
+// rank-NNNNN.json integers were read with nlohmann's get<T>(), which converts a float beyond T's range
+// with undefined behaviour (UBSan: "1e+300 is outside the range of representable values of type
+// 'long'") and wraps an integer beyond it ("world": 4294967298 read as 2, matching a world of 2).
+TEST(Checkpoint, StateAndRankFilesNeedIntegersInRange) {
+    const std::string state_head = R"({"format": "scmoe-checkpoint-v1", )";
+    const std::string config = R"("config": {"vocab": 256})";
+    auto state_error = [&](const std::string& fields) {
+        try {
+            parse_checkpoint_state(state_head + fields + ", " + config + "}", "ck/step-00000002");
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("(no error)");
+    };
+    const CheckpointState ok = parse_checkpoint_state(state_head + R"("step": 2, "world": 2, "ep": 2, )" + config + "}",
+                                                      "ck/step-00000002");
+    EXPECT_EQ(ok.step, 2);
+    EXPECT_EQ(ok.world, 2);
+    EXPECT_EQ(ok.config, R"({"vocab":256})");
+    for (const char* fields : {R"("step": 1e300, "world": 2, "ep": 2)", R"("step": 2.5, "world": 2, "ep": 2)",
+                               R"("step": 2, "world": 4294967298, "ep": 2)", R"("step": 2, "world": 2, "ep": -1e19)"}) {
+        const std::string e = state_error(fields);
+        EXPECT_NE(e.find("ck/step-00000002/trainer_state.json: corrupted checkpoint state"), std::string::npos)
+            << fields << ": " << e;
+    }
+    const std::string rank_head = R"({"rank": 0, "step": 2, "data": {"seed": 1234, "epoch": 0, )";
+    const ByteBatcherState data =
+        parse_checkpoint_rank_state(rank_head + R"("position": 4, "num_windows": 8613}})", "ck/rank-00000.json");
+    EXPECT_EQ(data.seed, 1234u);
+    EXPECT_EQ(data.position, 4);
+    EXPECT_EQ(data.num_windows, 8613);
+    for (const char* fields : {R"("position": 1e300, "num_windows": 8613}})", R"("position": 4, "num_windows": -9e18}})",
+                               R"("position": 4, "num_windows": 9223372036854775808}})"}) {
+        EXPECT_THROW(parse_checkpoint_rank_state(rank_head + fields, "ck/rank-00000.json"), Error) << fields;
+    }
+    EXPECT_THROW(parse_checkpoint_rank_state(R"({"data": {"seed": -1, "epoch": 0, "position": 4, "num_windows": 8}})",
+                                             "ck/rank-00000.json"),
+                 Error);
 }
 
 TEST(Trainer, BadDataIsAClearError) {

@@ -66,6 +66,27 @@ TEST(MoeConfigValidate, NamesTheField) {
     expect_error([] { parse_activation("relu"); }, "MoeConfig.activation");
 }
 
+// Found by tests/fuzz/config_fuzz (corpus/config/regression-expert-width-overflow.bin): validate()
+// accepted any positive ffn, so expert_inner_width() (2 x ffn for SwiGLU) overflowed (UBSan:
+// "2 * 7710463101583943477"), as did the weights' sizes derived from it.
+TEST(MoeConfigValidate, WeightSizesThatOverflowAreRefused) {
+    constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+    MoeConfig c = valid_config();
+    c.ffn = 7710463101583943477;
+    expect_error([&] { c.validate(); }, "MoeConfig.ffn");
+    c.activation = Activation::kGeLU;  // inner width ffn: still, hidden x ffn overflows
+    expect_error([&] { c.validate(); }, "MoeConfig.ffn");
+    c = valid_config();
+    c.hidden = kMax / 64;  // hidden x 2F fits; only the 4 experts' copies overflow
+    expect_error([&] { c.validate(); }, "MoeConfig.ffn");
+    c = valid_config();
+    c.shared_expert = true;
+    c.shared_ffn = kMax / 4;
+    expect_error([&] { c.validate(); }, "MoeConfig.shared_ffn");
+    c.shared_ffn = 1 << 20;
+    EXPECT_NO_THROW(c.validate());
+}
+
 TEST(MoeConfigHash, DiffersWhenAFieldDiffers) {
     MoeConfig a = valid_config(), b = valid_config();
     EXPECT_EQ(a.hash(), b.hash());

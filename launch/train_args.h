@@ -1,0 +1,50 @@
+// scmoe-train's command line: the flags (cxxopts), their checks, and what they ask for. Split from
+// train_main.cpp so the parser can be tested and fuzzed (tests/fuzz/train_args_fuzz.cpp) without
+// running a trainer.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/emulated_link.h"
+#include "launch/emu_choice.h"
+#include "launch/train_comms.h"
+#include "models/trainer.h"
+
+namespace scmoe::launch {
+
+// A bad command line: scmoe-train prints it with a pointer to --help and exits 2.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// What the command line asks for.
+struct Args {
+    models::TrainConfig train;
+    std::vector<std::string> variants;
+    int ranks = 1, ep = 0;  // ep 0: = world
+    bool mpi = false;
+    std::string backend = "auto";
+    EmuChoice emu;  // --backend emu only
+    std::optional<int> device;
+    std::optional<LinkModel> link;
+    LinkScope link_scope = LinkScope::kExpertParallel;
+    std::string metrics, trace, checkpoint_dir, resume;
+    std::int64_t checkpoint_every = 0, stop_at = 0, log_every = 0;
+    int keep = 2;
+    std::int64_t eval_every = 0;  // 0: only after the last step
+    bool eval_only = false;
+    int infer_passes = 0;  // 0: no inference timing
+    int chunks = 0;        // the a2a / expert pipeline's pieces: 0 = auto
+    bool quiet = false;
+    double peak_tflops = 0;
+};
+
+// Parses scmoe-train's arguments (argv[0] is the program name). Throws UsageError for a bad command
+// line. --help (-h) prints the help and calls std::exit(0).
+Args parse(int argc, const char* const* argv);
+
+}  // namespace scmoe::launch
