@@ -355,7 +355,16 @@ class Scenario:
             inner = re.match(r"(?:scmoe: )?rank (\d+):", msg)
             if inner and int(inner.group(1)) != rank:
                 fail(f"world rank {rank}'s message names itself rank {inner.group(1)} (a subgroup's numbering?): {msg}")
-        if not msgs:
+        if not msgs and kind == "kill":
+            # A rank killed by a signal: Open MPI ends the job within about a second, before any
+            # collective of the survivors can time out, so no scmoe message can come. What scmoe
+            # adds is launch/mpirun.sh's line naming the dead rank (from Open MPI's report).
+            if not re.search(rf"mpirun\.sh: a rank died before any rank reported an error; Open MPI ended the job: "
+                             rf"process rank {victim_rank} ", text):
+                fail("a killed rank: no mpirun.sh line naming it: " + open_mpi_line(text))
+            else:
+                res["message"] += "; mpirun.sh names rank " + str(victim_rank)
+        elif not msgs:
             fail("no `scmoe-train: rank R:` message")
         else:
             if not any(op for _, op, _ in named):
