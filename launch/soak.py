@@ -230,9 +230,13 @@ def main(argv):
     with open(log_path, "w") as log, open(samples_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         state = {"offset": 0, "step": 0}
-        # Sample at every --every steps and at the last step; the last step's sample is taken while it
-        # runs (when the metrics show the step before it), since once it is written the process tears down.
-        targets = sorted({min(t, args.steps - 1) for t in list(range(args.every, args.steps + 1, args.every)) +
+        # Sample at every --every steps and near the end. Steps are numbered from 1. Once the metrics show
+        # step steps - 1, rank 0 may have begun the last step, and after that step's last collective the
+        # other ranks tear down (threads end, files close) while rank 0 still writes its line. So the last
+        # sample is taken at step steps - 2, and a sample is kept only when the metrics still show at most
+        # step steps - 2 after /proc was read: then no rank can have finished the last step.
+        end_step = max(1, args.steps - 2)
+        targets = sorted({min(t, end_step) for t in list(range(args.every, args.steps + 1, args.every)) +
                           [args.steps]})
         targets = [t for t in targets if t > 0]
         next_index = 0
@@ -240,15 +244,19 @@ def main(argv):
             while True:
                 done = proc.poll() is not None
                 step = last_step(metrics, state)
-                # Once the metrics show the last step the ranks are tearing down: no sample then.
-                if next_index < len(targets) and targets[next_index] <= step < args.steps and not done:
+                if next_index < len(targets) and targets[next_index] <= step <= end_step and not done:
                     pids = rank_processes(proc, args, exe)
                     expected = 1 if args.mpi is None else args.mpi
                     if len(pids) < expected:
                         print(f"# step {step}: found {len(pids)} of {expected} rank processes", flush=True)
+                    read = [(label, pid, read_status(pid)) for label, pid in sorted(pids.items())]
+                    if last_step(metrics, state) > end_step:
+                        # The run reached its last step while /proc was read: the numbers may show teardown.
+                        print(f"# step {step}: sample dropped, the run reached its last step meanwhile", flush=True)
+                        next_index = len(targets)
+                        continue
                     parts = []
-                    for label, pid in sorted(pids.items()):
-                        got = read_status(pid)
+                    for label, pid, got in read:
                         if got is None:
                             continue
                         s = {"step": step, "process": label, "pid": pid, "rss_kib": got[0], "threads": got[1],
