@@ -70,19 +70,32 @@ void LocalGroup::Rendezvous::raise(int rank, CommOp op, std::uint64_t seq, const
 }
 
 void LocalGroup::Rendezvous::wait(std::unique_lock<std::mutex>& lock, Op& o, int rank, CommOp op, std::uint64_t seq,
-                                  const std::function<bool()>& done, const std::function<bool(int)>& pending) {
+                                  const std::function<bool()>& done, const std::function<bool(int)>& pending,
+                                  bool until_done) {
     const auto deadline = Clock::now() + to_duration(timeout_s);
-    while (o.failure.empty() && !done()) {
+    while ((until_done || o.failure.empty()) && !done()) {
         if (cv.wait_until(lock, deadline) != std::cv_status::timeout) continue;
-        if (!o.failure.empty() || done()) break;
+        if ((!until_done && !o.failure.empty()) || done()) break;
         std::vector<int> peers;
         for (int peer = 0; peer < size; ++peer)
             if (pending(peer)) peers.push_back(peer);
-        o.failure = comm_detail::timeout_message(rank, op, timeout_s, peers);
+        const std::string message = comm_detail::timeout_message(rank, op, timeout_s, peers);
+        if (o.failure.empty()) o.failure = message;
         cv.notify_all();
-        SCMOE_COMM_FAIL(o.failure);
+        SCMOE_COMM_FAIL(message);
     }
     if (!o.failure.empty()) raise(rank, op, seq, o.failure);
+}
+
+void LocalGroup::Rendezvous::abandon(int rank, const std::string& why) {
+    std::scoped_lock lock(mu);
+    if (!abandoned.empty()) return;
+    abandoned = "rank " + std::to_string(rank) + " left the group: " + why;
+    // Operations every rank has joined run to the end (their bodies only copy); the others can
+    // never complete.
+    for (auto& [seq, op] : ops)
+        if (!op->started && op->failure.empty()) op->failure = abandoned;
+    cv.notify_all();
 }
 
 void LocalGroup::Rendezvous::run(int rank, std::uint64_t seq, Call call,
@@ -102,7 +115,9 @@ void LocalGroup::Rendezvous::run(int rank, std::uint64_t seq, Call call,
         Op& o = *op;
         const auto r = static_cast<std::size_t>(rank);
         if (o.failure.empty()) {
-            if (!call.invalid.empty()) {
+            if (!abandoned.empty()) {
+                o.failure = abandoned;
+            } else if (!call.invalid.empty()) {
                 o.failure = "rank " + std::to_string(rank) + " passed " + call.invalid;
             } else if (!call.error.empty()) {
                 o.failure = "rank " + std::to_string(rank) + ": " + call.error;
@@ -120,29 +135,43 @@ void LocalGroup::Rendezvous::run(int rank, std::uint64_t seq, Call call,
         }
         o.calls[r] = std::move(call);
         o.joined[r] = true;
-        ++o.num_joined;
+        if (++o.num_joined == size && o.failure.empty()) o.started = true;
         cv.notify_all();
-        wait(
-            lock, o, rank, kind, seq, [&] { return o.num_joined == size; },
-            [&](int q) { return !o.joined[static_cast<std::size_t>(q)]; });
+        try {
+            wait(
+                lock, o, rank, kind, seq, [&] { return o.started; },
+                [&](int q) { return !o.joined[static_cast<std::size_t>(q)]; }, false);
+        } catch (const CommError&) {
+            // Failed before it started: no rank ran, or will run, a body. A failure after (a peer's
+            // body threw) still needs the barrier below before this rank leaves.
+            if (!o.started) throw;
+        }
     }
-    // Every rank has joined and agreed; calls no longer change, so the body reads them unlocked.
-    try {
-        body(op->calls);
-    } catch (const std::exception& e) {
+    // Every rank has joined, agreeing; calls no longer change, so the body reads them unlocked. A rank leaves
+    // only once every rank is out of its body, even when the operation failed: a peer's body may
+    // still be reading this rank's buffers, which it frees or overwrites once the call returns.
+    std::string body_error;
+    bool run_body;
+    {
         std::scoped_lock lock(mu);
-        if (op->failure.empty()) op->failure = "rank " + std::to_string(rank) + ": " + e.what();
-        cv.notify_all();
-        throw;
+        run_body = op->failure.empty();
+    }
+    if (run_body) {
+        try {
+            body(op->calls);
+        } catch (const std::exception& e) {
+            body_error = e.what();
+        }
     }
     std::unique_lock lock(mu);
     Op& o = *op;
+    if (!body_error.empty() && o.failure.empty()) o.failure = "rank " + std::to_string(rank) + ": " + body_error;
     o.finished[static_cast<std::size_t>(rank)] = true;
     if (++o.num_finished == size) ops.erase(seq);
     cv.notify_all();
     wait(
         lock, o, rank, kind, seq, [&] { return o.num_finished == size; },
-        [&](int q) { return !o.finished[static_cast<std::size_t>(q)]; });
+        [&](int q) { return !o.finished[static_cast<std::size_t>(q)]; }, true);
 }
 
 LocalGroup::LocalGroup(int size, double timeout_s)
@@ -155,6 +184,11 @@ LocalGroup::LocalGroup(int size, double timeout_s)
 }
 
 LocalGroup::~LocalGroup() = default;
+
+void LocalGroup::abandon(int rank, const std::string& why) {
+    SCMOE_CHECK(rank >= 0 && rank < size_, "LocalGroup::abandon: rank " << rank << " is outside the group of " << size_);
+    rendezvous_->abandon(rank, why);
+}
 
 std::shared_ptr<LocalGroup> LocalGroup::create(int size, double timeout_s) {
     SCMOE_CHECK(size >= 1, "LocalGroup size " << size << " must be at least 1");

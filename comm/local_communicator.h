@@ -71,6 +71,13 @@ class LocalGroup : public std::enable_shared_from_this<LocalGroup> {
     // keeps the group alive.
     std::unique_ptr<Communicator> communicator(int rank);
 
+    // Rank `rank` of this group will make no further calls: its thread failed with `why` (e.g. a
+    // host-side error mid-step while its peers' streams are inside collectives). Every collective
+    // that not all ranks have joined fails at once on every rank, naming `rank` and `why`, instead
+    // of waiting out the timeout; collectives every rank has joined still complete. The first call
+    // wins; later ones do nothing.
+    void abandon(int rank, const std::string& why);
+
     // The rendezvous state (comm/local_communicator.cpp).
     struct Rendezvous;
     Rendezvous& rendezvous() { return *rendezvous_; }

@@ -70,8 +70,18 @@ RankComms LocalTrainGroups::rank_comms(int rank) {
     return r;
 }
 
+void LocalTrainGroups::abandon(int rank, const std::string& why) {
+    const models::ParallelLayout l{world_, rank, ep_};
+    l.validate();
+    if (!world_group_) return;  // emulated groups: the ranks fail at their next collective's timeout
+    world_group_->abandon(rank, why);
+    ep_groups_[static_cast<std::size_t>(l.ep_group())]->abandon(l.ep_rank(), why);
+    expert_dp_groups_[static_cast<std::size_t>(l.ep_rank())]->abandon(l.ep_group(), why);
+}
+
 void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<void(int, const RankComms&)>& fn) {
     std::vector<std::string> errors(static_cast<std::size_t>(world));
+    std::vector<bool> comm_error(static_cast<std::size_t>(world), false);
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
         threads.emplace_back([&, r] {
@@ -80,13 +90,20 @@ void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<vo
                 fn(r, comms);
             } catch (const std::exception& e) {
                 errors[static_cast<std::size_t>(r)] = e.what();
+                comm_error[static_cast<std::size_t>(r)] = dynamic_cast<const CommError*>(&e) != nullptr;
+                groups.abandon(r, e.what());
             }
         });
     }
     for (auto& t : threads) t.join();
-    for (int r = 0; r < world; ++r)
-        if (!errors[static_cast<std::size_t>(r)].empty())
-            throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
+    // The cause: the lowest rank that failed on its own, else the lowest failed rank.
+    int cause = -1;
+    for (int r = world - 1; r >= 0; --r) {
+        const auto i = static_cast<std::size_t>(r);
+        if (!errors[i].empty() && (cause < 0 || !comm_error[i] || comm_error[static_cast<std::size_t>(cause)]))
+            cause = r;
+    }
+    if (cause >= 0) throw Error("rank " + std::to_string(cause) + ": " + errors[static_cast<std::size_t>(cause)]);
 }
 
 #if SCMOE_WITH_MPI

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/emulated_link.h"
@@ -39,6 +40,10 @@ class LocalTrainGroups {
     LocalTrainGroups(int world, int ep, std::optional<LinkModel> link, LinkScope scope = LinkScope::kExpertParallel);
     LocalTrainGroups(int world, int ep, const Topology& topology);
     RankComms rank_comms(int rank);
+    // Rank `rank` will make no further calls (it failed with `why`): the collectives of its groups
+    // that it has not joined fail at once on its peers (LocalGroup::abandon) instead of after the
+    // timeout. Emulated groups are left to their timeout.
+    void abandon(int rank, const std::string& why);
 
   private:
     int world_, ep_;
@@ -51,8 +56,10 @@ class LocalTrainGroups {
 };
 
 // Runs fn(rank, comms) for every rank of `groups` on its own thread; after joining them all, throws
-// scmoe::Error "rank r: ..." with the lowest failed rank's error. (A failed rank's peers fail too,
-// at the latest after SCMOE_COMM_TIMEOUT_S, when they wait for it in a collective.)
+// scmoe::Error "rank r: ..." with the error of the lowest rank that failed other than by a
+// CommError (the cause), else of the lowest failed rank. A rank that throws abandons its groups, so
+// its peers' collectives fail at once rather than after SCMOE_COMM_TIMEOUT_S; fn should call
+// groups.abandon itself before unwinding anything whose destructor waits for its streams.
 void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<void(int, const RankComms&)>& fn);
 
 #if SCMOE_WITH_MPI

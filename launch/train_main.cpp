@@ -7,7 +7,7 @@
 //
 // Exit status: 0 ok, 2 bad command line, 3 runtime error (a rank's error is printed with its rank).
 // Under mpirun a rank's error ends the job with MPI_Abort. SCMOE_FAULT_GRAD injects a non-finite
-// gradient (testing; grad_fault_from_env below).
+// gradient, SCMOE_FAULT_THROW a host-side error mid-step (testing; fault_from_env below).
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <cxxopts.hpp>
 #include <fstream>
 #include <functional>
@@ -51,22 +52,30 @@ namespace {
 
 constexpr int kExitUsage = 2, kExitError = 3;
 
-// SCMOE_FAULT_GRAD=STEP:RANK (testing, models::GradFault): rank RANK's gradients at step STEP
-// overflow to non-finite values; every rank must then stop at STEP with the same error and no
-// checkpoint of that step is written. Unset: no fault.
-std::optional<models::GradFault> grad_fault_from_env() {
-    const char* text = std::getenv("SCMOE_FAULT_GRAD");
-    if (text == nullptr || *text == 0) return std::nullopt;
-    long long step = 0;
-    int rank = -1, used = 0;
-    if (std::sscanf(text, "%lld:%d%n", &step, &rank, &used) != 2 || text[used] != 0 || step < 1 || rank < 0)
-        throw UsageError(std::string("SCMOE_FAULT_GRAD='") + text + "': expected STEP:RANK (step >= 1, rank >= 0)");
-    return models::GradFault{step, rank};
+// SCMOE_FAULT_GRAD=STEP:RANK and SCMOE_FAULT_THROW=STEP:RANK (testing, models::StepFault): rank
+// RANK's gradients at step STEP overflow to non-finite values (every rank must then stop at STEP
+// with the same error, and no checkpoint of that step is written), or rank RANK throws on the host
+// mid-step (every rank must end, none hang). Unset: no fault; both set: a usage error.
+std::optional<models::StepFault> fault_from_env() {
+    std::optional<models::StepFault> fault;
+    for (const auto& [name, kind] : {std::pair{"SCMOE_FAULT_GRAD", models::StepFault::Kind::kGradient},
+                                     std::pair{"SCMOE_FAULT_THROW", models::StepFault::Kind::kHostError}}) {
+        const char* text = std::getenv(name);
+        if (text == nullptr || *text == 0) continue;
+        long long step = 0;
+        int rank = -1, used = 0;
+        if (std::sscanf(text, "%lld:%d%n", &step, &rank, &used) != 2 || text[used] != 0 || step < 1 || rank < 0)
+            throw UsageError(std::string(name) + "='" + text + "': expected STEP:RANK (step >= 1, rank >= 0)");
+        if (fault) throw UsageError("SCMOE_FAULT_GRAD and SCMOE_FAULT_THROW are both set: inject one fault at a time");
+        fault = models::StepFault{kind, step, rank};
+    }
+    return fault;
 }
 
 // What a rank does with the error that ends its run, called while its trainer, and the streams
-// that may still be inside a collective, are alive: under mpirun it reports the error and aborts
-// the job at once (unwinding first would wait for those streams, up to another comm timeout).
+// that may still be inside a collective, are alive (unwinding first would wait for those streams,
+// up to another comm timeout): under mpirun it reports the error and aborts the job at once; an
+// in-process rank abandons its groups, so that the collectives nobody will complete fail at once.
 using FatalHandler = std::function<void(const std::exception&)>;
 
 // Trains one variant on this rank with `trainer`; rank 0 prints and writes the metrics.
@@ -240,8 +249,11 @@ int run_in_process(const Args& args) {
         run_local_ranks(*groups, world, [&](int r, const RankComms& comms) {
             const LocalRank local = local_rank(args.device);
             std::unique_ptr<Device> device = make_train_device(args, local.value);
+            // A rank that fails abandons its groups before its trainer unwinds: the peers' collectives
+            // fail at once, and so do its own streams' collectives that the peers will never join.
+            const FatalHandler leave = [&groups, r](const std::exception& e) { groups->abandon(r, e.what()); };
             results[static_cast<std::size_t>(r)] = run_variant(args, variant, variant == args.variants.front(), *device,
-                                                               {world, r, ep}, comms.comms(), print_mutex);
+                                                               {world, r, ep}, comms.comms(), print_mutex, leave);
             if (emulated) memory[static_cast<std::size_t>(r)] = emu::as_emu(*device).memory();
         });
         if (emulated && !args.quiet) {
@@ -322,7 +334,7 @@ int main(int argc, char** argv) {
     Args args;
     try {
         args = parse(argc, argv);
-        args.train.grad_fault = grad_fault_from_env();
+        args.train.fault = fault_from_env();
     } catch (const UsageError& e) {
         std::cerr << "scmoe-train: " << e.what() << "\n(scmoe-train --help lists the options)" << std::endl;
         return kExitUsage;

@@ -27,11 +27,10 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
     SCMOE_CHECK(config_.model.moe.num_experts % layout_.ep == 0,
                 "experts = " << config_.model.moe.num_experts << " is not divisible by ep = " << layout_.ep);
     config_.adamw.schedule.total_steps = config_.steps;
-    if (config_.grad_fault)
-        SCMOE_CHECK(config_.grad_fault->rank >= 0 && config_.grad_fault->rank < layout_.world &&
-                        config_.grad_fault->step >= 1,
-                    "grad_fault: step " << config_.grad_fault->step << ", rank " << config_.grad_fault->rank
-                                        << ": expected a step >= 1 and a rank of the world");
+    if (config_.fault)
+        SCMOE_CHECK(config_.fault->rank >= 0 && config_.fault->rank < layout_.world && config_.fault->step >= 1,
+                    "fault: step " << config_.fault->step << ", rank " << config_.fault->rank
+                                   << ": expected a step >= 1 and a rank of the world");
 
     std::optional<DefaultCorpus> corpus;
     std::vector<std::string> paths = config_.data;
@@ -149,13 +148,18 @@ StepMetrics Trainer::step() {
     if (!trace_) step_trace_->clear();
     const std::size_t first_entry = trace.entries().size();
     model_->set_noise_key(static_cast<std::uint64_t>(steps_done_), static_cast<std::uint64_t>(layout_.rank));
-    const GradFault* fault = config_.grad_fault ? &*config_.grad_fault : nullptr;
-    const bool inject = fault && fault->step == steps_done_ + 1 && fault->rank == layout_.rank;
-    const float grad_scale = inject ? std::numeric_limits<float>::max() : 1.0f / static_cast<float>(tokens);
+    const StepFault* fault =
+        config_.fault && config_.fault->step == steps_done_ + 1 && config_.fault->rank == layout_.rank ? &*config_.fault
+                                                                                                       : nullptr;
+    const bool overflow = fault && fault->kind == StepFault::Kind::kGradient;
+    const float grad_scale = overflow ? std::numeric_limits<float>::max() : 1.0f / static_cast<float>(tokens);
     model_->forward_backward(batch.inputs.data(), batch.targets.data(), tokens, grad_scale,
                              config_.overlap, &trace,
                              overlap_reduce ? reducer_->grads_ready(&trace) : LanguageModel::GradsReadyFn{});
     Stream& s = model_->stream();
+    if (fault && fault->kind == StepFault::Kind::kHostError)
+        SCMOE_FAIL("step " << steps_done_ + 1 << ": injected host error on rank " << layout_.rank
+                           << " (StepFault), its step's work still in flight");
     if (overlap_reduce)
         reducer_->finish();
     else

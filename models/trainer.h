@@ -35,13 +35,19 @@ class Tracer;
 
 namespace scmoe::models {
 
-// A numerical fault to inject (testing): at step `step` (1-based), rank `rank`'s backward runs
-// with a loss gradient scale of FLT_MAX instead of 1/tokens, so its gradients overflow to Inf (and
-// NaN where infinities meet) before the reduction, as a loss scale set too high makes them. The
-// loss stays finite. What follows is the trainer's answer to any non-finite gradient: the
-// reduction carries it to every rank, every rank stops at that step with the same error, before
-// any update, and no checkpoint of that step is written.
-struct GradFault {
+// A fault to inject (testing) at step `step` (1-based) on rank `rank`:
+// - kGradient: the rank's backward runs with a loss gradient scale of FLT_MAX instead of 1/tokens,
+//   so its gradients overflow to Inf (and NaN where infinities meet) before the reduction, as a
+//   loss scale set too high makes them. The loss stays finite. What follows is the trainer's answer
+//   to any non-finite gradient: the reduction carries it to every rank, every rank stops at that
+//   step with the same error, before any update, and no checkpoint of that step is written.
+// - kHostError: step() throws scmoe::Error on that rank right after it enqueued the step's forward
+//   and backward, while its streams (and its peers') are still inside the step's collectives: a
+//   host-side failure mid-step. The rank's trainer must unwind safely while its streams still work,
+//   and its peers must fail (at once when the launcher abandons the rank's groups) instead of hanging.
+struct StepFault {
+    enum class Kind { kGradient, kHostError };
+    Kind kind = Kind::kGradient;
     std::int64_t step = 0;
     int rank = 0;
 };
@@ -63,7 +69,7 @@ struct TrainConfig {
     // (only without `data`); empty: no evaluation.
     std::vector<std::string> eval_data;
     std::int64_t eval_batches = 64;  // caps the windows at eval_batches x batch x world; <= 0: all
-    std::optional<GradFault> grad_fault;  // testing only (scmoe-train: SCMOE_FAULT_GRAD)
+    std::optional<StepFault> fault;  // testing only (scmoe-train: SCMOE_FAULT_GRAD, SCMOE_FAULT_THROW)
 };
 
 // TrainConfig::eval_data = {kDefaultHeldOut}: the held-out split of default_corpus().

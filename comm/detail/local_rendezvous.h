@@ -66,17 +66,20 @@ inline std::string check_count(std::int64_t count, const std::string& what) {
 
 // NOTES: one Op per sequence number. A rank joins (records its Call), waits until all ranks have
 // joined, runs its body (reads peers' inputs, writes its own outputs), then waits until all ranks
-// have finished their bodies, so no rank frees or overwrites an input a peer still reads. The
-// first failure (mismatch, bad argument, a rank's own error, timeout, a body that threw) is stored
-// in the Op and every rank still in it, or arriving later, raises it: no rank waits on a dead
-// operation. The host path runs it from the stream's work; the CUDA path from the calling thread,
-// where the bodies only enqueue.
+// are out of their bodies, so no rank frees or overwrites an input a peer still reads. The first
+// failure (mismatch, bad argument, a rank's own error, timeout, a body that threw, the group
+// abandoned) is stored in the Op and every rank still in it, or arriving later, raises it: no rank
+// waits on a dead operation. A failure before every rank joined is raised at once (no body ran or
+// will run); once all have joined, even a failed operation is left only after every rank is out of
+// its body (a rank whose body threw included). The host path runs it from the stream's work; the
+// CUDA path from the calling thread, where the bodies only enqueue.
 struct LocalGroup::Rendezvous {
     using Call = local_detail::Call;
     struct Op {
         std::vector<Call> calls;
         std::vector<bool> joined, finished;
         int num_joined = 0, num_finished = 0;
+        bool started = false;  // every rank joined and none found a failure: the bodies run
         std::string failure;
     };
 
@@ -85,17 +88,23 @@ struct LocalGroup::Rendezvous {
     std::mutex mu;
     std::condition_variable cv;
     std::map<std::uint64_t, std::shared_ptr<Op>> ops;
+    std::string abandoned;  // set once by abandon(): fails every operation not yet joined by all
+
 
     // Joins collective `seq` with `call`, runs `body(calls of every rank)` once all have joined and
     // agree, and returns once every rank has finished its body. Throws Error on any failure.
     void run(int rank, std::uint64_t seq, Call call, const std::function<void(const std::vector<Call>&)>& body);
+    // Rank `rank` will make no further calls (its thread failed with `why`): every operation that
+    // not all ranks have joined, now or later, fails on every rank with that reason.
+    void abandon(int rank, const std::string& why);
 
   private:
     [[noreturn]] void raise(int rank, comm_detail::CommOp op, std::uint64_t seq, const std::string& failure);
-    // Waits until `done()` holds or the op failed; on timeout records and raises the timeout,
-    // naming the first rank for which `pending(q)` still holds.
+    // Waits until `done()` holds or (unless `until_done`) the op failed, then raises the op's
+    // failure if any; on timeout records and raises the timeout, naming the ranks for which
+    // `pending(q)` still holds.
     void wait(std::unique_lock<std::mutex>& lock, Op& o, int rank, comm_detail::CommOp op, std::uint64_t seq,
-              const std::function<bool()>& done, const std::function<bool(int)>& pending);
+              const std::function<bool()>& done, const std::function<bool(int)>& pending, bool until_done);
 };
 
 }  // namespace scmoe

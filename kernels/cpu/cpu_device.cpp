@@ -23,57 +23,70 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// NOTES: an Event is a generation counter. record() bumps `recorded_` on the host and enqueues a
-// task that raises `completed_` to that generation; a wait captures the generation at enqueue time,
+// NOTES: an Event is a generation counter. record() bumps `recorded` on the host and enqueues a
+// task that raises `completed` to that generation; a wait captures the generation at enqueue time,
 // so re-recording an event never releases an earlier waiter early or late. The record task runs
 // even on a stream that has failed (a skipped record would hang every waiter) and carries the
 // failure along: a stream that waits on it fails with the same error instead of computing on
-// inputs that were never written.
+// inputs that were never written. The state is shared by the Event and the record and wait tasks
+// enqueued on it: as cudaEventDestroy, destroying an Event whose record or wait is still queued is
+// safe (an exception unwinding a scope that owns events, e.g. a Tracer, while streams still work).
+struct EventState {
+    mutable std::mutex mu;
+    mutable std::condition_variable cv;
+    std::uint64_t recorded = 0;
+    std::uint64_t completed = 0;
+    Clock::time_point time{};
+    std::exception_ptr error;
+
+    void synchronize() const {
+        detail::count_host_sync();
+        std::unique_lock lock(mu);
+        std::uint64_t target = recorded;
+        cv.wait(lock, [&] { return completed >= target; });
+    }
+    // Blocks until `generation` is reached; rethrows the recording stream's failure, if any.
+    void wait_for(std::uint64_t generation) const {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return completed >= generation; });
+        if (error) std::rethrow_exception(error);
+    }
+    // Notifies under the lock: a waiter can see the new generation without being woken, return,
+    // and release the state, so the condition variable must not be touched after the unlock.
+    void complete(std::uint64_t generation, std::exception_ptr stream_error) {
+        std::scoped_lock lock(mu);
+        time = Clock::now();
+        if (completed < generation) {
+            completed = generation;
+            error = stream_error;
+        }
+        cv.notify_all();
+    }
+    std::uint64_t recorded_generation() const {
+        std::scoped_lock lock(mu);
+        return recorded;
+    }
+    std::uint64_t next_generation() {
+        std::scoped_lock lock(mu);
+        return ++recorded;
+    }
+};
+
 class CpuEvent final : public Event {
 public:
     void record(Stream& stream) override;
-    void synchronize() const override {
-        detail::count_host_sync();
-        std::unique_lock lock(mu_);
-        std::uint64_t target = recorded_;
-        cv_.wait(lock, [&] { return completed_ >= target; });
-    }
+    void synchronize() const override { state_->synchronize(); }
     float elapsed_ms_since(const Event& start) const override {
         const auto& s = dynamic_cast<const CpuEvent&>(start);
         synchronize();
         s.synchronize();
-        std::scoped_lock lock(mu_, s.mu_);
-        return std::chrono::duration<float, std::milli>(time_ - s.time_).count();
+        std::scoped_lock lock(state_->mu, s.state_->mu);
+        return std::chrono::duration<float, std::milli>(state_->time - s.state_->time).count();
     }
-    // Blocks until `generation` is reached; rethrows the recording stream's failure, if any.
-    void wait_for(std::uint64_t generation) const {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return completed_ >= generation; });
-        if (error_) std::rethrow_exception(error_);
-    }
-    // Notifies under the lock: a waiter can see the new generation without being woken, return,
-    // and destroy the event, so the condition variable must not be touched after the unlock.
-    void complete(std::uint64_t generation, std::exception_ptr stream_error) {
-        std::scoped_lock lock(mu_);
-        time_ = Clock::now();
-        if (completed_ < generation) {
-            completed_ = generation;
-            error_ = stream_error;
-        }
-        cv_.notify_all();
-    }
-    std::uint64_t recorded_generation() const {
-        std::scoped_lock lock(mu_);
-        return recorded_;
-    }
+    const std::shared_ptr<EventState>& state() const { return state_; }
 
 private:
-    mutable std::mutex mu_;
-    mutable std::condition_variable cv_;
-    std::uint64_t recorded_ = 0;
-    std::uint64_t completed_ = 0;
-    Clock::time_point time_{};
-    std::exception_ptr error_;
+    std::shared_ptr<EventState> state_ = std::make_shared<EventState>();
 };
 
 // NOTES: OpenBLAS's own thread pool is built for one caller at a time: GEMMs issued concurrently
@@ -159,7 +172,9 @@ public:
 
     void host_task(std::function<void()> fn) override { enqueue({std::move(fn), nullptr}); }
     // Completes the event in stream order, also after a failure (which it passes on).
-    void record_event(CpuEvent& event, std::uint64_t generation) { enqueue({nullptr, {&event, generation}}); }
+    void record_event(std::shared_ptr<EventState> event, std::uint64_t generation) {
+        enqueue({nullptr, {std::move(event), generation}});
+    }
     void synchronize() override {
         detail::count_host_sync();
         auto checks = take_sync_checks();
@@ -176,9 +191,9 @@ public:
         run_sync_checks(checks);
     }
     void wait(const Event& event) override {
-        const auto& e = dynamic_cast<const CpuEvent&>(event);
-        std::uint64_t generation = e.recorded_generation();
-        host_task([&e, generation] { e.wait_for(generation); });
+        std::shared_ptr<EventState> e = dynamic_cast<const CpuEvent&>(event).state();
+        const std::uint64_t generation = e->recorded_generation();
+        host_task([e = std::move(e), generation] { e->wait_for(generation); });
     }
     // Zero bytes is a no-op (memcpy/memset with a null pointer would be undefined even then).
     void copy(void* dst, const void* src, std::size_t bytes) override {
@@ -190,7 +205,7 @@ public:
 
 private:
     struct EventRecord {
-        CpuEvent* event = nullptr;
+        std::shared_ptr<EventState> event;
         std::uint64_t generation = 0;
     };
     struct Task {
@@ -258,12 +273,8 @@ private:
 };
 
 void CpuEvent::record(Stream& stream) {
-    std::uint64_t generation;
-    {
-        std::scoped_lock lock(mu_);
-        generation = ++recorded_;
-    }
-    dynamic_cast<CpuStream&>(stream).record_event(*this, generation);
+    const std::uint64_t generation = state_->next_generation();
+    dynamic_cast<CpuStream&>(stream).record_event(state_, generation);
 }
 
 class CpuDevice final : public Device {

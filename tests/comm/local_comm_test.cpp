@@ -103,24 +103,82 @@ TEST(LocalCommFourRanks, AllToAllVHandChecked) { check_all_to_all_v(4); }
 TEST(LocalCommFourRanks, AllToAllVKnownHandChecked) { check_all_to_all_v(4, true); }
 
 // Rank 0 is told it receives one element more from rank 1 than rank 1 sends: it fails naming both
-// counts before anything is written.
+// counts before anything is written. Every buffer is the rank's own local: a rank leaves the failed
+// collective only once its peers are done copying from it.
 TEST(LocalCommFourRanks, AllToAllVKnownMismatchIsNamed) {
     auto group = LocalGroup::create(4, 30.0);
-    std::vector<std::vector<float>> received(4, std::vector<float>(5, -1.0f));
-    // The send buffers outlive every rank: rank 0 leaves the failed collective while its peers may
-    // still copy from its buffer (LocalGroup::Rendezvous does not hold a failing rank back).
-    std::vector<std::vector<float>> send(4, std::vector<float>(4, 1.0f));
+    std::vector<float> received_by_0(5, -1.0f);
     auto errors = run_ranks(group, [&](Communicator& comm, Stream& stream) {
         std::vector<std::int64_t> counts(4, 1), expected(4, 1);
+        std::vector<float> send(4, 1.0f), received(5, -1.0f);
         if (comm.rank() == 0) expected[1] = 2;
-        const auto r = static_cast<std::size_t>(comm.rank());
-        comm.all_to_all_v_known(send[r].data(), counts.data(), received[r].data(), expected.data(), DType::kF32,
-                                stream);
-        stream.synchronize();
+        try {
+            comm.all_to_all_v_known(send.data(), counts.data(), received.data(), expected.data(), DType::kF32, stream);
+            stream.synchronize();
+        } catch (...) {
+            if (comm.rank() == 0) received_by_0 = received;
+            throw;
+        }
     });
     EXPECT_NE(errors[0].find("rank 1 sends 1 elements, this rank was told to receive 2"), std::string::npos)
         << errors[0];
-    EXPECT_EQ(received[0][0], -1.0f) << "rank 0 wrote before the check";
+    for (int r = 1; r < 4; ++r)
+        EXPECT_NE(errors[static_cast<std::size_t>(r)].find("failed: rank 0: "), std::string::npos)
+            << errors[static_cast<std::size_t>(r)];
+    EXPECT_EQ(received_by_0[0], -1.0f) << "rank 0 wrote before the check";
+}
+
+// A rank whose part of a collective fails must not leave while its peers still copy from its
+// buffers: rank 3 fails its all_to_all_v_known check and, as soon as its call returns, overwrites
+// its send buffer with a poison value. The peers copy 1 Mi elements from every rank, rank 3's last;
+// whatever they received from rank 3 is its data, never the poison.
+TEST(LocalCommFourRanks, FailingRankLeavesOnlyAfterPeersCopiedFromIt) {
+    constexpr std::int64_t kChunk = 1 << 20;
+    constexpr float kPoison = -12345.0f;
+    auto group = LocalGroup::create(4, 60.0);
+    std::vector<std::int64_t> poisoned_seen(4, 0);
+    auto errors = run_ranks(group, [&](Communicator& comm, Stream& stream) {
+        const int r = comm.rank();
+        std::vector<std::int64_t> counts(4, kChunk), expected(4, kChunk);
+        if (r == 3) expected[1] = kChunk + 1;
+        std::vector<float> send(static_cast<std::size_t>(4 * kChunk), static_cast<float>(r + 1));
+        std::vector<float> recv(static_cast<std::size_t>(4 * kChunk), 0.0f);
+        try {
+            comm.all_to_all_v_known(send.data(), counts.data(), recv.data(), expected.data(), DType::kF32, stream);
+            stream.synchronize();
+        } catch (...) {
+            if (r == 3)
+                std::fill(send.begin(), send.end(), kPoison);
+            else
+                poisoned_seen[static_cast<std::size_t>(r)] = std::count(recv.begin() + 3 * kChunk, recv.end(), kPoison);
+            throw;
+        }
+    });
+    for (int r = 0; r < 4; ++r) EXPECT_NE(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(poisoned_seen[static_cast<std::size_t>(r)], 0) << "rank " << r;
+}
+
+// A rank that will make no further calls abandons the group: its peers' collective fails at once,
+// naming it and why, instead of waiting out the (here 300 s) timeout; a later call fails the same.
+TEST(LocalCommFourRanks, AbandonedGroupFailsPendingAndLaterCollectives) {
+    auto group = LocalGroup::create(4, 300.0);
+    auto errors = run_ranks(group, [&](Communicator& comm, Stream& stream) {
+        std::vector<float> buf(8, 1.0f);
+        if (comm.rank() == 3) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the peers are already waiting
+            group->abandon(3, "its host thread failed");
+        }
+        comm.all_reduce_sum(buf.data(), 8, DType::kF32, stream);
+        stream.synchronize();
+    });
+    for (int r = 0; r < 4; ++r) {
+        const std::string& e = errors[static_cast<std::size_t>(r)];
+        EXPECT_NE(e.find("all_reduce_sum (collective #0) failed: rank 3 left the group: its host thread failed"),
+                  std::string::npos)
+            << "rank " << r << ": " << e;
+        EXPECT_EQ(e.find("timed out"), std::string::npos) << e;
+    }
+    EXPECT_THROW(group->abandon(4, "no such rank"), Error);
 }
 
 void check_all_reduce(int n) {
