@@ -1,5 +1,6 @@
 #include "launch/train_comms.h"
 
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -82,6 +83,7 @@ void LocalTrainGroups::abandon(int rank, const std::string& why) {
 void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<void(int, const RankComms&)>& fn) {
     std::vector<std::string> errors(static_cast<std::size_t>(world));
     std::vector<bool> comm_error(static_cast<std::size_t>(world), false);
+    std::vector<std::chrono::steady_clock::time_point> failed_at(static_cast<std::size_t>(world));
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
         threads.emplace_back([&, r] {
@@ -89,6 +91,7 @@ void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<vo
                 const RankComms comms = groups.rank_comms(r);
                 fn(r, comms);
             } catch (const std::exception& e) {
+                failed_at[static_cast<std::size_t>(r)] = std::chrono::steady_clock::now();
                 errors[static_cast<std::size_t>(r)] = e.what();
                 comm_error[static_cast<std::size_t>(r)] = dynamic_cast<const CommError*>(&e) != nullptr;
                 groups.abandon(r, e.what());
@@ -96,11 +99,15 @@ void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<vo
         });
     }
     for (auto& t : threads) t.join();
-    // The cause: the lowest rank that failed on its own, else the lowest failed rank.
+    // The cause: the rank that failed first other than by a CommError (its peers' collectives then
+    // fail or time out), else the rank that failed first.
     int cause = -1;
-    for (int r = world - 1; r >= 0; --r) {
+    for (int r = 0; r < world; ++r) {
         const auto i = static_cast<std::size_t>(r);
-        if (!errors[i].empty() && (cause < 0 || !comm_error[i] || comm_error[static_cast<std::size_t>(cause)]))
+        if (errors[i].empty()) continue;
+        const auto c = static_cast<std::size_t>(cause);
+        if (cause < 0 || (comm_error[c] && !comm_error[i]) ||
+            (comm_error[c] == comm_error[i] && failed_at[i] < failed_at[c]))
             cause = r;
     }
     if (cause >= 0) throw Error("rank " + std::to_string(cause) + ": " + errors[static_cast<std::size_t>(cause)]);

@@ -42,7 +42,7 @@ class LocalTrainGroups {
     RankComms rank_comms(int rank);
     // Rank `rank` will make no further calls (it failed with `why`): the collectives of its groups
     // that it has not joined fail at once on its peers (LocalGroup::abandon) instead of after the
-    // timeout. Emulated groups are left to their timeout.
+    // timeout. Emulated groups are left to the emulator's stall limit (SCMOE_EMU_STALL_S).
     void abandon(int rank, const std::string& why);
 
   private:
@@ -56,10 +56,12 @@ class LocalTrainGroups {
 };
 
 // Runs fn(rank, comms) for every rank of `groups` on its own thread; after joining them all, throws
-// scmoe::Error "rank r: ..." with the error of the lowest rank that failed other than by a
-// CommError (the cause), else of the lowest failed rank. A rank that throws abandons its groups, so
-// its peers' collectives fail at once rather than after SCMOE_COMM_TIMEOUT_S; fn should call
-// groups.abandon itself before unwinding anything whose destructor waits for its streams.
+// scmoe::Error "rank r: ..." with the error of the rank that failed first other than by a CommError
+// (the cause), else of the rank that failed first. A rank that throws abandons its groups, so its
+// peers' collectives fail at once rather than after SCMOE_COMM_TIMEOUT_S; fn should call
+// groups.abandon itself before unwinding anything whose destructor waits for its streams. Emulated
+// groups have no abandon: there the peers fail when the emulator finds the model stuck
+// (SCMOE_EMU_STALL_S).
 void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<void(int, const RankComms&)>& fn);
 
 #if SCMOE_WITH_MPI

@@ -88,5 +88,30 @@ TEST(SafeDestruction, FreesWaitForEveryBusyStreamOfTheDevice) {
     EXPECT_NO_THROW(a->synchronize());
 }
 
+// An event destroyed while its record, and a wait on it, are still queued (a Tracer's events when a
+// host error unwinds a trainer mid-step): as with cudaEventDestroy, the queued work still runs in
+// order. Under AddressSanitizer this was a heap-use-after-free in the stream's worker.
+TEST(SafeDestruction, EventsDestroyedWhileQueuedStillOrderTheStreams) {
+    auto device = make_device("cpu");
+    auto a = device->create_stream(), b = device->create_stream();
+    std::atomic<bool> go{false};
+    std::atomic<int> order{0};
+    int a_done_at = -1, b_ran_at = -1;
+    hold(*a, go);
+    a->host_task([&] { a_done_at = order.fetch_add(1); });
+    {
+        auto event = device->create_event();
+        event->record(*a);
+        b->wait(*event);
+    }
+    b->host_task([&] { b_ran_at = order.fetch_add(1); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // b would run early if the wait were lost
+    go = true;
+    a->synchronize();
+    b->synchronize();
+    EXPECT_EQ(a_done_at, 0);
+    EXPECT_EQ(b_ran_at, 1) << "stream b did not wait for the destroyed event";
+}
+
 }  // namespace
 }  // namespace scmoe
