@@ -34,21 +34,8 @@ say() { echo "== fuzz: $*"; }
 
 # ---- Debian packages: clang with its sanitizer and libFuzzer runtimes, and the build's own --------
 packages=(clang libclang-rt-dev cmake make libopenblas-dev nlohmann-json3-dev libcxxopts-dev)
-missing=()
-for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${SCMOE_SKIP_INSTALL:-0}" != 1 ]; then
-    say "installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  else
-    echo "error: missing Debian packages: ${missing[*]}" >&2
-    echo "install them, then run this command again:" >&2
-    echo "  sudo apt-get install -y ${missing[*]}" >&2
-    exit 2
-  fi
-fi
+. launch/debian_packages.sh
+ensure_debian_packages "${packages[@]}"
 
 # ---- Configure and build the fuzz targets only ---------------------------------------------------
 # -O1 with line tables: quick to build on 2 cores, readable sanitizer stacks; asserts stay on.

@@ -29,23 +29,8 @@ say() { echo "== setup: $*"; }
 # tests and launch recipes need it, so it is installed too.
 packages=(cmake g++ make pkg-config libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev
           libcxxopts-dev libgtest-dev python3)
-missing=()
-for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${SCMOE_SKIP_INSTALL:-0}" != 1 ]; then
-    say "installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  else
-    echo "error: missing Debian packages: ${missing[*]}" >&2
-    echo "install them, then run this command again:" >&2
-    echo "  sudo apt-get install -y ${missing[*]}" >&2
-    exit 2
-  fi
-else
-  say "Debian packages present"
-fi
+. launch/debian_packages.sh
+ensure_debian_packages "${packages[@]}"
 
 # ---- Python packages (tests only: the checkpoint tests read our safetensors files with them; the
 # CUDA build takes CUTLASS's headers for the cutlass-grouped provider from the nvidia-cutlass wheel,

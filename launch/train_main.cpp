@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <utility>
 #include <cxxopts.hpp>
 #include <fstream>
 #include <functional>
@@ -27,6 +26,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -38,6 +38,7 @@
 #include "launch/cli_options.h"
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
+#include "launch/startup_watchdog.h"
 #include "launch/train_args.h"
 #include "launch/train_comms.h"
 #include "launch/train_report.h"
@@ -70,6 +71,18 @@ std::optional<models::StepFault> fault_from_env() {
         fault = models::StepFault{kind, step, rank};
     }
     return fault;
+}
+
+// SCMOE_FAULT_STALL_START=RANK (testing): under mpirun, rank RANK hangs before the hello barrier,
+// as a rank on a host that stopped responding would; the startup watchdog must end the job. Unset:
+// -1 (no rank).
+int stall_start_from_env() {
+    const char* text = std::getenv("SCMOE_FAULT_STALL_START");
+    if (text == nullptr || *text == 0) return -1;
+    int rank = -1, used = 0;
+    if (std::sscanf(text, "%d%n", &rank, &used) != 1 || text[used] != 0 || rank < 0)
+        throw UsageError(std::string("SCMOE_FAULT_STALL_START='") + text + "': expected a rank >= 0");
+    return rank;
 }
 
 // What a rank does with the error that ends its run, called while its trainer, and the streams
@@ -138,11 +151,15 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
     }
     std::unique_ptr<Tracer> tracer;
     const std::int64_t last = args.stop_at > 0 ? std::min(args.stop_at, config.steps) : config.steps;
-    std::vector<double> losses;
     double ms_total = 0, tps_total = 0, exposed_total = 0;
     std::int64_t timed = 0;
     const auto started = std::chrono::steady_clock::now();
     const std::int64_t first_step = trainer.steps_done();
+    // The final loss: the mean over the last tenth of the steps run here (at least one), summed as
+    // they come (a long run keeps no per-step history).
+    const std::int64_t tail = std::max<std::int64_t>(1, (last - first_step) / 10);
+    double tail_loss_sum = 0;
+    std::int64_t tail_steps = 0;
     while (trainer.steps_done() < last) {
         const bool trace_this = !args.trace.empty() && trainer.steps_done() + 1 == last;
         if (trace_this) {
@@ -151,7 +168,10 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
         }
         const models::StepMetrics m = trainer.step();
         trainer.set_trace(nullptr);
-        losses.push_back(m.loss);
+        if (m.step > last - tail) {
+            tail_loss_sum += m.loss;
+            ++tail_steps;
+        }
         if (m.step == first_step + 1) sum.first_loss = m.loss;
         if (m.step > first_step + 1) {
             ms_total += m.step_ms;
@@ -181,12 +201,7 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
     if (tracer) tracer->write(args.trace + ".rank" + std::to_string(layout.rank) + ".json");
     if (args.infer_passes > 0) sum.forward_ms = trainer.time_forward(args.infer_passes);
     sum.steps = trainer.steps_done();
-    if (!losses.empty()) {
-        const std::size_t tail = std::max<std::size_t>(1, losses.size() / 10);
-        double s = 0;
-        for (std::size_t i = losses.size() - tail; i < losses.size(); ++i) s += losses[i];
-        sum.final_loss = s / static_cast<double>(tail);
-    }
+    if (tail_steps > 0) sum.final_loss = tail_loss_sum / static_cast<double>(tail_steps);
     if (timed > 0) {
         sum.step_ms = ms_total / static_cast<double>(timed);
         sum.tokens_per_s = tps_total / static_cast<double>(timed);
@@ -285,7 +300,15 @@ int run_mpi(const Args& launch_args) {
         MPI_Abort(MPI_COMM_WORLD, kExitError);
         std::_Exit(kExitError);  // MPI_Abort should not return; if it does, still end now
     };
+    // The startup's MPI calls (the hello barrier, the communicator splits) have no timeout of their
+    // own: a rank that never arrives would hold the others forever. The watchdog ends the job then.
+    StartupWatchdog watchdog(comm_timeout_seconds(), [rank, mpi_multiple](const std::string& why) {
+        std::cerr << "scmoe-train: rank " << rank << ": " << why << std::endl;
+        if (mpi_multiple) MPI_Abort(MPI_COMM_WORLD, kExitError);  // from this thread only when MPI allows it
+        std::_Exit(kExitError);  // mpirun ends the job when a rank exits without MPI_Finalize
+    });
     try {
+        watchdog.phase("setting up the device");
         if (device_choice(args) == "cpu" && !mpi_multiple && args.train.overlap_grad_reduce && args.train.overlap) {
             // On CPU the collectives are MPI calls from the streams' threads; without
             // MPI_THREAD_MULTIPLE only one stream may be inside MPI at a time.
@@ -306,6 +329,11 @@ int run_mpi(const Args& launch_args) {
         std::ostringstream hello;
         hello << "# " << layout.describe() << " on " << host << ", " << device->description() << " (local rank "
               << local.value << " from " << local.source << ")";
+        if (const int stalled = stall_start_from_env(); stalled == rank) {
+            watchdog.phase("a stall injected by SCMOE_FAULT_STALL_START");
+            for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+        watchdog.phase("the hello barrier, where a rank has not arrived");
         for (int r = 0; r < world; ++r) {
             if (r == rank) std::cout << hello.str() << std::endl;
             MPI_Barrier(MPI_COMM_WORLD);
@@ -313,7 +341,9 @@ int run_mpi(const Args& launch_args) {
         std::vector<RunSummary> runs;
         std::mutex print_mutex;
         for (const std::string& variant : args.variants) {
+            watchdog.phase("creating the communicators");
             RankComms comms = mpi_rank_comms(layout, *device, local.value, args.link, args.link_scope);
+            watchdog.disarm();  // from here every collective has its own timeout
             runs.push_back(run_variant(args, variant, variant == args.variants.front(), *device, layout, comms.comms(),
                                        print_mutex, abort_job));
         }

@@ -1,11 +1,14 @@
 #include "models/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 
 #include "comm/communicator.h"
@@ -172,6 +175,18 @@ std::string save_checkpoint(const std::string& root, CheckpointTarget t, int kee
         for (std::size_t g = 0; g < groups.size(); ++g) {
             for (const NamedTensor& nt : groups[g].tensors) {
                 for (const Slice& sl : slices_of(nt)) {
+                    // A checkpoint never holds non-finite values: resuming from one could only diverge.
+                    for (const auto* part : {&host[g].master, &host[g].m, &host[g].v}) {
+                        const float* begin = part->data() + sl.offset;
+                        const float* end = begin + std::accumulate(sl.shape.begin(), sl.shape.end(), std::int64_t{1},
+                                                                   std::multiplies<>());
+                        const float* bad = std::find_if(begin, end, [](float v) { return !std::isfinite(v); });
+                        SCMOE_CHECK(bad == end, "save_checkpoint: " << sl.name
+                                                    << (part == &host[g].master ? "" : part == &host[g].m ? ".adam_m"
+                                                                                                          : ".adam_v")
+                                                    << "[" << bad - begin << "] = " << *bad
+                                                    << ": the state is not finite; no checkpoint is written");
+                    }
                     auto& out = nt.expert ? experts : dense;
                     out.push_back({sl.name, SafetensorsDType::kF32, sl.shape, host[g].master.data() + sl.offset});
                     out.push_back({sl.name + ".adam_m", SafetensorsDType::kF32, sl.shape, host[g].m.data() + sl.offset});

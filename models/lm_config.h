@@ -20,7 +20,7 @@ namespace scmoe::models {
 
 struct LmConfig {
     std::int64_t vocab = 256;            // byte tokens
-    std::int64_t layers = 4;             // transformer blocks; even for the pair variants
+    std::int64_t layers = 4;             // transformer blocks, 1 .. 65,536; even for the pair variants
     std::string variant = "scmoe-pos2";  // a block_variant() name
     bool coefficient_gate = true;        // CG-1 on the shared expert (false: direct add)
     BackboneShape backbone;              // hidden, heads, seq_len, dense ffn, activation, dtype

@@ -49,7 +49,7 @@ struct BlockSpec {
 struct BlockStackConfig {
     BackboneShape backbone;        // hidden, heads, seq_len, dense MLP ffn, activation, dtype
     MoeConfig moe;                 // every MoE block's layer (hidden and dtype must match the backbone)
-    std::vector<BlockSpec> blocks;
+    std::vector<BlockSpec> blocks;  // 1 .. 65,536 blocks (more is refused as a corrupted count)
     // Throws naming the field: shapes, a shortcut that points before block 0, hidden/dtype mismatch.
     void validate() const;
     std::string to_string() const;

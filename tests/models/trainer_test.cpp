@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -369,6 +370,34 @@ TEST(Trainer, CorruptedCheckpointIsRefusedAndThePreviousOneStillLoads) {
         EXPECT_EQ(t.steps_done(), 2);
         EXPECT_EQ(t.step().loss, loss_after_2[static_cast<std::size_t>(rank)]);
     });
+    fs::remove_all(dir);
+}
+
+// A checkpoint never holds non-finite state (issue 15): with an Inf in rank 1's Adam second moment,
+// save() fails on every rank naming the tensor, and no step directory appears; the earlier
+// checkpoint stays the latest.
+TEST(Trainer, NonFiniteStateIsNeverCheckpointed) {
+    const TrainConfig config = small_training(4);
+    const fs::path dir = fresh_dir("nonfinite");
+    std::vector<std::string> errors(2);
+    run_train_ranks(2, 2, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {2, rank, 2}, comms);
+        t.step();
+        t.save(dir.string());
+        t.step();
+        if (rank == 1) t.optimizers().back()->v()[3] = std::numeric_limits<float>::infinity();
+        try {
+            t.save(dir.string());
+        } catch (const Error& e) {
+            errors[static_cast<std::size_t>(rank)] = e.what();
+        }
+    });
+    EXPECT_NE(errors[1].find(".adam_v[3] = inf: the state is not finite; no checkpoint is written"), std::string::npos)
+        << errors[1];
+    EXPECT_NE(errors[0], "") << "rank 0 saved while rank 1 could not";
+    EXPECT_TRUE(fs::exists(dir / "step-00000001"));
+    EXPECT_FALSE(fs::exists(dir / "step-00000002"));
     fs::remove_all(dir);
 }
 
