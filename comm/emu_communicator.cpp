@@ -35,11 +35,15 @@ struct EmuGroup::State {
     std::vector<int> ranks;
     std::mutex mu;
     std::map<std::uint64_t, EmuCall> calls;
+    std::string abandoned;  // set once by EmuGroup::abandon: every call from then on fails
 
     int size() const { return static_cast<int>(ranks.size()); }
 
     // Under mu: the call `seq`, created by its first member; the others must ask for the same.
     EmuCall& call(std::uint64_t seq, int member, CommOp op, std::int64_t count, DType dtype, int root) {
+        if (!abandoned.empty())
+            SCMOE_COMM_FAIL("rank " << member << ": " << comm_detail::comm_op_name(op) << " (collective #" << seq
+                                    << ") failed: " << abandoned);
         auto [it, created] = calls.try_emplace(seq);
         EmuCall& c = it->second;
         if (created) {
@@ -358,6 +362,24 @@ std::shared_ptr<EmuGroup> EmuGroup::create(Topology topology, std::vector<int> r
 }
 
 EmuGroup::~EmuGroup() = default;
+
+void EmuGroup::abandon(int member, const std::string& why) {
+    SCMOE_CHECK(member >= 0 && member < state_->size(),
+                "EmuGroup::abandon: member " << member << " of a group of " << state_->size());
+    std::vector<std::shared_ptr<emu::Rendezvous>> pending;
+    std::string reason;
+    {
+        std::scoped_lock lock(state_->mu);
+        if (!state_->abandoned.empty()) return;
+        state_->abandoned = reason = "rank " + std::to_string(member) + " left the group: " + why;
+        for (auto& [seq, c] : state_->calls)
+            for (const auto& meet : {c.counts_meet, c.data_meet})
+                if (meet) pending.push_back(meet);
+    }
+    // Without the group's lock: failing takes the emulator's world lock, under which the Work
+    // effects take the group's (a rendezvous every member reached has resolved; fail leaves it be).
+    for (const auto& meet : pending) meet->fail(reason);
+}
 
 std::unique_ptr<Communicator> EmuGroup::communicator(int member) {
     SCMOE_CHECK(member >= 0 && member < state_->size(),

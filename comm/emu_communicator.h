@@ -21,6 +21,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -35,6 +36,10 @@ public:
     ~EmuGroup();
     // The communicator of member `member`, for one thread; its streams must be emulated.
     std::unique_ptr<Communicator> communicator(int member);
+    // Member `member` will make no further calls (its thread failed with `why`): every collective
+    // the others wait in for it, and every later call, fails with a CommError naming it and `why`
+    // (as LocalGroup::abandon), instead of waiting for the emulator's stall limit. First call wins.
+    void abandon(int member, const std::string& why);
 
     struct State;
     State& state() { return *state_; }

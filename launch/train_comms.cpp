@@ -74,7 +74,12 @@ RankComms LocalTrainGroups::rank_comms(int rank) {
 void LocalTrainGroups::abandon(int rank, const std::string& why) {
     const models::ParallelLayout l{world_, rank, ep_};
     l.validate();
-    if (!world_group_) return;  // emulated groups: the ranks fail at their next collective's timeout
+    if (emu_world_) {
+        emu_world_->abandon(rank, why);
+        emu_ep_[static_cast<std::size_t>(l.ep_group())]->abandon(l.ep_rank(), why);
+        emu_expert_dp_[static_cast<std::size_t>(l.ep_rank())]->abandon(l.ep_group(), why);
+        return;
+    }
     world_group_->abandon(rank, why);
     ep_groups_[static_cast<std::size_t>(l.ep_group())]->abandon(l.ep_rank(), why);
     expert_dp_groups_[static_cast<std::size_t>(l.ep_rank())]->abandon(l.ep_group(), why);

@@ -41,8 +41,8 @@ class LocalTrainGroups {
     LocalTrainGroups(int world, int ep, const Topology& topology);
     RankComms rank_comms(int rank);
     // Rank `rank` will make no further calls (it failed with `why`): the collectives of its groups
-    // that it has not joined fail at once on its peers (LocalGroup::abandon) instead of after the
-    // timeout. Emulated groups are left to the emulator's stall limit (SCMOE_EMU_STALL_S).
+    // that it has not joined fail at once on its peers instead of after the timeout
+    // (LocalGroup::abandon, EmuGroup::abandon).
     void abandon(int rank, const std::string& why);
 
   private:
@@ -59,9 +59,7 @@ class LocalTrainGroups {
 // scmoe::Error "rank r: ..." with the error of the rank that failed first other than by a CommError
 // (the cause), else of the rank that failed first. A rank that throws abandons its groups, so its
 // peers' collectives fail at once rather than after SCMOE_COMM_TIMEOUT_S; fn should call
-// groups.abandon itself before unwinding anything whose destructor waits for its streams. Emulated
-// groups have no abandon: there the peers fail when the emulator finds the model stuck
-// (SCMOE_EMU_STALL_S).
+// groups.abandon itself before unwinding anything whose destructor waits for its streams.
 void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<void(int, const RankComms&)>& fn);
 
 #if SCMOE_WITH_MPI

@@ -113,6 +113,16 @@ void Rendezvous::arrive(int member, double time_us) {
     ++arrived_;
 }
 
+void Rendezvous::fail(const std::string& why) {
+    World& w = World::get();
+    std::scoped_lock lock(w.mu);
+    if (!failure_.empty() || arrived_ == members()) return;
+    failure_ = why.empty() ? "failed" : why;
+    w.pump();
+    ++w.progress;
+    w.cv.notify_all();
+}
+
 HostMeeting::HostMeeting(int members, double latency_us) : members_(members), latency_us_(latency_us) {
     SCMOE_CHECK(members >= 1 && latency_us >= 0, "emu HostMeeting: members " << members << ", latency " << latency_us);
 }
@@ -375,7 +385,15 @@ void Timeline::complete(StreamState& s) {
     Active a = std::move(*s.active);
     s.active.reset();
     s.free_at = now_;
-    if (a.work.effect && !s.error) {
+    if (a.work.kind == WorkKind::kComm && !a.work.rendezvous->failure().empty()) {
+        if (!s.error) {
+            try {
+                SCMOE_COMM_FAIL(a.work.name << " failed: " << a.work.rendezvous->failure());
+            } catch (...) {
+                s.error = std::current_exception();
+            }
+        }
+    } else if (a.work.effect && !s.error) {
         try {
             a.work.effect();
         } catch (...) {

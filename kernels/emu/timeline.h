@@ -60,7 +60,11 @@ public:
     // the rendezvous can resolve).
     void set_durations(std::vector<double> durations_us);
     int members() const { return members_; }
-    bool resolved() const { return arrived_ == members(); }
+    // Every member arrived, or the rendezvous failed (a member will never arrive).
+    bool resolved() const { return arrived_ == members() || !failure_.empty(); }
+    // Why it failed ("" while it has not): its Work then completes at once with a CommError on
+    // each stream that reaches it, and moves no data.
+    const std::string& failure() const { return failure_; }
     // Member's end once resolved; before that, its earliest possible end (the latest arrival so far
     // plus its duration, if known).
     double end_us(int member) const {
@@ -68,8 +72,12 @@ public:
     }
     // Under the world lock.
     void arrive(int member, double time_us);
+    // Fails the rendezvous with `why` (the first failure wins) and lets every timeline move on.
+    // Takes the world lock: call it without holding a lock a Work's effect may take.
+    void fail(const std::string& why);
 
 private:
+    std::string failure_;
     std::vector<double> durations_;
     int members_ = 0;
     std::atomic<bool> known_{true};

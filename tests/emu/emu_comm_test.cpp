@@ -2,7 +2,9 @@
 // real, the host blocking only where NcclCommunicator blocks, mismatched calls named.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -182,6 +184,56 @@ TEST(EmuCommunicator, SmallBuffersAreReducedGatheredAndBroadcastForReal) {
         for (int p = 0; p < n; ++p) EXPECT_EQ(all.as<std::int32_t>()[p], 10 * p);
         EXPECT_EQ(i[1], 77);
     });
+}
+
+// A member that will make no further calls abandons the group: the collective its peers' streams
+// wait in fails at once with a CommError naming it (not after the emulator's stall limit), moves
+// no data, and later calls fail when issued.
+TEST(EmuCommunicator, AbandonedGroupFailsPendingAndLaterCalls) {
+    std::vector<int> ranks = {0, 1, 2};
+    auto group = EmuGroup::create(cluster_topology("a800-nvlink-8"), ranks);
+    std::vector<std::string> errors(3), later(3);
+    std::vector<float> first(3, 0.0f);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r)
+        threads.emplace_back([&, r] {
+            emu::EmuOptions o;
+            o.spec = test::round_spec();
+            auto device = emu::make_device(o);
+            auto comm = group->communicator(r);
+            auto stream = device->create_stream();
+            DeviceBuffer buf(*device, 64);
+            buf.as<float>()[0] = static_cast<float>(r + 1);
+            if (r == 2) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the peers are already waiting
+                group->abandon(2, "its host thread failed");
+                return;
+            }
+            try {
+                comm->all_reduce_sum(buf.data(), 1, DType::kF32, *stream);
+                stream->synchronize();
+            } catch (const CommError& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+            }
+            first[static_cast<std::size_t>(r)] = buf.as<float>()[0];
+            try {
+                comm->barrier(*stream);
+            } catch (const CommError& e) {
+                later[static_cast<std::size_t>(r)] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+        const auto i = static_cast<std::size_t>(r);
+        // At its enqueue or, as almost always, in its stream's work: either way naming rank 2.
+        EXPECT_NE(errors[i].find("all_reduce_sum"), std::string::npos) << errors[i];
+        EXPECT_NE(errors[i].find("failed: rank 2 left the group: its host thread failed"), std::string::npos)
+            << errors[i];
+        EXPECT_EQ(first[i], static_cast<float>(r + 1)) << "the failed all-reduce wrote rank " << r << "'s buffer";
+        EXPECT_NE(later[i].find("barrier (collective #"), std::string::npos) << later[i];
+        EXPECT_NE(later[i].find("failed: rank 2 left the group"), std::string::npos) << later[i];
+    }
+    EXPECT_THROW(group->abandon(3, "no such member"), Error);
 }
 
 TEST(EmuCommunicator, MismatchedCallsAreNamed) {
