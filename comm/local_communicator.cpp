@@ -147,9 +147,9 @@ void LocalGroup::Rendezvous::run(int rank, std::uint64_t seq, Call call,
             if (!o.started) throw;
         }
     }
-    // Every rank has joined, agreeing; calls no longer change, so the body reads them unlocked. A rank leaves
-    // only once every rank is out of its body, even when the operation failed: a peer's body may
-    // still be reading this rank's buffers, which it frees or overwrites once the call returns.
+    // Every rank has joined, agreeing; calls no longer change, so the body reads them unlocked. A
+    // rank leaves only once every rank is out of its body, even when the operation failed: a peer's
+    // body may still be reading this rank's buffers, which it frees or overwrites once it returns.
     std::string body_error;
     bool run_body;
     {
@@ -186,7 +186,8 @@ LocalGroup::LocalGroup(int size, double timeout_s)
 LocalGroup::~LocalGroup() = default;
 
 void LocalGroup::abandon(int rank, const std::string& why) {
-    SCMOE_CHECK(rank >= 0 && rank < size_, "LocalGroup::abandon: rank " << rank << " is outside the group of " << size_);
+    SCMOE_CHECK(rank >= 0 && rank < size_,
+                "LocalGroup::abandon: rank " << rank << " is outside the group of " << size_);
     rendezvous_->abandon(rank, why);
 }
 

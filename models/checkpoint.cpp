@@ -181,11 +181,13 @@ std::string save_checkpoint(const std::string& root, CheckpointTarget t, int kee
                         const float* end = begin + std::accumulate(sl.shape.begin(), sl.shape.end(), std::int64_t{1},
                                                                    std::multiplies<>());
                         const float* bad = std::find_if(begin, end, [](float v) { return !std::isfinite(v); });
-                        SCMOE_CHECK(bad == end, "save_checkpoint: " << sl.name
-                                                    << (part == &host[g].master ? "" : part == &host[g].m ? ".adam_m"
-                                                                                                          : ".adam_v")
-                                                    << "[" << bad - begin << "] = " << *bad
-                                                    << ": the state is not finite; no checkpoint is written");
+                        SCMOE_CHECK(bad == end,
+                                    "save_checkpoint: " << sl.name
+                                                        << (part == &host[g].master ? ""
+                                                            : part == &host[g].m    ? ".adam_m"
+                                                                                    : ".adam_v")
+                                                        << "[" << bad - begin << "] = " << *bad
+                                                        << ": the state is not finite; no checkpoint is written");
                     }
                     auto& out = nt.expert ? experts : dense;
                     out.push_back({sl.name, SafetensorsDType::kF32, sl.shape, host[g].master.data() + sl.offset});

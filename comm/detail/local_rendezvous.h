@@ -90,7 +90,6 @@ struct LocalGroup::Rendezvous {
     std::map<std::uint64_t, std::shared_ptr<Op>> ops;
     std::string abandoned;  // set once by abandon(): fails every operation not yet joined by all
 
-
     // Joins collective `seq` with `call`, runs `body(calls of every rank)` once all have joined and
     // agree, and returns once every rank has finished its body. Throws Error on any failure.
     void run(int rank, std::uint64_t seq, Call call, const std::function<void(const std::vector<Call>&)>& body);
