@@ -86,17 +86,16 @@ GemmBenchArgs read_gemm_args(const cxxopts::ParseResult& r) {
 
 // The provider that actually runs, so the table names it: auto resolves as the library does for a
 // ragged forward call of this shape (device buffers are 256-byte aligned, so null pointers stand in).
-GroupedGemmProvider resolve_provider(GroupedGemmProvider p, const GemmBenchArgs& args, DType dtype, Device& device) {
+GroupedGemmProvider resolve_provider(GroupedGemmProvider p, const GemmBenchArgs& args, DType dtype, Stream& stream) {
     if (p != GroupedGemmProvider::kAuto) return p;
-    if (device.backend() == Backend::kEmu) return GroupedGemmProvider::kDeviceGrouped;  // what the emulator models
+    if (stream.backend() == Backend::kEmu) return GroupedGemmProvider::kDeviceGrouped;  // what the emulator models
     GroupedGemmArgs g;
     g.kind = GroupedGemmKind::kForward;
     g.num_groups = args.experts;
     g.k = args.hidden;
     g.n = args.ffn;
     g.ab_dtype = g.c_dtype = dtype;
-    std::unique_ptr<Stream> stream = device.create_stream();
-    return resolve_grouped_gemm_provider(g, p, grouped_gemm_target(*stream));
+    return resolve_grouped_gemm_provider(g, p, grouped_gemm_target(stream));
 }
 
 }  // namespace
@@ -116,10 +115,11 @@ int run_gemm_bench(int argc, char** argv, const std::string& command) {
     const Backend backend = device->backend();
     resolve_iters(common, backend);
     const DType dtype = resolve_dtype(args.dtype, *device);
+    std::unique_ptr<Stream> stream = device->create_stream();
     // The providers that run, resolved (auto named as what it picks) and without repeats.
     std::vector<GroupedGemmProvider> providers;
     for (std::size_t i = 0; i < args.providers.size(); ++i) {
-        const GroupedGemmProvider p = resolve_provider(args.providers[i], args, dtype, *device);
+        const GroupedGemmProvider p = resolve_provider(args.providers[i], args, dtype, *stream);
         if (backend == Backend::kCpu && p != GroupedGemmProvider::kLoop)
             throw UsageError("--provider " + args.provider_names[i] + " needs the cuda backend");
         if (std::find(providers.begin(), providers.end(), p) == providers.end()) providers.push_back(p);
@@ -175,7 +175,6 @@ int run_gemm_bench(int argc, char** argv, const std::string& command) {
     const std::size_t esize = dtype_size(dtype);
     const auto H = args.hidden, F = args.ffn;
     const int E = args.experts;
-    std::unique_ptr<Stream> stream = device->create_stream();
 
     DeviceBuffer a_buf(*device, static_cast<std::size_t>(max_rows * H) * esize);
     DeviceBuffer w_buf(*device, static_cast<std::size_t>(E * H * F) * esize);
