@@ -6,10 +6,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <sstream>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "kernels/error.h"
@@ -87,14 +86,15 @@ struct Slice {
     std::string name;
     std::vector<std::int64_t> shape;
     std::int64_t offset;  // in the group's flat arrays
+    std::int64_t numel;   // elements: the product of shape
 };
 std::vector<Slice> slices_of(const NamedTensor& t) {
-    if (!t.expert) return {{t.name, t.shape, t.offset}};
+    if (!t.expert) return {{t.name, t.shape, t.offset, t.numel()}};
     std::vector<Slice> out;
     const std::vector<std::int64_t> shape(t.shape.begin() + 1, t.shape.end());
     const std::int64_t n = t.numel() / t.shape[0];
     for (std::int64_t e = 0; e < t.shape[0]; ++e)
-        out.push_back({t.name + "." + std::to_string(t.first_expert + e), shape, t.offset + e * n});
+        out.push_back({t.name + "." + std::to_string(t.first_expert + e), shape, t.offset + e * n, n});
     return out;
 }
 
@@ -175,24 +175,19 @@ std::string save_checkpoint(const std::string& root, CheckpointTarget t, int kee
         for (std::size_t g = 0; g < groups.size(); ++g) {
             for (const NamedTensor& nt : groups[g].tensors) {
                 for (const Slice& sl : slices_of(nt)) {
-                    // A checkpoint never holds non-finite values: resuming from one could only diverge.
-                    for (const auto* part : {&host[g].master, &host[g].m, &host[g].v}) {
+                    auto& out = nt.expert ? experts : dense;
+                    const std::pair<const std::vector<float>*, const char*> parts[] = {
+                        {&host[g].master, ""}, {&host[g].m, ".adam_m"}, {&host[g].v, ".adam_v"}};
+                    for (const auto& [part, suffix] : parts) {
+                        // A checkpoint never holds non-finite values: resuming from one could only diverge.
                         const float* begin = part->data() + sl.offset;
-                        const float* end = begin + std::accumulate(sl.shape.begin(), sl.shape.end(), std::int64_t{1},
-                                                                   std::multiplies<>());
+                        const float* end = begin + sl.numel;
                         const float* bad = std::find_if(begin, end, [](float v) { return !std::isfinite(v); });
                         SCMOE_CHECK(bad == end,
-                                    "save_checkpoint: " << sl.name
-                                                        << (part == &host[g].master ? ""
-                                                            : part == &host[g].m    ? ".adam_m"
-                                                                                    : ".adam_v")
-                                                        << "[" << bad - begin << "] = " << *bad
+                                    "save_checkpoint: " << sl.name << suffix << "[" << bad - begin << "] = " << *bad
                                                         << ": the state is not finite; no checkpoint is written");
+                        out.push_back({sl.name + suffix, SafetensorsDType::kF32, sl.shape, begin});
                     }
-                    auto& out = nt.expert ? experts : dense;
-                    out.push_back({sl.name, SafetensorsDType::kF32, sl.shape, host[g].master.data() + sl.offset});
-                    out.push_back({sl.name + ".adam_m", SafetensorsDType::kF32, sl.shape, host[g].m.data() + sl.offset});
-                    out.push_back({sl.name + ".adam_v", SafetensorsDType::kF32, sl.shape, host[g].v.data() + sl.offset});
                 }
             }
         }
