@@ -64,7 +64,7 @@ foreach(_dir ${CUDAToolkit_INCLUDE_DIRS})
 endforeach()
 if(_cfe_python)
   execute_process(
-    COMMAND ${_cfe_python} -c "import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__))"
+    COMMAND ${_cfe_python} -c "import importlib.util as u; print(u.find_spec('nvidia.cudnn').submodule_search_locations[0])"
     OUTPUT_VARIABLE _cudnn_wheel OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _cudnn_rc)
   if(_cudnn_rc EQUAL 0 AND _cudnn_wheel)
     list(APPEND _cudnn_hints ${_cudnn_wheel})

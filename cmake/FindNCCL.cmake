@@ -29,7 +29,7 @@ endif()
 find_program(_nccl_python NAMES python3 python)
 if(_nccl_python)
   execute_process(
-    COMMAND ${_nccl_python} -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))"
+    COMMAND ${_nccl_python} -c "import importlib.util as u; print(u.find_spec('nvidia.nccl').submodule_search_locations[0])"
     OUTPUT_VARIABLE _nccl_wheel OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _nccl_rc)
   if(_nccl_rc EQUAL 0 AND _nccl_wheel)
     list(APPEND _nccl_hints ${_nccl_wheel})

@@ -6,16 +6,18 @@
       present (launch/gpu_test_skips.py).
   gpu_report.py spec --gpu-name NAME --bench SCMOE_BENCH --json OUT [--peak-tflops X]
       The dense bf16 peak of one GPU for the MFU, from scmoe's built-in GPU specs (launch/gpu_peak.py).
-  gpu_report.py step --raw DIR --name NAME --status ok|failed|"not available" [--rc N] [--seconds S]
+  gpu_report.py step --raw DIR --name NAME --status ok|failed|skipped|"not available" [--rc N] [--seconds S]
                      [--json FILE] [--note TEXT] -- CMD...
       Appends one step's outcome to DIR/steps.jsonl.
-  gpu_report.py report --raw DIR --out DIR [--context KEY=VALUE ...]
-      Merges DIR's results into OUT/report.json and OUT/report.md; exit 1 when a test or a benchmark failed.
+  gpu_report.py report --raw DIR --out DIR [--context KEY=VALUE ...] [--bundle BUNDLE_JSON]
+      Merges DIR's results into OUT/report.json and OUT/report.md; exit 1 when a test or a benchmark failed
+      or was skipped (the deadline); --bundle adds the offline bundle's machine facts and load checks
+      (launch/gpu_bundle.py run).
 
 The inputs of `report` (all in --raw; a missing one leaves its section saying so): steps.jsonl, tests.json,
 <step>.json (scmoe-bench -J, launch/attention_torch.py), <step>.log, train.metrics.jsonl (scmoe-train
 --metrics), spec.json, nvidia-smi-query.csv (nvidia-smi --query-gpu=index,name,driver_version,compute_cap,
-memory.total --format=csv,noheader), nvidia-smi.txt, nvcc.txt.
+memory.total --format=csv,noheader), nvidia-smi.txt, nvcc.txt, reruns.json (launch/gpu_test_rerun.py).
 """
 
 import argparse
@@ -328,7 +330,11 @@ def collect(raw, context):
         "failures": [],
     }
     tests_step = steps.get("tests")
-    if tests_step:
+    if tests_step and tests_step["status"] == "skipped":
+        rep["tests"] = {"status": "skipped", "command": tests_step.get("command", []), "log": None,
+                        "summary": None, "reruns": []}
+        rep["failures"].append({"step": "tests", "why": tests_step.get("note") or "skipped"})
+    elif tests_step:
         t = read_json(os.path.join(raw, "tests.json"))
         rep["tests"] = {
             "status": "ok",
@@ -336,6 +342,7 @@ def collect(raw, context):
             "ctest_rc": tests_step.get("rc"),
             "log": "raw/tests.log",
             "summary": t,
+            "reruns": (read_json(os.path.join(raw, "reruns.json")) or {}).get("reruns", []),
         }
         if t is None or not t.get("ok") or tests_step.get("rc") not in (0, None):
             rep["tests"]["status"] = "failed"
@@ -374,7 +381,7 @@ def collect(raw, context):
                 "log": None,
             }
         rep["benchmarks"][name] = sec
-        if sec["status"] == "failed":
+        if sec["status"] in ("failed", "skipped"):
             rep["failures"].append({"step": name, "why": sec["note"] or "failed", "log": sec["log"]})
     for name in REQUIRED_STEPS:  # the attention steps may be "not available"; these always run
         if name not in steps:
@@ -382,6 +389,56 @@ def collect(raw, context):
     rep["attention"] = attention_comparison(rep["benchmarks"])
     rep["ok"] = not rep["failures"]
     return rep
+
+
+def add_bundle(rep, bundle, path):
+    """The offline bundle's part (launch/gpu_bundle.py run: bundle.json): the machine's facts, the load
+    check and the ctest listing; a binary that did not load or a test ctest did not list is a failure."""
+    if bundle is None:
+        rep["bundle"] = None
+        rep["failures"].append({"step": "bundle", "why": f"cannot read {path}"})
+    else:
+        rep["bundle"] = bundle
+        for ph in bundle.get("phases", []):
+            if ph["name"].startswith("load_check") and ph.get("failures"):
+                rep["failures"].append({"step": "bundle", "why": f"{len(ph['failures'])} binaries did not load "
+                                        f"({ph['name']}): " + "; ".join(f"{f['path']}: {f['error']}"
+                                                                       for f in ph["failures"][:3])})
+        listing = bundle.get("ctest_listing")
+        if listing and not listing.get("ok"):
+            rep["failures"].append({"step": "bundle", "why": f"ctest lists {listing['listed']} GPU tests, the bundle "
+                                    f"has {listing['expected']} (missing: {', '.join(listing['missing'][:5])})"})
+    rep["ok"] = not rep["failures"]
+
+
+def render_bundle(b):
+    out = "\n## Machine and bundle\n\n"
+    m = b.get("machine", {})
+    bun = b.get("bundle", {})
+    rows = [
+        ("bundle", f"{bun.get('name')} (commit {bun.get('commit')}"
+                   f"{', uncommitted changes' if bun.get('uncommitted_changes') else ''}; packed {bun.get('packed')}; "
+                   f"CUDA {bun.get('cuda_version')}, architectures {bun.get('cuda_architectures')})"),
+        ("GPUs (nvidia-smi)", "; ".join(m.get("gpus", [])) or "none"),
+        ("driver check", b.get("driver_check", "")),
+        ("CUDA the driver supports", m.get("driver_cuda_version")),
+        ("nvcc", m.get("nvcc")),
+        ("OS", f"{m.get('os')} (kernel {m.get('kernel')}), {m.get('glibc')}, {m.get('cpus')} CPUs"),
+        ("Python, torch", f"{m.get('python')}, torch {m.get('torch')}"),
+        ("cmake, ninja, compute-sanitizer", f"{m.get('cmake')}, {m.get('ninja') or 'absent'}, "
+                                            f"{m.get('compute_sanitizer') or 'absent'}"),
+    ]
+    rows += [(name, path or "NOT FOUND") for name, path in m.get("cuda_libraries", {}).items()]
+    out += "| | |\n|---|---|\n" + "".join(f"| {fmt(k)} | {fmt(v)} |\n" for k, v in rows)
+    out += "\n" + md_table([dict(p, failures=len(p.get("failures", [])) if "failures" in p else None)
+                            for p in b.get("phases", [])],
+                           [("name", "phase"), ("seconds", "s"), ("loaded", "binaries loaded"), ("binaries", "of"),
+                            ("failures", "failed to load"), ("result", "result"), ("why", "why")])
+    listing = b.get("ctest_listing")
+    if listing:
+        out += (f"\nctest lists {listing['listed']} GPU tests; the bundle packed {listing['expected']}"
+                f"{'' if listing['ok'] else ' (MISMATCH)'}.\n")
+    return out
 
 
 def md_command(cmd):
@@ -438,10 +495,14 @@ def render_md(rep):
 
     if g.get("configure"):
         out += "\nConfigured with: " + "; ".join(fmt(l) for l in g["configure"]) + ".\n"
+    if rep.get("bundle"):
+        out += render_bundle(rep["bundle"])
     t = rep["tests"]
     out += "\n## GPU tests\n\n"
     if t is None:
         out += "Not run (--skip-tests).\n"
+    elif t["status"] == "skipped":
+        out += f"Not run: {fmt(next((f['why'] for f in rep['failures'] if f['step'] == 'tests'), 'skipped'))}.\n"
     else:
         s = t["summary"] or {}
         out += f"Status: **{t['status']}**. Log: `{t['log']}`.\n\n{md_command(t['command'])}\n\n"
@@ -470,6 +531,10 @@ def render_md(rep):
         )
         if listed:
             out += "\n" + md_table(listed, [("name", "test"), ("kind", "outcome"), ("reason", "reason")])
+        if t.get("reruns"):
+            out += "\nFailed tests run again, one at a time (launch/gpu_test_rerun.py):\n\n" + md_table(
+                t["reruns"], [("name", "test"), ("mode", "run"), ("outcome", "outcome"), ("seconds", "s"),
+                              ("first_error", "first error line"), ("log", "log")])
 
     b = rep["benchmarks"]
     sec = b.get("gemm")
@@ -554,6 +619,8 @@ def cmd_report(a):
         k, _, v = kv.partition("=")
         context[k] = v
     rep = collect(a.raw, context)
+    if a.bundle:
+        add_bundle(rep, read_json(a.bundle), a.bundle)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump(rep, f, indent=1)
@@ -580,7 +647,7 @@ def main(argv):
     p = sub.add_parser("step")
     p.add_argument("--raw", required=True)
     p.add_argument("--name", required=True)
-    p.add_argument("--status", required=True, choices=["ok", "failed", "not available"])
+    p.add_argument("--status", required=True, choices=["ok", "failed", "skipped", "not available"])
     p.add_argument("--rc", default="")
     p.add_argument("--seconds", default="")
     p.add_argument("--json", default="")
@@ -590,6 +657,7 @@ def main(argv):
     p.add_argument("--raw", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--context", action="append")
+    p.add_argument("--bundle")
     a = ap.parse_args(argv)
     return {"skips": cmd_skips, "spec": cmd_spec, "step": cmd_step, "report": cmd_report}[a.cmd](a)
 

@@ -73,6 +73,7 @@ std::optional<models::StepFault> fault_from_env() {
     return fault;
 }
 
+#if SCMOE_WITH_MPI
 // SCMOE_FAULT_STALL_START=RANK (testing): under mpirun, rank RANK hangs before the hello barrier,
 // as a rank on a host that stopped responding would; the startup watchdog must end the job. Unset:
 // -1 (no rank).
@@ -84,6 +85,7 @@ int stall_start_from_env() {
         throw UsageError(std::string("SCMOE_FAULT_STALL_START='") + text + "': expected a rank >= 0");
     return rank;
 }
+#endif
 
 // What a rank does with the error that ends its run, called while its trainer, and the streams
 // that may still be inside a collective, are alive (unwinding first would wait for those streams,
