@@ -71,7 +71,7 @@ if(_cfe_python)
   endif()
 endif()
 find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${_cudnn_hints} PATH_SUFFIXES include)
-find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 HINTS ${_cudnn_hints}
+find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 NAMES_PER_DIR HINTS ${_cudnn_hints}
              PATH_SUFFIXES lib lib64 lib/x64 lib/x86_64-linux-gnu)
 if(CUDNN_INCLUDE_DIR)
   foreach(_header cudnn_version.h cudnn.h)

@@ -41,6 +41,7 @@ ensure_debian_packages "${packages[@]}"
 # -O1 with line tables: quick to build on 2 cores, readable sanitizer stacks; asserts stay on.
 mkdir -p "$build"
 log=$build/fuzz-configure.log
+. launch/ccache_env.sh
 say "configure: CC=clang CXX=clang++ cmake -S . -B $build -DSCMOE_FUZZ=ON ..."
 CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Fuzz -DCMAKE_CXX_FLAGS_FUZZ="-O1 -gline-tables-only" \
   -DSCMOE_FUZZ=ON -DSCMOE_WITH_CUDA=OFF -DSCMOE_WITH_MPI=OFF -DSCMOE_BUILD_TESTS=OFF -DSCMOE_BUILD_BENCH=ON \

@@ -15,6 +15,7 @@ jobs=${SCMOE_JOBS:-$(nproc)}
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 
 launch/setup.sh tests "$build"
+. launch/ccache_env.sh  # the sanitizer builds below compile through ccache too
 echo "== test"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900 "$@"
 

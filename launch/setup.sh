@@ -8,6 +8,7 @@
 #                 a fresh build folder gets the CUDA backend only when nvidia-smi lists a GPU
 #     tests       deps, then a Release build of everything (CUDA code compiled whenever nvcc is found)
 #
+# Compiles through ccache when it is installed (launch/ccache_env.sh; SCMOE_CCACHE=0: not).
 # Installing needs root and apt-get (and pip for the tests' Python packages and cuDNN frontend headers). Without
 # them the script prints the exact install line and exits 2 when a required package is missing.
 # Environment (defaults): SCMOE_JOBS (nproc), SCMOE_CMAKE_ARGS (empty: extra configure arguments),
@@ -26,11 +27,13 @@ say() { echo "== setup: $*"; }
 
 # ---- Debian packages -------------------------------------------------------------------------
 # Required for every build. Open MPI is optional to the build (SCMOE_WITH_MPI=AUTO) but the mpirun
-# tests and launch recipes need it, so it is installed too.
+# tests and launch recipes need it, so it is installed too; ccache makes rebuilds cheap
+# (launch/ccache_env.sh).
 packages=(cmake g++ make pkg-config libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev
-          libcxxopts-dev libgtest-dev python3)
+          libcxxopts-dev libgtest-dev python3 ccache)
 . launch/debian_packages.sh
 ensure_debian_packages "${packages[@]}"
+. launch/ccache_env.sh
 
 # ---- Python packages (tests only: the checkpoint tests read our safetensors files with them; the
 # CUDA build takes CUTLASS's headers for the cutlass-grouped provider from the nvidia-cutlass wheel,
