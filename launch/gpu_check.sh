@@ -7,10 +7,15 @@
 #   attention  scmoe-bench attention (providers auto and own) vs PyTorch's scaled_dot_product_attention
 #              (launch/attention_torch.py), each where it is available (torch importable); "not
 #              available" in the report otherwise
-#   layer      MoeLayer forward and forward+backward at gpt2-moe-small's MoE shape, capacity and dropless
+#   layer      MoeLayer forward and forward+backward at gpt2-moe-small's MoE shape (SwiGLU experts),
+#              capacity and dropless, vs Hugging Face transformers' MixtralSparseMoeBlock at the same
+#              shape and dtype (launch/moe_layer_torch.py; "not available" without torch)
 #   block      the ScMoE block variants on 4 in-process ranks sharing the GPU, behind an emulated PCIe 4 link
 #   train      scmoe-train --preset gpt2-moe-small on the GPU: tokens/s and MFU (the peak from scmoe's
-#              built-in GPU specs, kernels/emu/gpu_spec.cpp, or --peak-tflops)
+#              built-in GPU specs, kernels/emu/gpu_spec.cpp, or --peak-tflops), vs the same model in
+#              PyTorch, eager and torch.compile'd within a budget (launch/gpt2_moe_torch.py)
+#   emu        the emulator's prediction of the gemm, attention, layer and train steps: for this GPU's
+#              built-in spec, and for a profile made from this run's layer step (launch/make_profile.py)
 # A failing benchmark is recorded in the report and makes the exit status 1; the others still run.
 # Every step's output is shown and kept in <out>/raw/<step>.log next to its JSON. A failing GPU test is
 # run again alone with CUDA_LAUNCH_BLOCKING=1, then under compute-sanitizer memcheck while time allows
@@ -166,22 +171,30 @@ if [ "$backend" = cpu ]; then
     layer_args=(--tokens 64 --hidden 32 --ffn 48 --experts 4 --top-k 2 -n 1 -w 0)
     block_args=(--tokens 64 --seq 32 --hidden 32 --ffn 48 --experts 4 --heads 2 --variants "top2,scmoe-pos2" -n 1 -w 0)
     train_args=(--layers 2 --hidden 32 --heads 2 --seq 32 --ffn 64 --expert-ffn 64 --variants scmoe-pos2 --steps 3 --batch 2)
+    compile_budget=60
 elif [ $quick = 1 ]; then
     mode=quick
     gemm_args=(--tokens 8K --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 10 -w 2)
     attention_shapes=("8 1024 12 64")
-    layer_args=(--tokens 8K --hidden 768 --ffn 3072 --experts 8 --top-k 2 --activation gelu -n 10 -w 2)
+    layer_args=(--tokens 8K --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 10 -w 2)
     block_args=(--tokens 4096 --seq 1024 --hidden 768 --ffn 3072 --experts 8 --heads 12 --variants "top2,scmoe-pos2" -n 3 -w 1)
     train_args=(--variants scmoe-pos2 --steps 10 --batch 8)
+    compile_budget=150
 else
     mode=full
     gemm_args=(--tokens "2K,8K,32K" --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 50 -w 5)
     attention_shapes=("8 1024 12 64" "4 2048 16 64")
-    layer_args=(--tokens "8K,32K" --hidden 768 --ffn 3072 --experts 8 --top-k 2 --activation gelu -n 20 -w 3)
+    layer_args=(--tokens "8K,32K" --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 20 -w 3)
     block_args=(--tokens 4096 --seq 1024 --hidden 768 --ffn 3072 --experts 8 --heads 12 -n 10 -w 2)
     train_args=(--variants "top2,scmoe-pos2" --steps 50 --batch 8)
+    compile_budget=240
 fi
-num_steps=$(( (skip_tests ? 0 : 1) + 4 + 2 * ${#attention_shapes[@]} ))
+# The PyTorch peers run where the benchmarks run (tiny sizes on the CPU when testing this script).
+torch_device=cuda
+[ "$backend" = cpu ] && torch_device=cpu
+# Steps: tests; gemm, attention and its peer per shape, layer and its peer, block, train; the emulator's
+# gemm, attention per shape, layer and train for the spec and the profile; the train peer.
+num_steps=$(( (skip_tests ? 0 : 1) + 6 + 2 * ${#attention_shapes[@]} + 2 * (3 + ${#attention_shapes[@]}) ))
 step_no=0
 
 # record NAME STATUS RC SECONDS JSON NOTE [CMD...]: one line of $raw/steps.jsonl for the report.
@@ -308,8 +321,16 @@ for shape in "${attention_shapes[@]}"; do
     fi
 done
 
+# The layer with Mixtral's expert (SwiGLU), capacity and dropless; the peer is dropless like Mixtral.
 run_step layer "$raw/layer.json" - "$bench" layer --backend "$backend" --dispatch capacity,dropless \
-    "${layer_args[@]}" -J "$raw/layer.json"
+    --activation swiglu "${layer_args[@]}" -J "$raw/layer.json"
+# Exit status 3: torch or transformers is not importable, or sees no GPU.
+if [ -f launch/moe_layer_torch.py ]; then
+    run_step layer_torch "$raw/layer_torch.json" 3 "$py" launch/moe_layer_torch.py --device "$torch_device" \
+        "${layer_args[@]}" -J "$raw/layer_torch.json"
+else
+    not_available layer_torch "launch/moe_layer_torch.py is not in this checkout"
+fi
 
 run_step block "$raw/block.json" - "$bench" block --backend "$backend" --ranks 4 --link pcie4 \
     "${block_args[@]}" -J "$raw/block.json"
@@ -329,6 +350,55 @@ else
 fi
 run_step train "" - "$train" --preset gpt2-moe-small --backend "$backend" "${train_args[@]}" \
     ${peak_args[@]+"${peak_args[@]}"} --metrics "$raw/train.metrics.jsonl"
+
+# ---- The emulator next to every measurement ----------------------------------------------------
+# The same commands on an emulated GPU (modeled times, nothing computed): this GPU's built-in spec, and a
+# profile of it made from this run's layer step (the rate its expert GEMMs reached).
+emu_spec=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("emu_spec") or "")' \
+    "$raw/spec.json" 2>/dev/null || true)
+emu_gpus=()
+if [ -n "$emu_spec" ]; then
+    emu_gpus+=("spec:$emu_spec")
+    if "$py" launch/make_profile.py --base "$emu_spec" --name "measured-$emu_spec" "$raw/layer.json" \
+            >"$raw/profile.json" 2>"$raw/profile.log"; then
+        emu_gpus+=("profile:$raw/profile.json")
+    else
+        say "no profile from the layer step ($(tail -n 1 "$raw/profile.log")): the profile's predictions are not available"
+    fi
+fi
+[ -n "$emu_spec" ] || say "no built-in spec for '$gpu_name': the emulator's predictions are not available"
+for kind in spec profile; do
+    gpu=""
+    for g in ${emu_gpus[@]+"${emu_gpus[@]}"}; do [ "${g%%:*}" = "$kind" ] && gpu=${g#*:}; done
+    if [ -z "$gpu" ]; then
+        for name in gemm $(for sh in "${attention_shapes[@]}"; do read -r b s h d <<<"$sh"; echo "attention_b${b}_s${s}_h${h}_d${d}"; done) layer train; do
+            not_available "emu_${kind}_$name" "no emulated GPU for this GPU's $kind"
+        done
+        continue
+    fi
+    run_step "emu_${kind}_gemm" "$raw/emu_${kind}_gemm.json" - "$bench" gemm --backend emu --gpu "$gpu" \
+        --loads balanced,zipf --provider auto "${gemm_args[@]}" -J "$raw/emu_${kind}_gemm.json"
+    for shape in "${attention_shapes[@]}"; do
+        read -r b s h d <<<"$shape"
+        tag=b${b}_s${s}_h${h}_d${d}
+        run_step "emu_${kind}_attention_$tag" "$raw/emu_${kind}_attention_$tag.json" - "$bench" attention \
+            --backend emu --gpu "$gpu" --batch "$b" --seq "$s" --heads "$h" --head-dim "$d" --provider auto \
+            -J "$raw/emu_${kind}_attention_$tag.json"
+    done
+    run_step "emu_${kind}_layer" "$raw/emu_${kind}_layer.json" - "$bench" layer --backend emu --gpu "$gpu" \
+        --dispatch capacity,dropless --activation swiglu "${layer_args[@]}" -J "$raw/emu_${kind}_layer.json"
+    run_step "emu_${kind}_train" "" - "$train" --preset gpt2-moe-small --backend emu --gpu "$gpu" \
+        "${train_args[@]}" ${peak_args[@]+"${peak_args[@]}"} --metrics "$raw/emu_${kind}_train.metrics.jsonl"
+done
+
+# The training peer last: torch.compile is the longest step and the least needed.
+if [ -f launch/gpt2_moe_torch.py ]; then
+    run_step train_torch "$raw/train_torch.json" 3 "$py" launch/gpt2_moe_torch.py --device "$torch_device" \
+        --preset gpt2-moe-small --mode eager,compile --compile-budget-s "$compile_budget" "${train_args[@]}" \
+        ${peak_args[@]+"${peak_args[@]}"} -J "$raw/train_torch.json"
+else
+    not_available train_torch "launch/gpt2_moe_torch.py is not in this checkout"
+fi
 
 # ---- Report -----------------------------------------------------------------------------------
 set +e

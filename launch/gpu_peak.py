@@ -56,6 +56,9 @@ def parse_emu_device(device):
 def cmd_spec(a):
     """`gpu_report.py spec ...` (and this file run as a script)."""
     info = {"gpu_name": a.gpu_name}
+    # The built-in spec the emulator's predictions use (launch/gpu_check.sh's emu steps), also when
+    # --peak-tflops gives the peak.
+    info["emu_spec"], _ = spec_name_for(a.gpu_name)
     if a.peak_tflops:
         info.update(peak_tflops=a.peak_tflops, source="--peak-tflops")
     else:

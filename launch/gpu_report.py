@@ -191,6 +191,81 @@ def attention_comparison(benchmarks):
     return result
 
 
+def layer_comparison(benchmarks):
+    """scmoe's dropless layer rows against Mixtral's block (launch/moe_layer_torch.py) at the same token
+    count: PyTorch's time / scmoe's, forward and forward+backward (> 1: scmoe is faster)."""
+    ours = {r.get("tokens"): r for r in rows_of(benchmarks.get("layer")) if r.get("dispatch") == "dropless"}
+    rows = []
+    for t in rows_of(benchmarks.get("layer_torch")):
+        o = ours.get(t.get("tokens"))
+        row = {"tokens": t.get("tokens"), "peer": t.get("provider"), "peer_fwd_us": t.get("fwd_us"),
+               "peer_fwd_bwd_us": t.get("fwd_bwd_us")}
+        if o:
+            row.update(scmoe_fwd_us=o.get("fwd_us"), scmoe_fwd_bwd_us=o.get("fwd_bwd_us"))
+            for a, b, col in (("peer_fwd_us", "scmoe_fwd_us", "peer_over_scmoe_fwd"),
+                              ("peer_fwd_bwd_us", "scmoe_fwd_bwd_us", "peer_over_scmoe_fwd_bwd")):
+                if isinstance(row.get(a), (int, float)) and isinstance(row.get(b), (int, float)) and row[b] > 0:
+                    row[col] = row[a] / row[b]
+        rows.append(row)
+    return rows
+
+
+def train_comparison(benchmarks):
+    """scmoe-train's rows and the PyTorch model's (launch/gpt2_moe_torch.py, eager and compiled): tokens/s
+    and MFU, and scmoe's tokens/s over each PyTorch row's of the same variant (> 1: scmoe is faster)."""
+    ours = {r["variant"]: r for r in (benchmarks.get("train") or {}).get("rows", [])}
+    rows = [dict(r, source="scmoe") for r in ours.values()]
+    for t in rows_of(benchmarks.get("train_torch")):
+        row = dict(t, source=f"PyTorch {t.get('mode', '?')}")
+        o = ours.get(t.get("variant"))
+        if o and isinstance(t.get("tokens_per_s"), (int, float)) and t["tokens_per_s"] > 0:
+            row["scmoe_over_peer"] = o["tokens_per_s"] / t["tokens_per_s"]
+        rows.append(row)
+    return rows
+
+
+# What the emulator is compared on, per benchmark: the fields that name a case and the times.
+EMU_CASES = {
+    "gemm": (("load", "tokens"), ("grouped_us", "dense_us")),
+    "attention": (("provider", "batch", "seq", "heads", "head_dim"), ("fwd_us", "bwd_us", "fwd_bwd_us")),
+    "layer": (("dispatch", "tokens"), ("fwd_us", "fwd_bwd_us")),
+    "train": (("variant",), ("step_ms",)),
+}
+
+
+def emulator_comparison(benchmarks):
+    """Every measured gemm, attention, layer and train time next to the emulator's prediction for this GPU's
+    built-in spec and for the profile made from this run, with the error in percent ((predicted -
+    measured) / measured)."""
+    def rows_by_case(sec, keys):
+        rows = sec.get("rows", []) if sec and "rows" in sec else rows_of(sec)
+        return {tuple(r.get(k) for k in keys): r for r in rows if all(k in r for k in keys)}
+
+    out = []
+    for name in benchmarks:
+        if name.startswith("emu_") or name.endswith("_torch") or "_torch_" in name:
+            continue
+        kind = "attention" if name.startswith("attention_") else name
+        if kind not in EMU_CASES:
+            continue
+        keys, metrics = EMU_CASES[kind]
+        measured = rows_by_case(benchmarks[name], keys)
+        predicted = {k: rows_by_case(benchmarks.get(f"emu_{k}_{name}"), keys) for k in ("spec", "profile")}
+        for case, m in measured.items():
+            for metric in metrics:
+                if not isinstance(m.get(metric), (int, float)) or m[metric] <= 0:
+                    continue
+                row = {"benchmark": name, "case": ", ".join(f"{k} {v}" for k, v in zip(keys, case)),
+                       "metric": metric, "measured": m[metric]}
+                for k in ("spec", "profile"):
+                    p = predicted[k].get(case, {}).get(metric)
+                    if isinstance(p, (int, float)):
+                        row[k] = p
+                        row[f"{k}_error_pct"] = 100.0 * (p - m[metric]) / m[metric]
+                out.append(row)
+    return out
+
+
 def read_json(path):
     try:
         with open(path) as f:
@@ -277,7 +352,7 @@ def train_section(step, raw, spec):
     spec's peak."""
     sec = bench_section(step, raw)
     per_variant, unreadable = {}, 0
-    for line in read_text(os.path.join(raw, "train.metrics.jsonl")).splitlines():
+    for line in read_text(os.path.join(raw, step["name"] + ".metrics.jsonl")).splitlines():
         if not line.strip():
             continue
         try:
@@ -314,7 +389,7 @@ def train_section(step, raw, spec):
         sec["note"] = (sec["note"] + "; " if sec["note"] else "") + f"{unreadable} unreadable metrics line(s)"
     if step["status"] == "ok" and not rows:
         sec["status"] = "failed"
-        sec["note"] = "no metrics in train.metrics.jsonl"
+        sec["note"] = f"no metrics in {step['name']}.metrics.jsonl"
     return sec
 
 
@@ -370,7 +445,8 @@ def collect(raw, context):
         if name == "tests":
             continue
         try:
-            sec = train_section(step, raw, spec) if name == "train" else bench_section(step, raw)
+            is_train = name == "train" or (name.startswith("emu_") and name.endswith("_train"))
+            sec = train_section(step, raw, spec) if is_train else bench_section(step, raw)
         except Exception as e:  # one unreadable output costs its section, not the report
             sec = {
                 "status": "failed",
@@ -387,6 +463,9 @@ def collect(raw, context):
         if name not in steps:
             rep["failures"].append({"step": name, "why": "did not run (no record in steps.jsonl)"})
     rep["attention"] = attention_comparison(rep["benchmarks"])
+    rep["layer_vs_torch"] = layer_comparison(rep["benchmarks"])
+    rep["train_vs_torch"] = train_comparison(rep["benchmarks"])
+    rep["emulator"] = emulator_comparison(rep["benchmarks"])
     rep["ok"] = not rep["failures"]
     return rep
 
@@ -567,6 +646,18 @@ def render_md(rep):
     if rows_of(sec):
         out += "\n" + md_table(rows_of(sec), LAYER_COLUMNS)
 
+    out += section_header("MoE layer vs Hugging Face transformers' MixtralSparseMoeBlock", b.get("layer_torch"))
+    if rep["layer_vs_torch"]:
+        out += (
+            "\nThe same shape, bf16, dropless (Mixtral has no capacity): scmoe's `--activation swiglu` experts do "
+            "Mixtral's computation. peer/scmoe > 1: scmoe is faster. The peer's JSON says what else differs "
+            "(`peer_note`).\n\n"
+        )
+        out += md_table(rep["layer_vs_torch"], [
+            ("tokens", "tokens"), ("peer", "peer"), ("scmoe_fwd_us", "scmoe fwd µs"), ("peer_fwd_us", "peer fwd µs"),
+            ("peer_over_scmoe_fwd", "peer/scmoe fwd"), ("scmoe_fwd_bwd_us", "scmoe fwd+bwd µs"),
+            ("peer_fwd_bwd_us", "peer fwd+bwd µs"), ("peer_over_scmoe_fwd_bwd", "peer/scmoe fwd+bwd")])
+
     sec = b.get("block")
     out += section_header("ScMoE block variants, 4 local ranks, emulated PCIe 4 link", sec)
     if rows_of(sec):
@@ -604,6 +695,32 @@ def render_md(rep):
                 ("final_loss", "last loss"),
             ],
         )
+
+    out += section_header("gpt2-moe-small training vs the same model in PyTorch", b.get("train_torch"))
+    if any(r["source"] != "scmoe" for r in rep["train_vs_torch"]):
+        out += (
+            "\nlaunch/gpt2_moe_torch.py: the same model, FLOP count and MFU formula; eager and torch.compile "
+            "(a compile that does not finish within its budget is reported, not waited for). scmoe/peer > 1: "
+            "scmoe is faster.\n\n"
+        )
+        out += md_table(rep["train_vs_torch"], [
+            ("source", "source"), ("variant", "variant"), ("status", "status"), ("tokens_per_s", "tokens/s"),
+            ("step_ms", "ms/step"), ("mfu_pct", "MFU %"), ("first_step_s", "first step s"),
+            ("scmoe_over_peer", "scmoe/peer tokens/s"), ("note", "note")])
+
+    out += "\n## The emulator next to the measurements\n\n"
+    if rep["emulator"]:
+        out += (
+            "Each measured time beside the emulator's prediction (`--backend emu`): `spec`, this GPU's built-in "
+            "spec (kernels/emu/gpu_spec.cpp); `profile`, the spec with the GEMM rate this run's layer step "
+            "reached (launch/make_profile.py). Error = (predicted - measured) / measured.\n\n"
+        )
+        out += md_table(rep["emulator"], [
+            ("benchmark", "benchmark"), ("case", "case"), ("metric", "metric"), ("measured", "measured"),
+            ("spec", "spec"), ("spec_error_pct", "spec error %"), ("profile", "profile"),
+            ("profile_error_pct", "profile error %")])
+    else:
+        out += "No prediction to compare (no built-in spec for this GPU, or no measurement).\n"
 
     out += "\n## Failures\n\n"
     if not rep["failures"]:

@@ -209,6 +209,15 @@ echo "fake ctest: 3 tests"
             "context: backend, the GPU and its architecture",
         )
         check("Result: **FAILED**" in md and "## Failures" in md, "report.md says FAILED")
+        # The emulator beside every measured gemm, attention, layer and train time: the spec's and the
+        # profile's prediction (both predictions, with an error, for each kind).
+        emu = rep["emulator"]
+        kinds = {r["benchmark"].split("_")[0] for r in emu if "spec_error_pct" in r and "profile_error_pct" in r}
+        check(kinds == {"gemm", "attention", "layer", "train"}, f"the emulator's predictions beside {sorted(kinds)}",
+              json.dumps(emu)[:1500])
+        check(all(rep["benchmarks"][f"emu_{k}_{n}"]["status"] == "ok" for k in ("spec", "profile")
+                  for n in ("gemm", "layer", "train")), "every emulated step ran")
+        check("## The emulator next to the measurements" in md, "report.md has the emulator's table")
         check(re.search(r"\[\d+/\d+\] gemm: ok", text) is not None, "progress lines per step", text[-2000:])
         for f in (
             "gemm.json",
@@ -226,7 +235,7 @@ echo "fake ctest: 3 tests"
 
 FAKE_BENCH = r"""#!/bin/sh
 # A fake scmoe-bench: gemm on the GPU fails, layer hangs, block and attention write a report, the
-# emulated gemm (the MFU's spec) describes an H100.
+# emulated gemm (the MFU's spec) describes an H100, the emulated layer writes a report.
 sub=$1; shift
 json=""; backend=""
 for a in "$@"; do
@@ -238,6 +247,7 @@ done
 case "$sub:$backend" in
   gemm:emu) echo '{"benchmark": "gemm", "device": "emu: NVIDIA H100 SXM5 80GB: 132 SMs, 989 TFLOP/s bf16, 3350 GB/s, 80.0 GiB (modeled)", "rows": [], "wrong": 0}' > "$json" ;;
   gemm:*) echo "scmoe-bench gemm: error: cublas exploded" >&2; exit 3 ;;
+  layer:emu) echo '{"benchmark": "layer", "rows": [{"dispatch": "dropless", "tokens": 8192, "fwd_us": 50.0, "wrong": null}], "wrong": 0}' > "$json" ;;
   layer:*) echo "layer: starting"; sleep 120 ;;
   block:*) echo '{"benchmark": "block", "rows": [{"variant": "top2", "train_us": 1000.0, "wrong": 0}, {"variant": "scmoe-pos2", "train_us": 800.0, "wrong": 0}], "wrong": 0}' > "$json" ;;
   attention:*) echo '{"benchmark": "attention", "rows": [{"provider": "auto", "batch": 8, "seq": 1024, "heads": 12, "head_dim": 64, "fwd_us": 100.0, "fwd_bwd_us": 350.0, "wrong": 0}], "wrong": 0}' > "$json" ;;
