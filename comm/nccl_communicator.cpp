@@ -77,11 +77,13 @@ NcclCommunicator::~NcclCommunicator() {
     if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
     cudaSetDevice(device_);
     // NOTES: errors ignored: a destructor cannot throw, and the job is going down anyway.
-    if (staging_) {
+    auto release_staging = [this] {
+        if (!staging_) return;
         cudaFree(staging_->counts_device);
         cudaFreeHost(staging_->counts_host);
         cudaFree(staging_->barrier_device);
-    }
+        staging_.reset();
+    };
     if (owned_ && comm_ != nullptr && !broken_) {
         // Review L4: finalize (flushing outstanding work), polled to completion on a non-blocking
         // communicator, then destroy; abort on an error or the timeout (comm/detail/nccl_teardown.h).
@@ -98,8 +100,10 @@ NcclCommunicator::~NcclCommunicator() {
                                          return state_of(state);
                                      },
                                      [&] { ncclCommDestroy(comm); }, [&] { ncclCommAbort(comm); },
-                                     [&] { return Clock::now() > deadline; }, [] { std::this_thread::yield(); }});
+                                     [&] { return Clock::now() > deadline; }, [] { std::this_thread::yield(); },
+                                     release_staging});
     }
+    release_staging();  // a communicator not owned, or broken (already aborted): nothing outstanding
     if (previous >= 0) cudaSetDevice(previous);
 }
 

@@ -2,7 +2,8 @@
 
 namespace scmoe::comm_detail {
 
-NcclTeardown tear_down_nccl(const NcclTeardownCalls& calls) {
+namespace {
+NcclTeardown finalize_then_destroy_or_abort(const NcclTeardownCalls& calls) {
     NcclState state = calls.finalize();
     while (state == NcclState::kInProgress) {
         if (calls.past_deadline()) {
@@ -18,6 +19,13 @@ NcclTeardown tear_down_nccl(const NcclTeardownCalls& calls) {
     }
     calls.destroy();
     return NcclTeardown::kFinalizedAndDestroyed;
+}
+}  // namespace
+
+NcclTeardown tear_down_nccl(const NcclTeardownCalls& calls) {
+    const NcclTeardown outcome = finalize_then_destroy_or_abort(calls);
+    calls.release();
+    return outcome;
 }
 
 const char* nccl_teardown_name(NcclTeardown outcome) {

@@ -1,5 +1,7 @@
 #include "kernels/attention.h"
 
+#include <algorithm>
+#include <atomic>
 #include <string_view>
 
 #include "kernels/error.h"
@@ -60,6 +62,39 @@ bool attention_cudnn_built() { return true; }
 #else
 bool attention_cudnn_built() { return false; }
 #endif
+
+namespace {
+struct AttentionCounters {
+    std::atomic<long long> cudnn_forward{0}, cudnn_backward{0}, cudnn_deterministic_backward{0}, own_forward{0},
+        own_backward{0};
+    std::atomic<std::int64_t> cudnn_max_workspace_bytes{0};
+};
+AttentionCounters& attention_counters() {
+    static AttentionCounters counters;
+    return counters;
+}
+}  // namespace
+
+AttentionStats attention_stats() {
+    const AttentionCounters& c = attention_counters();
+    return {c.cudnn_forward.load(), c.cudnn_backward.load(), c.cudnn_deterministic_backward.load(),
+            c.own_forward.load(), c.own_backward.load(), c.cudnn_max_workspace_bytes.load()};
+}
+
+namespace detail {
+void note_attention_call(bool cudnn, bool backward, bool deterministic, std::int64_t workspace_bytes) {
+    AttentionCounters& c = attention_counters();
+    if (!cudnn) {
+        (backward ? c.own_backward : c.own_forward).fetch_add(1);
+        return;
+    }
+    (backward ? c.cudnn_backward : c.cudnn_forward).fetch_add(1);
+    if (backward && deterministic) c.cudnn_deterministic_backward.fetch_add(1);
+    std::int64_t seen = c.cudnn_max_workspace_bytes.load();
+    while (workspace_bytes > seen && !c.cudnn_max_workspace_bytes.compare_exchange_weak(seen, workspace_bytes)) {
+    }
+}
+}  // namespace detail
 
 void check_attention_provider(AttentionProvider provider, Backend backend) {
     SCMOE_CHECK(backend != Backend::kCpu || provider != AttentionProvider::kCudnn,

@@ -9,7 +9,7 @@
 // CPU: f32 only (BLAS per (batch, head) on strided views). CUDA: f32 or bf16 storage with fp32
 // accumulation, head_dim <= kAttentionCudaMaxHeadDim. lse is f32 on both. Results are bitwise
 // reproducible run to run (the own kernels have no atomics; cuDNN's backward runs its deterministic
-// algorithm unless SCMOE_ATTENTION_DETERMINISTIC=0).
+// algorithm from sm_90 on, unless SCMOE_ATTENTION_DETERMINISTIC=0; below sm_90 only when it is 1).
 //
 // Providers on CUDA (AttentionProvider below): scmoe's own kernel (the reference, every dtype and
 // head_dim above) and cuDNN's fused flash attention (bf16 only; built when the cuDNN frontend is
@@ -53,6 +53,16 @@ const char* attention_provider_name(AttentionProvider provider);  // "auto", "ow
 AttentionProvider parse_attention_provider(const char* name);
 // Whether this build has the cuDNN provider (CUDA backend built with the cuDNN frontend).
 bool attention_cudnn_built();
+
+// Which implementation ran the CUDA attention calls of this process (every device and stream), for
+// tests and diagnostics: auto may fall back to the own kernel where cuDNN turns a shape down.
+struct AttentionStats {
+    long long cudnn_forward = 0, cudnn_backward = 0;  // calls cuDNN's fused kernels ran
+    long long cudnn_deterministic_backward = 0;       // of cudnn_backward: its deterministic algorithm
+    long long own_forward = 0, own_backward = 0;      // calls scmoe's own kernel ran
+    std::int64_t cudnn_max_workspace_bytes = 0;       // the largest workspace a cuDNN graph asked for
+};
+AttentionStats attention_stats();
 
 void attention_forward(const AttentionArgs& args, Stream& stream,
                        AttentionProvider provider = AttentionProvider::kAuto);

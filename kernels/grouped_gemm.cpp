@@ -1,5 +1,6 @@
 #include "kernels/grouped_gemm.h"
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <sstream>
@@ -99,9 +100,38 @@ std::string cutlass_grouped_gemm_unsupported(const GroupedGemmArgs& a, const Gro
     } else if (a.num_groups > kCutlassGroupedMaxGroups) {
         why << "grouped gemm provider cutlass-grouped takes at most " << kCutlassGroupedMaxGroups << " groups, got "
             << a.num_groups << kInstead;
+    } else if (a.sm_limit < 0) {
+        why << "grouped gemm provider cutlass-grouped: sm_limit " << a.sm_limit << " is negative (0: every SM)";
     }
     return why.str();
 }
+
+namespace {
+struct CutlassGroupedCounters {
+    std::atomic<long long> sm90_calls{0}, sm80_calls{0}, initializations{0};
+    std::atomic<int> last_grid{0}, device_sms{0};
+};
+CutlassGroupedCounters& cutlass_grouped_counters() {
+    static CutlassGroupedCounters counters;
+    return counters;
+}
+}  // namespace
+
+CutlassGroupedStats cutlass_grouped_stats() {
+    const CutlassGroupedCounters& c = cutlass_grouped_counters();
+    return {c.sm90_calls.load(), c.sm80_calls.load(), c.initializations.load(), c.last_grid.load(),
+            c.device_sms.load()};
+}
+
+namespace detail {
+void note_cutlass_grouped_call(bool sm90, bool initialized, int grid, int device_sms) {
+    CutlassGroupedCounters& c = cutlass_grouped_counters();
+    (sm90 ? c.sm90_calls : c.sm80_calls).fetch_add(1);
+    if (initialized) c.initializations.fetch_add(1);
+    c.last_grid.store(grid);
+    c.device_sms.store(device_sms);
+}
+}  // namespace detail
 
 GroupedGemmProvider resolve_grouped_gemm_provider(const GroupedGemmArgs& a, GroupedGemmProvider requested,
                                                   const GroupedGemmTarget& t) {

@@ -61,6 +61,10 @@ struct GroupedGemmArgs {
     void* c = nullptr;
     DType ab_dtype = DType::kF32;
     DType c_dtype = DType::kF32;
+    // cutlass-grouped: the most SMs its persistent grid takes (0: every SM). A persistent kernel holds
+    // its SMs for its whole run, so a kernel meant to run beside it (an exchange's NCCL kernels) can
+    // only start on SMs it leaves free. The other providers ignore it.
+    int sm_limit = 0;
 };
 
 void grouped_gemm(const GroupedGemmArgs& args, Stream& stream,
@@ -91,6 +95,18 @@ constexpr int kCutlassGroupedMaxGroups = 4096;
 // and 128-bit loads), a, b and c 16-byte aligned, k, n and max_rows below 2^31, and
 // num_groups <= kCutlassGroupedMaxGroups.
 std::string cutlass_grouped_gemm_unsupported(const GroupedGemmArgs& args, const GroupedGemmTarget& target);
+
+// What cutlass-grouped did in this process (all devices and streams), for tests and diagnostics.
+// SCMOE_CUTLASS_ARCH=sm80 runs the CUTLASS 2.x path on sm_90 too (the A100 kernel on a Hopper GPU);
+// SCMOE_CUTLASS_TRACE=1 prints every call (path, kind, groups, grid, whether it was initialized) to stderr.
+struct CutlassGroupedStats {
+    long long sm90_calls = 0;       // GEMMs run by the Hopper path (TMA + WGMMA)
+    long long sm80_calls = 0;       // GEMMs run by the CUTLASS 2.x path
+    long long initializations = 0;  // GEMMs initialized: once per (stream, path, kind, groups, grid)
+    int last_grid = 0;              // the persistent grid of the last call, in blocks (sm90: one per SM)
+    int device_sms = 0;             // the SMs of the last call's device
+};
+CutlassGroupedStats cutlass_grouped_stats();
 
 // The provider that runs `args` when `requested` is asked for on `target`: kAuto resolved (CUDA:
 // cutlass-grouped when supported and the device is sm_80..sm_90, where its kernels are native;

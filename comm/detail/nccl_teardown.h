@@ -24,6 +24,9 @@ struct NcclTeardownCalls {
     std::function<void()> abort;             // ncclCommAbort
     std::function<bool()> past_deadline;     // the teardown's time is up (SCMOE_COMM_TIMEOUT_S)
     std::function<void()> pause;             // between polls (a yield)
+    // Frees the communicator's device buffers: last, after destroy or abort, since cudaFree waits for
+    // the device, and so for a collective that never completes (review 2, #16).
+    std::function<void()> release;
 };
 
 enum class NcclTeardown {
@@ -33,7 +36,8 @@ enum class NcclTeardown {
 };
 
 // finalize; while in progress, poll the state (pausing in between) until success, an error or the
-// deadline; then destroy on success, abort otherwise. Never throws on its own (a destructor runs it).
+// deadline; then destroy on success, abort otherwise; then release. Never throws on its own (a
+// destructor runs it).
 NcclTeardown tear_down_nccl(const NcclTeardownCalls& calls);
 
 const char* nccl_teardown_name(NcclTeardown outcome);

@@ -251,6 +251,7 @@ void attention_forward(const AttentionArgs& a, AttentionProvider provider, void*
     if (choice.path == AttentionPath::kCudnn && cudnn_attention_forward(a, s, choice.cudnn_required)) return;
 #endif
     own_attention_forward(a, s);
+    detail::note_attention_call(false, false, false, 0);
 }
 
 void attention_backward(const AttentionBackwardArgs& a, AttentionProvider provider, void* stream) {
@@ -262,6 +263,7 @@ void attention_backward(const AttentionBackwardArgs& a, AttentionProvider provid
     if (choice.path == AttentionPath::kCudnn && cudnn_attention_backward(a, s, choice.cudnn_required)) return;
 #endif
     own_attention_backward(a, s);
+    detail::note_attention_call(false, true, false, 0);
 }
 
 }  // namespace scmoe::cuda

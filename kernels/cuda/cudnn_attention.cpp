@@ -202,11 +202,22 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const CudnnAttentionKey& k) {
     return g;
 }
 
-// Builds entry.graph for `key` (entry.mu held). A step that fails leaves entry unsupported with
-// cuDNN's message; the caller decides whether that throws.
+// A deterministic backward's workspace above this is reported once on stderr: with cuDNN below 9.25
+// it grows with b*h*s*s (201 MB at 8x12x1024, 17 GB at 4x32x8192), per stream.
+constexpr std::int64_t kReportedWorkspaceBytes = std::int64_t{256} << 20;
+
+// Builds entry.graph for `key` (entry.mu held). A step that fails, or a frontend call that throws
+// while the graph is put together (its sdpa node refuses a shape by throwing), leaves entry
+// unsupported with cuDNN's message; the caller decides whether that throws.
 void build(CachedGraph& entry, const CudnnAttentionKey& key, cudnnHandle_t handle) {
     entry.built = true;
-    auto g = key.direction == AttentionDirection::kForward ? forward_graph(key) : backward_graph(key);
+    std::shared_ptr<fe::graph::Graph> g;
+    try {
+        g = key.direction == AttentionDirection::kForward ? forward_graph(key) : backward_graph(key);
+    } catch (const std::exception& e) {
+        entry.unsupported_reason = std::string("building the graph: ") + e.what();
+        return;
+    }
     auto step = [&entry](const char* name, fe::error_t err) {
         if (err.is_good()) return true;
         entry.unsupported_reason = std::string(name) + ": " + err.get_message();
@@ -223,6 +234,13 @@ void build(CachedGraph& entry, const CudnnAttentionKey& key, cudnnHandle_t handl
     entry.graph = std::move(g);
     entry.workspace_bytes = workspace_bytes;
     entry.supported = true;
+    if (key.direction == AttentionDirection::kBackward && key.deterministic &&
+        workspace_bytes > kReportedWorkspaceBytes)
+        std::fprintf(stderr,
+                     "scmoe: %s: cuDNN's deterministic backward needs %.0f MiB of workspace on each stream that runs "
+                     "it (cuDNN %zu); SCMOE_ATTENTION_DETERMINISTIC=0 runs its atomic backward without it\n",
+                     describe("attention_backward", key).c_str(), static_cast<double>(workspace_bytes) / (1 << 20),
+                     cudnnGetVersion());
 }
 
 int compute_capability(int device) {
@@ -260,6 +278,8 @@ bool run(const char* op, const CudnnAttentionKey& key, std::unordered_map<std::i
     void* ws = workspace(state, stream, entry->workspace_bytes, what);
     fe::error_t err = entry->graph->execute(state.handle, pack, ws);
     if (err.is_bad()) SCMOE_FAIL(what << ": execute failed: " << err.get_message());
+    detail::note_attention_call(true, key.direction == AttentionDirection::kBackward, key.deterministic,
+                                entry->workspace_bytes);
     return true;
 }
 
@@ -290,8 +310,10 @@ bool cudnn_attention_forward(const AttentionArgs& a, cudaStream_t stream, bool r
 }
 
 bool cudnn_attention_backward(const AttentionBackwardArgs& a, cudaStream_t stream, bool required) {
-    const bool deterministic = attention_deterministic_from_env(std::getenv("SCMOE_ATTENTION_DETERMINISTIC"));
-    const CudnnAttentionKey key = cudnn_attention_key(stream_device(stream), a, deterministic);
+    const int device = stream_device(stream);
+    const bool deterministic =
+        attention_deterministic_from_env(std::getenv("SCMOE_ATTENTION_DETERMINISTIC"), compute_capability(device));
+    const CudnnAttentionKey key = cudnn_attention_key(device, a, deterministic);
     const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim);
     std::unordered_map<std::int64_t, void*> pack = {
         {kUidQ, at(a.qkv, views.q, a.dtype)},          {kUidK, at(a.qkv, views.k, a.dtype)},

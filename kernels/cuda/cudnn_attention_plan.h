@@ -139,11 +139,15 @@ inline AttentionPathChoice choose_attention_path(const char* op, AttentionProvid
     return {AttentionPath::kOwn, false};
 }
 
-// SCMOE_ATTENTION_DETERMINISTIC (`env_value`, null or empty when unset): "1" (default) runs cuDNN's
-// deterministic backward (bitwise reproducible; on sm_90 about b*h*s*s*2 bytes more workspace), "0" its faster
-// backward with atomic dQ accumulation. Throws on any other value.
-inline bool attention_deterministic_from_env(const char* env_value) {
-    if (env_value == nullptr || env_value[0] == '\0') return true;
+// SCMOE_ATTENTION_DETERMINISTIC (`env_value`, null or empty when unset) on a device of compute
+// capability `cc` (90 for 9.0): "1" runs cuDNN's deterministic backward (bitwise reproducible; with
+// cuDNN below 9.25 its dP-workspace path, b*h*s*s*2 bytes of workspace per stream), "0" its faster
+// backward with atomic dQ accumulation. Unset: deterministic from sm_90 on, where cuDNN has it; below,
+// cuDNN may turn the deterministic graph down or not keep its promise (TransformerEngine disables
+// fused attention for determinism below sm_90), so the default there is the atomic backward.
+// Throws on any other value.
+inline bool attention_deterministic_from_env(const char* env_value, int cc) {
+    if (env_value == nullptr || env_value[0] == '\0') return cc >= 90;
     const std::string_view v = env_value;
     if (v == "1") return true;
     if (v == "0") return false;
@@ -151,3 +155,8 @@ inline bool attention_deterministic_from_env(const char* env_value) {
 }
 
 }  // namespace scmoe::cuda
+
+namespace scmoe::detail {
+// kernels/attention.cpp: counts what attention_stats() reports (`workspace_bytes`: the cuDNN graph's).
+void note_attention_call(bool cudnn, bool backward, bool deterministic, std::int64_t workspace_bytes);
+}  // namespace scmoe::detail

@@ -1,9 +1,11 @@
 // The cutlass-grouped provider's entry: checks the arguments, zeroes the weight gradients of empty
 // groups, takes the per-group arrays and CUTLASS's workspace from the stream's scratch, and runs the
 // Hopper path on sm_90 (when built) or the CUTLASS 2.x path elsewhere.
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cutlass_grouped_gemm.cuh"
@@ -42,6 +44,21 @@ int sm_count(int device) {
     return count;
 }
 
+// SCMOE_CUTLASS_ARCH: which path runs on an sm_90 device: sm90 (the default where built) or sm80
+// (the CUTLASS 2.x kernel, which an A100 runs; to test it on a Hopper GPU).
+bool sm80_path_forced() {
+    const char* v = std::getenv("SCMOE_CUTLASS_ARCH");
+    const std::string_view arch = v == nullptr ? "" : v;
+    SCMOE_CHECK(arch.empty() || arch == "auto" || arch == "sm80" || arch == "sm90",
+                "SCMOE_CUTLASS_ARCH='" << arch << "': auto, sm80 or sm90");
+    return arch == "sm80";
+}
+
+bool trace_enabled() {
+    const char* v = std::getenv("SCMOE_CUTLASS_TRACE");
+    return v != nullptr && *v != 0 && std::string_view(v) != "0";
+}
+
 }  // namespace
 
 void cutlass_grouped_gemm(const GroupedGemmArgs& a, const GroupedGemmTarget& target, cudaStream_t stream) {
@@ -70,16 +87,19 @@ void cutlass_grouped_gemm(const GroupedGemmArgs& a, const GroupedGemmTarget& tar
     l.b = a.b;
     l.c = a.c;
     l.device = res.device;
-    l.sm_count = sm_count(res.device);
+    l.device_sms = sm_count(res.device);
+    l.sm_count = a.sm_limit > 0 && a.sm_limit < l.device_sms ? a.sm_limit : l.device_sms;
+    l.trace = trace_enabled();
     // The scratch is free between ops on one stream (stream_resources.cuh), so the arrays the setup
     // kernel writes stay valid until the GEMM that reads them has run.
+    const bool sm80_forced = sm80_path_forced();
 #if SCMOE_CUTLASS_SM90
-    if (target.cc_major == 9 && target.cc_minor == 0) {
-        cutlass_grouped::run_sm90(l, res.scratch, kScratchBytes, stream);
+    if (target.cc_major == 9 && target.cc_minor == 0 && !sm80_forced) {
+        cutlass_grouped::run_sm90(l, res, stream);
         return;
     }
 #endif
-    cutlass_grouped::run_sm80(l, res.scratch, kScratchBytes, stream);
+    cutlass_grouped::run_sm80(l, res, stream);
 }
 
 }  // namespace scmoe::cuda

@@ -11,15 +11,33 @@
 //   kGradWeight: m = k, n = n, k = rows_g;     A column-major = X_g^T; B row-major [rows, n];      D f32 row-major
 // Every leading dimension is k or n (never a row count), which is why k % 8 == n % 8 == 0 suffices
 // for 16-byte aligned rows of every group.
+//
+// A GEMM's CUTLASS parameters depend only on (path, kind, groups, grid): the per-group arrays sit at
+// fixed places of the stream's scratch and the sizes are read on the device. So each path initializes
+// a GEMM once per stream and key (TMA descriptors, attributes, the launch preflight) and later calls
+// only launch it (GemmCache). CUTLASS reads and so clears CUDA's error itself and reports any failure
+// as "Error Internal"; the preflight (check_launchable) asks CUDA first, so a kernel that cannot run
+// here fails with CUDA's reason.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
 
 #include "kernels/error.h"
+#include "kernels/cuda/stream_resources.cuh"
 #include "kernels/grouped_gemm.h"
+
+namespace scmoe::detail {
+// kernels/grouped_gemm.cpp: counts what cutlass_grouped_stats() reports.
+void note_cutlass_grouped_call(bool sm90, bool initialized, int grid, int device_sms);
+}  // namespace scmoe::detail
 
 namespace scmoe::cuda {
 
@@ -39,8 +57,69 @@ struct Launch {
     const void* b = nullptr;                // bf16
     void* c = nullptr;                      // bf16 (kForward, kGradInput) or f32 (kGradWeight)
     int device = 0;
-    int sm_count = 0;
+    int device_sms = 0;  // the device's SMs
+    int sm_count = 0;    // the SMs the persistent grid may take (GroupedGemmArgs::sm_limit applied)
+    bool trace = false;  // SCMOE_CUTLASS_TRACE=1: print the call to stderr
 };
+
+inline const char* kind_name(GroupedGemmKind k) {
+    switch (k) {
+        case GroupedGemmKind::kForward: return "forward";
+        case GroupedGemmKind::kGradInput: return "grad-input";
+        case GroupedGemmKind::kGradWeight: return "grad-weight";
+    }
+    return "?";
+}
+
+// Throws, with CUDA's reason, unless `kernel` can run on the current device with `threads` threads and
+// `smem` bytes of dynamic shared memory per block: its image loads (sm_90a code on a non-sm_90a device
+// does not), the shared memory can be granted, and at least one block fits an SM.
+template <class Kernel>
+void check_launchable(Kernel* kernel, int threads, int smem, const char* what) {
+    cudaFuncAttributes attr{};
+    cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+    SCMOE_CHECK(e == cudaSuccess, "grouped gemm provider cutlass-grouped (" << what << "): the kernel cannot be loaded: "
+                                      << cudaGetErrorString(e) << "; use device-grouped");
+    if (smem >= (48 << 10)) {
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        SCMOE_CHECK(e == cudaSuccess, "grouped gemm provider cutlass-grouped ("
+                                          << what << "): " << smem << " bytes of shared memory per block refused: "
+                                          << cudaGetErrorString(e) << "; use device-grouped");
+    }
+    int blocks = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, static_cast<std::size_t>(smem));
+    SCMOE_CHECK(e == cudaSuccess && blocks > 0,
+                "grouped gemm provider cutlass-grouped ("
+                    << what << "): no block of " << threads << " threads with " << smem << " bytes of shared memory and "
+                    << attr.numRegs << " registers per thread fits an SM"
+                    << (e == cudaSuccess ? std::string() : std::string(": ") + cudaGetErrorString(e))
+                    << "; use device-grouped");
+}
+
+// The initialized GEMMs of one stream (StreamResources::cutlass), by (path, kind, groups, grid).
+struct CachedGemm {
+    virtual ~CachedGemm() = default;
+    int grid = 0;  // blocks of the persistent grid
+};
+template <class Gemm>
+struct CachedGemmOf : CachedGemm {
+    Gemm gemm;
+};
+struct GemmCache : StreamExtension {
+    std::map<std::array<int, 4>, std::unique_ptr<CachedGemm>> gemms;
+};
+inline GemmCache& gemm_cache(StreamResources& res) {
+    if (!res.cutlass) res.cutlass = std::make_unique<GemmCache>();
+    return static_cast<GemmCache&>(*res.cutlass);
+}
+
+inline void trace_call(const Launch& l, const char* path, int grid, bool initialized) {
+    if (!l.trace) return;
+    std::fprintf(stderr,
+                 "scmoe cutlass-grouped: %s %s groups=%d k=%lld n=%lld max_rows=%lld grid=%d blocks (%d of %d SMs)%s\n",
+                 path, kind_name(l.kind), l.num_groups, l.k, l.n, l.max_rows, grid, l.sm_count, l.device_sms,
+                 initialized ? ", initialized" : "");
+}
 
 // Group g's GEMM in CUTLASS's terms (see the table above); leading dimensions in elements.
 struct Problem {
@@ -120,10 +199,11 @@ class ScratchCarver {
     std::size_t used_ = 0;
 };
 
-// The architecture paths: build the per-group arrays in `scratch` (device code, no host sync), then
-// run CUTLASS on `stream`. Arguments already validated (cutlass_grouped_gemm_unsupported).
-void run_sm80(const Launch& l, void* scratch, std::size_t scratch_bytes, cudaStream_t stream);
-void run_sm90(const Launch& l, void* scratch, std::size_t scratch_bytes, cudaStream_t stream);
+// The architecture paths: build the per-group arrays in the stream's scratch (device code, no host
+// sync), then run CUTLASS on `stream`, initializing it first when `res` has no GEMM for the call's key.
+// Arguments already validated (cutlass_grouped_gemm_unsupported).
+void run_sm80(const Launch& l, StreamResources& res, cudaStream_t stream);
+void run_sm90(const Launch& l, StreamResources& res, cudaStream_t stream);
 
 }  // namespace cutlass_grouped
 }  // namespace scmoe::cuda

@@ -3,11 +3,10 @@
 // configuration per kind: 128x128x32 block tiles, 64x64x32 warp tiles, mma.sync 16x8x16, 4 stages
 // (64 KiB of shared memory), bf16 inputs, fp32 accumulation; the epilogue writes the accumulator
 // converted to the output type (no source C is read).
-#include <map>
-#include <mutex>
 #include <utility>
 
 #include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
 #include "cutlass/epilogue/thread/linear_combination.h"
 #include "cutlass/gemm/device/gemm_grouped.h"
 #include "cutlass/gemm/kernel/default_gemm_grouped.h"
@@ -70,25 +69,19 @@ __global__ void build_sm80_arrays(Launch l, Arrays<G> arr) {
     arr.ldd[g] = p.ldd;
 }
 
-// Persistent grid: one full wave (SMs x resident blocks), cached per device and kernel.
+// Persistent grid: one full wave (resident blocks per SM x the SMs the call may take).
 template <class G>
-int threadblock_count(int device) {
-    static std::mutex mutex;
-    static std::map<int, int> counts;
-    std::scoped_lock lock(mutex);
-    auto it = counts.find(device);
-    if (it != counts.end()) return it->second;
-    const int count = G::Device::sufficient();  // the current device: the stream's (StreamDeviceGuard)
-    SCMOE_CHECK(count > 0, "grouped gemm provider cutlass-grouped (sm80): no resident block fits on device "
-                               << device << " (shared memory); use device-grouped");
-    counts.emplace(device, count);
-    return count;
+int threadblock_count(const Launch& l) {
+    const int per_sm = G::Device::maximum_active_blocks();  // the current device: the stream's (StreamDeviceGuard)
+    SCMOE_CHECK(per_sm > 0, "grouped gemm provider cutlass-grouped (sm80): no resident block fits on device "
+                                << l.device << " (shared memory); use device-grouped");
+    return per_sm * l.sm_count;
 }
 
 template <class G>
-void run(const Launch& l, void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
+void run(const Launch& l, StreamResources& res, cudaStream_t stream) {
     const auto groups = static_cast<std::size_t>(l.num_groups);
-    ScratchCarver carve(scratch, scratch_bytes);
+    ScratchCarver carve(res.scratch, kScratchBytes);
     Arrays<G> arr;
     arr.shapes = carve.take<cutlass::gemm::GemmCoord>(groups, "problem shapes");
     arr.a = carve.take<typename G::ElementA*>(groups, "A pointers");
@@ -101,33 +94,46 @@ void run(const Launch& l, void* scratch, std::size_t scratch_bytes, cudaStream_t
     build_sm80_arrays<G><<<(l.num_groups + kThreads - 1) / kThreads, kThreads, 0, stream>>>(l, arr);
     SCMOE_CUDA_CHECK_LAUNCH("build_sm80_arrays");
 
-    typename G::Device::Arguments args(arr.shapes, l.num_groups, threadblock_count<G>(l.device),
-                                       typename G::Output::Params(), arr.a, arr.b, arr.d, arr.d, arr.lda, arr.ldb,
-                                       arr.ldd, arr.ldd, /*host_problem_sizes=*/nullptr);
-    // The device-only schedule needs no workspace (the precomputed schedule would need host sizes).
-    static_assert(!G::Kernel::ProblemVisitor::kRequiresPrecomputation, "device-only schedule expected");
-    typename G::Device gemm;
-    cutlass::Status st = gemm.initialize(args, nullptr, stream);
-    SCMOE_CHECK(st == cutlass::Status::kSuccess,
-                "grouped gemm provider cutlass-grouped (sm80): initialize: " << cutlass::cutlassGetStatusString(st));
-    st = gemm.run(stream);
+    const std::array<int, 4> key{80, static_cast<int>(l.kind), l.num_groups, l.sm_count};
+    GemmCache& cache = gemm_cache(res);
+    auto it = cache.gemms.find(key);
+    const bool initialize = it == cache.gemms.end();
+    if (initialize) {
+        check_launchable(&cutlass::Kernel<typename G::Kernel>, G::Kernel::kThreadCount,
+                         static_cast<int>(sizeof(typename G::Kernel::SharedStorage)), "sm80");
+        typename G::Device::Arguments args(arr.shapes, l.num_groups, threadblock_count<G>(l),
+                                           typename G::Output::Params(), arr.a, arr.b, arr.d, arr.d, arr.lda, arr.ldb,
+                                           arr.ldd, arr.ldd, /*host_problem_sizes=*/nullptr);
+        // The device-only schedule needs no workspace (the precomputed schedule would need host sizes).
+        static_assert(!G::Kernel::ProblemVisitor::kRequiresPrecomputation, "device-only schedule expected");
+        auto entry = std::make_unique<CachedGemmOf<typename G::Device>>();
+        entry->grid = args.threadblock_count;
+        const cutlass::Status st = entry->gemm.initialize(args, nullptr, stream);
+        SCMOE_CHECK(st == cutlass::Status::kSuccess,
+                    "grouped gemm provider cutlass-grouped (sm80): initialize: " << cutlass::cutlassGetStatusString(st));
+        it = cache.gemms.emplace(key, std::move(entry)).first;
+    }
+    const int grid = it->second->grid;
+    trace_call(l, "sm80", grid, initialize);
+    const cutlass::Status st = static_cast<CachedGemmOf<typename G::Device>&>(*it->second).gemm.run(stream);
     SCMOE_CUDA_CHECK_LAUNCH("cutlass sm80 grouped gemm");
     SCMOE_CHECK(st == cutlass::Status::kSuccess,
                 "grouped gemm provider cutlass-grouped (sm80): run: " << cutlass::cutlassGetStatusString(st));
+    detail::note_cutlass_grouped_call(false, initialize, grid, l.device_sms);
 }
 
 }  // namespace
 
-void run_sm80(const Launch& l, void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
+void run_sm80(const Launch& l, StreamResources& res, cudaStream_t stream) {
     switch (l.kind) {
         case GroupedGemmKind::kForward:
-            run<ForwardGemm>(l, scratch, scratch_bytes, stream);
+            run<ForwardGemm>(l, res, stream);
             return;
         case GroupedGemmKind::kGradInput:
-            run<GradInputGemm>(l, scratch, scratch_bytes, stream);
+            run<GradInputGemm>(l, res, stream);
             return;
         case GroupedGemmKind::kGradWeight:
-            run<GradWeightGemm>(l, scratch, scratch_bytes, stream);
+            run<GradWeightGemm>(l, res, stream);
             return;
     }
 }

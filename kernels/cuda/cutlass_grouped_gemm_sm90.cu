@@ -8,6 +8,7 @@
 // empty unless __CUDA_ARCH_FEAT_SM90_ALL is defined, so any other device pass would still compile.
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/epilogue/fusion/operations.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
@@ -92,10 +93,10 @@ __global__ void build_sm90_arrays(Launch l, Arrays<G> arr) {
 }
 
 template <class G>
-void run(const Launch& l, void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
+void run(const Launch& l, StreamResources& res, cudaStream_t stream) {
     using ElementD = typename G::Kernel::CollectiveEpilogue::ElementD;
     const auto groups = static_cast<std::size_t>(l.num_groups);
-    ScratchCarver carve(scratch, scratch_bytes);
+    ScratchCarver carve(res.scratch, kScratchBytes);
     Arrays<G> arr;
     arr.shapes = carve.take<typename ProblemShape::UnderlyingProblemShape>(groups, "problem shapes");
     arr.a = carve.take<const Bf16*>(groups, "A pointers");
@@ -108,49 +109,64 @@ void run(const Launch& l, void* scratch, std::size_t scratch_bytes, cudaStream_t
     build_sm90_arrays<G><<<(l.num_groups + kThreads - 1) / kThreads, kThreads, 0, stream>>>(l, arr);
     SCMOE_CUDA_CHECK_LAUNCH("build_sm90_arrays");
 
-    typename G::Device::Arguments args;
-    args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
-    args.problem_shape = {l.num_groups, arr.shapes, nullptr};  // sizes on the device only
-    args.mainloop.ptr_A = arr.a;
-    args.mainloop.dA = arr.stride_a;
-    args.mainloop.ptr_B = arr.b;
-    args.mainloop.dB = arr.stride_b;
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
-    args.epilogue.ptr_C = nullptr;
-    args.epilogue.dC = nullptr;
-    args.epilogue.ptr_D = arr.d;
-    args.epilogue.dD = arr.stride_d;
-    args.hw_info.device_id = l.device;
-    args.hw_info.sm_count = l.sm_count;
+    // One CTA per SM the call may take: the grid CUTLASS's persistent scheduler uses when the problem
+    // sizes are on the device only.
+    const std::array<int, 4> key{90, static_cast<int>(l.kind), l.num_groups, l.sm_count};
+    GemmCache& cache = gemm_cache(res);
+    auto it = cache.gemms.find(key);
+    const bool initialize = it == cache.gemms.end();
+    if (initialize) {
+        typename G::Device::Arguments args;
+        args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+        args.problem_shape = {l.num_groups, arr.shapes, nullptr};  // sizes on the device only
+        args.mainloop.ptr_A = arr.a;
+        args.mainloop.dA = arr.stride_a;
+        args.mainloop.ptr_B = arr.b;
+        args.mainloop.dB = arr.stride_b;
+        args.epilogue.thread.alpha = 1.0f;
+        args.epilogue.thread.beta = 0.0f;
+        args.epilogue.ptr_C = nullptr;
+        args.epilogue.dC = nullptr;
+        args.epilogue.ptr_D = arr.d;
+        args.epilogue.dD = arr.stride_d;
+        args.hw_info.device_id = l.device;
+        args.hw_info.sm_count = l.sm_count;
 
-    const std::size_t workspace_bytes = G::Device::get_workspace_size(args);
-    void* workspace = workspace_bytes > 0 ? carve.take<char>(workspace_bytes, "CUTLASS workspace") : nullptr;
-    typename G::Device gemm;
-    cutlass::Status st = gemm.can_implement(args);
-    SCMOE_CHECK(st == cutlass::Status::kSuccess, "grouped gemm provider cutlass-grouped (sm90): can_implement: "
-                                                     << cutlass::cutlassGetStatusString(st) << "; use device-grouped");
-    st = gemm.initialize(args, workspace, stream);
-    SCMOE_CHECK(st == cutlass::Status::kSuccess,
-                "grouped gemm provider cutlass-grouped (sm90): initialize: " << cutlass::cutlassGetStatusString(st));
-    st = gemm.run(stream);
+        const std::size_t workspace_bytes = G::Device::get_workspace_size(args);
+        void* workspace = workspace_bytes > 0 ? carve.take<char>(workspace_bytes, "CUTLASS workspace") : nullptr;
+        auto entry = std::make_unique<CachedGemmOf<typename G::Device>>();
+        cutlass::Status st = entry->gemm.can_implement(args);
+        SCMOE_CHECK(st == cutlass::Status::kSuccess, "grouped gemm provider cutlass-grouped (sm90): can_implement: "
+                                                         << cutlass::cutlassGetStatusString(st)
+                                                         << "; use device-grouped");
+        check_launchable(&cutlass::device_kernel<typename G::Kernel>, static_cast<int>(G::Kernel::MaxThreadsPerBlock),
+                         static_cast<int>(G::Kernel::SharedStorageSize), "sm90");
+        st = entry->gemm.initialize(args, workspace, stream);
+        SCMOE_CHECK(st == cutlass::Status::kSuccess,
+                    "grouped gemm provider cutlass-grouped (sm90): initialize: " << cutlass::cutlassGetStatusString(st));
+        entry->grid = l.sm_count;
+        it = cache.gemms.emplace(key, std::move(entry)).first;
+    }
+    trace_call(l, "sm90", it->second->grid, initialize);
+    const cutlass::Status st = static_cast<CachedGemmOf<typename G::Device>&>(*it->second).gemm.run(stream);
     SCMOE_CUDA_CHECK_LAUNCH("cutlass sm90 grouped gemm");
     SCMOE_CHECK(st == cutlass::Status::kSuccess,
                 "grouped gemm provider cutlass-grouped (sm90): run: " << cutlass::cutlassGetStatusString(st));
+    detail::note_cutlass_grouped_call(true, initialize, l.sm_count, l.device_sms);
 }
 
 }  // namespace
 
-void run_sm90(const Launch& l, void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
+void run_sm90(const Launch& l, StreamResources& res, cudaStream_t stream) {
     switch (l.kind) {
         case GroupedGemmKind::kForward:
-            run<ForwardGemm>(l, scratch, scratch_bytes, stream);
+            run<ForwardGemm>(l, res, stream);
             return;
         case GroupedGemmKind::kGradInput:
-            run<GradInputGemm>(l, scratch, scratch_bytes, stream);
+            run<GradInputGemm>(l, res, stream);
             return;
         case GroupedGemmKind::kGradWeight:
-            run<GradWeightGemm>(l, scratch, scratch_bytes, stream);
+            run<GradWeightGemm>(l, res, stream);
             return;
     }
 }

@@ -29,7 +29,8 @@ struct StreamResources {
     void* scratch = nullptr;      // kScratchBytes of device memory, 256-byte aligned
     void* host_pinned = nullptr;  // pinned host staging, grown on demand (see host_staging)
     std::size_t host_pinned_bytes = 0;
-    std::unique_ptr<StreamExtension> cudnn;  // kernels/cuda/cudnn_attention.cpp; null until first used
+    std::unique_ptr<StreamExtension> cudnn;    // kernels/cuda/cudnn_attention.cpp; null until first used
+    std::unique_ptr<StreamExtension> cutlass;  // kernels/cuda/cutlass_grouped_gemm.cuh: initialized GEMMs
 };
 
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;  // what cuBLAS recommends on Hopper

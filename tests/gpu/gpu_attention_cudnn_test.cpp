@@ -1,7 +1,10 @@
 // cuDNN's fused flash attention (AttentionProvider::kCudnn, bf16) against scmoe's own CUDA kernel
 // (kOwn) and the CPU f32 reference on the same bf16-rounded inputs, forward (out, lse) and backward
 // (grad_qkv); lse interchangeable between the providers; determinism; the provider choice at run
-// time (environment, alignment, errors). Skips without a GPU, and without cuDNN in the build.
+// time (environment, alignment, errors), each asserting which provider ran (attention_stats); the
+// architecture's contract: cuDNN runs head_dim 256 on sm_90, its backward is deterministic by default
+// from sm_90 on (bitwise over 5 repeats at 8x12x1024) and atomic below. Skips without a GPU, and
+// without cuDNN in the build.
 //
 // Tolerances (|got - want| <= tol * max(1, |want|) elementwise; relative L2 over the tensor):
 //   out vs CPU, vs own:              2e-2 elementwise  (one bf16 rounding of out, 3.9e-3 relative, and
@@ -15,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -23,6 +27,7 @@
 #include "gpu_test_util.h"
 #include "kernels/attention.h"
 #include "kernels/error.h"
+#include "kernels/grouped_gemm.h"
 
 namespace scmoe {
 namespace {
@@ -123,6 +128,23 @@ class ScopedEnv {
     bool had_ = false;
 };
 
+// The calls each provider ran since `before`.
+struct Ran {
+    long long cudnn_forward, cudnn_backward, cudnn_deterministic_backward, own_forward, own_backward;
+};
+Ran ran_since(const AttentionStats& before) {
+    const AttentionStats now = attention_stats();
+    return {now.cudnn_forward - before.cudnn_forward, now.cudnn_backward - before.cudnn_backward,
+            now.cudnn_deterministic_backward - before.cudnn_deterministic_backward,
+            now.own_forward - before.own_forward, now.own_backward - before.own_backward};
+}
+
+// The compute capability of the test's GPU, 90 for 9.0 (public through the grouped GEMM's target).
+int compute_capability(Backends& b) {
+    const GroupedGemmTarget t = grouped_gemm_target(*b.gpu_stream);
+    return t.cc_major * 10 + t.cc_minor;
+}
+
 void check_cudnn_against_own_and_cpu(Backends& b, const Shape& s, std::uint64_t seed, float input_scale = 1.0f) {
     SCOPED_TRACE("cuDNN attention bf16 " + s.name());
     const Inputs in = make_inputs(s, seed, input_scale);
@@ -145,8 +167,28 @@ TEST(GpuAttentionCudnn, MatchesOwnKernelAndCpu) {
     check_cudnn_against_own_and_cpu(b, {1, 300, 2, 128}, seed += 5);      // head_dim 128
     check_cudnn_against_own_and_cpu(b, {3, 65, 2, 64}, seed += 5);        // one past a 64-row tile
     check_cudnn_against_own_and_cpu(b, {2, 37, 3, 128}, seed += 5);       // shorter than one tile
-    check_cudnn_against_own_and_cpu(b, {2, 1, 2, 64}, seed += 5);         // seq 1: out = v, grad_q = grad_k = 0
     check_cudnn_against_own_and_cpu(b, {1, 77, 2, 64}, seed += 5, 3.0f);  // peaky softmax
+}
+
+// seq 1 (out = v, grad_q = grad_k = 0) under auto: cuDNN may turn a one-token backward down (its
+// samples never cover it); auto then runs the own kernel. Either way the result matches the CPU, and
+// what ran is printed.
+TEST(GpuAttentionCudnn, SingleTokenSequencesUnderAuto) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    const Shape s{2, 1, 2, 64};
+    const Inputs in = make_inputs(s, 740);
+    const AttentionStats before = attention_stats();
+    const Result got = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+    const Ran ran = ran_since(before);
+    EXPECT_EQ(ran.cudnn_forward + ran.own_forward, 1);
+    EXPECT_EQ(ran.cudnn_backward + ran.own_backward, 1);
+    std::printf("seq 1: forward by %s, backward by %s\n", ran.cudnn_forward ? "cuDNN" : "the own kernel",
+                ran.cudnn_backward ? "cuDNN" : "the own kernel");
+    const Result cpu = run_cpu(b, s, in, got.out);
+    expect_close(got.out, cpu.out, kOutTol, "out");
+    expect_close(got.lse, cpu.lse, kLseTol, "lse");
+    expect_grad_close(got.grad_qkv, cpu.grad_qkv, "grad_qkv");
 }
 
 TEST(GpuAttentionCudnn, LongSequenceMatchesOwnKernelAndCpu) {
@@ -185,19 +227,32 @@ TEST(GpuAttentionCudnn, InferenceWithoutLseGivesTheSameOutput) {
     expect_close(download(b, dout.data(), s.out_size(), DType::kBF16), with_lse.out, 1e-2f, "out without lse");
 }
 
-// The default backward is cuDNN's deterministic algorithm (SCMOE_ATTENTION_DETERMINISTIC unset).
+// From sm_90 on, the default backward (SCMOE_ATTENTION_DETERMINISTIC unset) is cuDNN's deterministic
+// algorithm: bitwise equal over 5 repeats at a training shape (8 x 12 heads x 1024, many key blocks
+// per query block: where atomic dQ accumulation differs run to run). Below sm_90 the default is the
+// atomic backward, and determinism is not promised.
 TEST(GpuAttentionCudnn, ForwardAndBackwardAreBitwiseDeterministic) {
     SCMOE_REQUIRE_CUDNN();
     Backends b;
-    const Shape s{2, 256, 8, 64};
+    const Shape s{8, 1024, 12, 64};
     const Inputs in = make_inputs(s, 1100);
+    const AttentionStats before = attention_stats();
     const Result first = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
-    for (int run = 0; run < 3; ++run) {
+    if (compute_capability(b) < 90) {
+        EXPECT_EQ(ran_since(before).cudnn_deterministic_backward, 0) << "below sm_90 the default is atomic";
+        GTEST_SKIP() << "sm_" << compute_capability(b) << ": cuDNN's backward is not deterministic by default here";
+    }
+    for (int run = 0; run < 5; ++run) {
         const Result again = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
         expect_bitwise_equal(again.out, first.out, "out");
         expect_bitwise_equal(again.lse, first.lse, "lse");
         expect_bitwise_equal(again.grad_qkv, first.grad_qkv, "grad_qkv");
     }
+    const Ran ran = ran_since(before);
+    EXPECT_EQ(ran.cudnn_forward, 6);
+    EXPECT_EQ(ran.cudnn_deterministic_backward, 6) << "every backward must be cuDNN's deterministic one";
+    std::printf("deterministic backward workspace: %.1f MiB\n",
+                static_cast<double>(attention_stats().cudnn_max_workspace_bytes) / (1 << 20));
 }
 
 // SCMOE_ATTENTION_DETERMINISTIC=0: cuDNN's faster backward (atomic dQ), same values within tolerance.
@@ -208,7 +263,11 @@ TEST(GpuAttentionCudnn, NonDeterministicBackwardStillMatches) {
     const Inputs in = make_inputs(s, 1150);
     const Result deterministic = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
     ScopedEnv env("SCMOE_ATTENTION_DETERMINISTIC", "0");
+    const AttentionStats before = attention_stats();
     const Result fast = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+    const Ran ran = ran_since(before);
+    EXPECT_EQ(ran.cudnn_backward, 1);
+    EXPECT_EQ(ran.cudnn_deterministic_backward, 0) << "SCMOE_ATTENTION_DETERMINISTIC=0 ran the deterministic one";
     expect_grad_close(fast.grad_qkv, deterministic.grad_qkv, "grad_qkv, atomic vs deterministic dQ");
 }
 
@@ -223,15 +282,26 @@ TEST(GpuAttentionCudnn, EnvironmentSelectsTheProviderOfAuto) {
     const Result own = run_gpu(b, s, in, AttentionProvider::kOwn, AttentionProvider::kOwn);
     {
         ScopedEnv env("SCMOE_ATTENTION_PROVIDER", "");
+        const AttentionStats before = attention_stats();
         const Result autod = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+        const Ran ran = ran_since(before);
+        EXPECT_TRUE(ran.cudnn_forward == 1 && ran.cudnn_backward == 1 && ran.own_forward + ran.own_backward == 0)
+            << "auto on bf16, head_dim 64 must run cuDNN";
         expect_bitwise_equal(autod.grad_qkv, cudnn.grad_qkv, "auto = cudnn");
     }
     {
         ScopedEnv env("SCMOE_ATTENTION_PROVIDER", "own");
+        AttentionStats before = attention_stats();
         const Result autod = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+        Ran ran = ran_since(before);
+        EXPECT_TRUE(ran.own_forward == 1 && ran.own_backward == 1 && ran.cudnn_forward + ran.cudnn_backward == 0)
+            << "SCMOE_ATTENTION_PROVIDER=own must make auto run the own kernel";
         expect_bitwise_equal(autod.out, own.out, "SCMOE_ATTENTION_PROVIDER=own: out");
         expect_bitwise_equal(autod.grad_qkv, own.grad_qkv, "SCMOE_ATTENTION_PROVIDER=own: grad_qkv");
+        before = attention_stats();
         const Result explicit_cudnn = run_gpu(b, s, in, AttentionProvider::kCudnn, AttentionProvider::kCudnn);
+        ran = ran_since(before);
+        EXPECT_TRUE(ran.cudnn_forward == 1 && ran.cudnn_backward == 1) << "an explicit cudnn is not overridden";
         expect_bitwise_equal(explicit_cudnn.grad_qkv, cudnn.grad_qkv, "explicit cudnn under the variable");
     }
     {
@@ -283,14 +353,23 @@ TEST(GpuAttentionCudnn, AutoFallsBackWhereCudnnCannotRun) {
     b.gpu_stream->synchronize();
 }
 
-// head_dim 256: cuDNN on sm_90 (cuDNN >= 9.9); on sm_80 its support check turns it down and auto
-// runs the own kernel (saying so once on stderr). Either way the result matches the CPU.
+// head_dim 256: cuDNN runs it on sm_90 (cuDNN >= 9.9), forward and backward (asserted); on sm_80 its
+// support check turns the backward down and auto runs the own kernel (saying so once on stderr).
+// Either way the result matches the CPU.
 TEST(GpuAttentionCudnn, LargestHeadDimRunsUnderAuto) {
     SCMOE_REQUIRE_CUDNN();
     Backends b;
     const Shape s{1, 130, 2, 256};
     const Inputs in = make_inputs(s, 1500);
+    const AttentionStats before = attention_stats();
     const Result got = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+    const Ran ran = ran_since(before);
+    if (compute_capability(b) >= 90) {
+        EXPECT_EQ(ran.cudnn_forward, 1) << "head_dim 256 forward must run cuDNN on sm_90";
+        EXPECT_EQ(ran.cudnn_backward, 1) << "head_dim 256 backward must run cuDNN on sm_90";
+    } else {
+        EXPECT_EQ(ran.cudnn_backward + ran.own_backward, 1);
+    }
     const Result cpu = run_cpu(b, s, in, got.out);
     expect_close(got.out, cpu.out, kOutTol, "out");
     expect_close(got.lse, cpu.lse, kLseTol, "lse");

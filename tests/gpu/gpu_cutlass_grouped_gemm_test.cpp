@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -193,6 +194,103 @@ TEST_P(GpuCutlassGroupedGemm, BitwiseRepeatable) {
     const F first = run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped);
     const F second = run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped);
     expect_bitwise_equal(first, second, "cutlass-grouped twice");
+}
+
+// The tiles of one CUTLASS call: 128 x 128 output tiles per group (both paths' tile), counting the
+// groups with rows only (an empty group has no tiles).
+std::int64_t output_tiles(GroupedGemmKind kind, const I& rows, std::int64_t k, std::int64_t n) {
+    auto tiles = [](std::int64_t x) { return (x + 127) / 128; };
+    std::int64_t t = 0;
+    for (std::int32_t r : rows) {
+        if (r == 0) continue;
+        switch (kind) {
+            case GroupedGemmKind::kForward: t += tiles(r) * tiles(n); break;
+            case GroupedGemmKind::kGradInput: t += tiles(r) * tiles(k); break;
+            case GroupedGemmKind::kGradWeight: t += tiles(k) * tiles(n); break;
+        }
+    }
+    return t;
+}
+
+// 40 groups of 400 rows (4 row tiles, the last partial) with every 7th group empty, k = 512,
+// n = 1024: at least 4 tiles per SM for every kind on an H100 (132 SMs), so each persistent block
+// walks several tiles and switches groups inside the block (the sm90 kernel's tensormap update, the
+// sm80 problem visitor's loop); then the same on a grid of 2 SMs, where each block walks hundreds
+// of tiles over every group. Bitwise equal to the full grid: a tile is computed by one block in the
+// same order whichever block it is.
+TEST_P(GpuCutlassGroupedGemm, ManyTilesPerBlockOverManyGroups) {
+    SCMOE_REQUIRE_CUTLASS();
+    const GroupedGemmKind kind = GetParam();
+    Backends be;
+    Load load{"many", I(40, 400), 0};
+    for (std::size_t g = 0; g < load.rows.size(); g += 7) load.rows[g] = 0;
+    constexpr std::int64_t k = 512, n = 1024;
+    Problem p = make_problem(be, kind, load, k, n, 4242);
+    const F want = run(be, p.args, p.c_elems, GroupedGemmProvider::kLoop);
+    const F full = run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped);
+    const CutlassGroupedStats stats = cutlass_grouped_stats();
+    ASSERT_GT(stats.device_sms, 0);
+    const std::int64_t tiles = output_tiles(kind, load.rows, k, n);
+    ASSERT_GE(tiles, 4LL * stats.device_sms) << "the case must give every SM several tiles";
+    expect_close(full, want, layer_c_dtype(kind) == DType::kBF16 ? 1e-2f : 1e-3f, "cutlass-grouped vs loop");
+
+    p.args.sm_limit = 2;
+    const F narrow = run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped);
+    const CutlassGroupedStats after = cutlass_grouped_stats();
+    EXPECT_LT(after.last_grid, stats.last_grid) << "sm_limit 2 must shrink the persistent grid";
+    EXPECT_LE(after.last_grid, 2 * 8) << "at most 8 resident blocks on each of 2 SMs";
+    expect_bitwise_equal(narrow, full, "grid of 2 SMs vs every SM");
+}
+
+// Every call with the same (kind, groups, grid) on a stream reuses the GEMM initialized by the first
+// one (no TMA descriptor encoding per call), and stays correct with other buffers, offsets and rows
+// (nothing of a call's data is baked into the cached parameters).
+TEST_P(GpuCutlassGroupedGemm, InitializesOncePerStreamAndShape) {
+    SCMOE_REQUIRE_CUTLASS();
+    const GroupedGemmKind kind = GetParam();
+    Backends be;  // a new stream: nothing initialized on it yet
+    const float tol = layer_c_dtype(kind) == DType::kBF16 ? 1e-2f : 1e-3f;
+    const long long before = cutlass_grouped_stats().initializations;
+    const Load loads_of_4[] = {{"a", {64, 0, 200, 31}, 0}, {"b", {5, 300, 17, 0}, 0}, {"c", {128, 128, 128, 128}, 0}};
+    std::uint64_t seed = 90;
+    for (const Load& load : loads_of_4) {
+        Problem p = make_problem(be, kind, load, 136, 264, seed += 2);
+        expect_close(run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped),
+                     run(be, p.args, p.c_elems, GroupedGemmProvider::kLoop), tol, ("cached call vs loop: " + load.name).c_str());
+    }
+    EXPECT_EQ(cutlass_grouped_stats().initializations - before, 1) << "three calls of 4 groups: one initialization";
+    Problem other = make_problem(be, kind, {"five", {10, 20, 30, 40, 50}, 0}, 136, 264, 7);
+    run(be, other.args, other.c_elems, GroupedGemmProvider::kCutlassGrouped);
+    EXPECT_EQ(cutlass_grouped_stats().initializations - before, 2) << "5 groups: a second GEMM";
+}
+
+// The CUTLASS 2.x path (what an A100 runs) on this GPU too: SCMOE_CUTLASS_ARCH=sm80 makes an sm_90
+// device run it, so one Hopper run covers both kernels. The path that ran is counted.
+TEST_P(GpuCutlassGroupedGemm, Sm80PathMatchesTheLoopProvider) {
+    SCMOE_REQUIRE_CUTLASS();
+    const GroupedGemmKind kind = GetParam();
+    struct ArchEnv {
+        ArchEnv() { setenv("SCMOE_CUTLASS_ARCH", "sm80", 1); }
+        ~ArchEnv() { unsetenv("SCMOE_CUTLASS_ARCH"); }
+    } arch;
+    Backends be;
+    const float tol = layer_c_dtype(kind) == DType::kBF16 ? 1e-2f : 1e-3f;
+    const CutlassGroupedStats before = cutlass_grouped_stats();
+    std::uint64_t seed = 3000;
+    Load many{"many", I(40, 400), 0};
+    for (std::size_t g = 0; g < many.rows.size(); g += 7) many.rows[g] = 0;
+    std::vector<Load> cases = loads();
+    cases.push_back(many);
+    for (const Load& load : cases) {
+        SCOPED_TRACE(std::string(kind_name(kind)) + " sm80 load=" + load.name);
+        Problem p = make_problem(be, kind, load, load.name == "many" ? 512 : 136, load.name == "many" ? 1024 : 264,
+                                 seed += 2);
+        expect_close(run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped),
+                     run(be, p.args, p.c_elems, GroupedGemmProvider::kLoop), tol, "sm80 path vs loop");
+    }
+    const CutlassGroupedStats after = cutlass_grouped_stats();
+    EXPECT_GT(after.sm80_calls, before.sm80_calls);
+    EXPECT_EQ(after.sm90_calls, before.sm90_calls) << "SCMOE_CUTLASS_ARCH=sm80 still ran the sm90 path";
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuCutlassGroupedGemm,

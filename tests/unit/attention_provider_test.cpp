@@ -263,11 +263,15 @@ TEST(AttentionProviderChoice, EnvironmentOverridesAutoOnly) {
 
 TEST(AttentionProviderChoice, DeterministicSwitchParses) {
     using cuda::attention_deterministic_from_env;
-    EXPECT_TRUE(attention_deterministic_from_env(nullptr));
-    EXPECT_TRUE(attention_deterministic_from_env(""));
-    EXPECT_TRUE(attention_deterministic_from_env("1"));
-    EXPECT_FALSE(attention_deterministic_from_env("0"));
-    EXPECT_THROW(attention_deterministic_from_env("yes"), Error);
+    // Unset: deterministic from sm_90 on (cuDNN's deterministic backward), the atomic one below.
+    EXPECT_TRUE(attention_deterministic_from_env(nullptr, 90));
+    EXPECT_TRUE(attention_deterministic_from_env("", 100));
+    EXPECT_FALSE(attention_deterministic_from_env(nullptr, 80));
+    EXPECT_FALSE(attention_deterministic_from_env("", 89));
+    // Set: as asked, on every architecture.
+    EXPECT_TRUE(attention_deterministic_from_env("1", 80));
+    EXPECT_FALSE(attention_deterministic_from_env("0", 90));
+    EXPECT_THROW(attention_deterministic_from_env("yes", 90), Error);
 }
 
 TEST(AttentionProviderChoice, NamesRoundTripAndTheCpuBackendRejectsCudnn) {

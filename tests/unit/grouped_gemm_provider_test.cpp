@@ -139,6 +139,10 @@ TEST(GroupedGemmProvider, CutlassRefusesWithAReasonAndAnAlternative) {
     expect_refused(a, cuda(8, 0), "groups");
     a.num_groups = kCutlassGroupedMaxGroups;
     EXPECT_EQ(cutlass_grouped_gemm_unsupported(a, cuda(8, 0)), "");
+    a.sm_limit = -1;
+    EXPECT_NE(cutlass_grouped_gemm_unsupported(a, cuda(9, 0)).find("sm_limit -1 is negative"), std::string::npos);
+    a.sm_limit = 4;  // a grid of 4 SMs: taken
+    EXPECT_EQ(cutlass_grouped_gemm_unsupported(a, cuda(9, 0)), "");
 }
 
 TEST(GroupedGemmProvider, AutoPrefersCutlassWhereItIsNativeAndSupported) {
