@@ -13,32 +13,15 @@ op_cost: forward 2*b*h*s*s*d for the causal half, backward 2.5x that).
 Exit status: 0 ok, 2 bad command line, 3 torch or a CUDA GPU not available (with a message).
 """
 import argparse
-import datetime
-import json
 import os
 import platform
-import shlex
 import sys
 
-EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
+sys.dont_write_bytecode = True  # no __pycache__ in launch/ from the module below
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_peer import EXIT_OK, parse_sizes, run_context, tflops, unavailable, write_report  # noqa: E402
 
-
-def parse_sizes(parser, text, flag):
-    sizes = []
-    for item in filter(None, text.split(",")):
-        scale = 1
-        if item[-1] in "kK":
-            scale, item = 1024, item[:-1]
-        try:
-            value = int(item) * scale
-        except ValueError:
-            value = 0
-        if value <= 0:
-            parser.error(f"{flag} '{text}': expected positive sizes such as 1024 or 4K")
-        sizes.append(value)
-    if not sizes:
-        parser.error(f"{flag}: empty list")
-    return sizes
+PROGRAM = "attention_torch.py"
 
 
 def parse_args(argv):
@@ -64,17 +47,8 @@ def parse_args(argv):
     return a
 
 
-def unavailable(message):
-    print(f"attention_torch.py: {message}", file=sys.stderr)
-    sys.exit(EXIT_UNAVAILABLE)
-
-
 def forward_flops(b, s, h, d):
     return 2.0 * b * h * s * s * d  # kernels/attention.h op_cost(AttentionArgs)
-
-
-def tflops(flops, us):
-    return flops / (us * 1e-6) / 1e12 if us > 0 else 0.0
 
 
 def main(argv):
@@ -83,26 +57,24 @@ def main(argv):
         import torch
         import torch.nn.functional as F
     except ImportError as e:
-        unavailable(f"PyTorch is not available ({e}); pip install torch")
+        unavailable(PROGRAM, f"PyTorch is not available ({e}); pip install torch")
     if not torch.cuda.is_available():
-        unavailable("no CUDA GPU available to PyTorch (torch.cuda.is_available() is False)")
+        unavailable(PROGRAM, "no CUDA GPU available to PyTorch (torch.cuda.is_available() is False)")
 
     sdpa_kernel, backends = None, {}
     if args.sdpa_backend != "auto":
         try:
             from torch.nn.attention import SDPBackend, sdpa_kernel
         except ImportError:
-            unavailable(f"--sdpa-backend {args.sdpa_backend} needs torch.nn.attention (PyTorch 2.3+)")
+            unavailable(PROGRAM, f"--sdpa-backend {args.sdpa_backend} needs torch.nn.attention (PyTorch 2.3+)")
         backends = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                     "math": "MATH"}
         if not hasattr(SDPBackend, backends[args.sdpa_backend]):
-            unavailable(f"--sdpa-backend {args.sdpa_backend}: this PyTorch ({torch.__version__}) lacks it")
+            unavailable(PROGRAM, f"--sdpa-backend {args.sdpa_backend}: this PyTorch ({torch.__version__}) lacks it")
 
     device = torch.device("cuda")
-    props = torch.cuda.get_device_properties(device)
-    description = f"cuda:{torch.cuda.current_device()} {props.name} (sm_{props.major}{props.minor})"
-    command = " ".join(shlex.quote(x) for x in [sys.argv[0]] + list(argv))
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    context = run_context(torch, "cuda", argv)
+    description, command, date = context
     print(f"# attention_torch.py: torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"cuDNN {torch.backends.cudnn.version()}")
     print(f"# device: {description}")
@@ -185,27 +157,11 @@ def main(argv):
             torch.cuda.empty_cache()
 
     if args.json:
-        report = {
-            "benchmark": "attention",
-            "version": f"torch {torch.__version__}",
-            "args": {"batch": args.batch, "seq": args.seqs, "heads": args.heads, "head_dim": args.head_dims,
-                     "provider": [provider], "dtype": "bf16", "iters": args.iters, "warmup": args.warmup,
-                     "seed": args.seed, "sdpa_backend": args.sdpa_backend},
-            "command": command,
-            "device": description,
-            "backend": "cuda",
-            "date": date,
-            "host": platform.node(),
-            "environment": {k: v for k, v in os.environ.items()
-                            if k.startswith(("SCMOE_", "TORCH_", "CUDNN_")) or k == "CUDA_VISIBLE_DEVICES"},
-            "notes": notes,
-            "rows": rows,
-            "summary": {},
-            "wrong": 0,
-        }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+        write_report(args.json, "attention", f"torch {torch.__version__}",
+                     {"batch": args.batch, "seq": args.seqs, "heads": args.heads, "head_dim": args.head_dims,
+                      "provider": [provider], "dtype": "bf16", "iters": args.iters, "warmup": args.warmup,
+                      "seed": args.seed, "sdpa_backend": args.sdpa_backend},
+                     context, "cuda", rows, notes=notes, wrong=0)
     return EXIT_OK
 
 

@@ -47,12 +47,10 @@ Exit status: 0 ok (timeouts included), 1 a run failed (its row says why), 2 bad 
 or a CUDA GPU not available (with a message).
 """
 import argparse
-import datetime
 import json
 import math
 import os
 import platform
-import shlex
 import signal
 import subprocess
 import sys
@@ -60,7 +58,11 @@ import tempfile
 import time
 import traceback
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+sys.dont_write_bytecode = True  # no __pycache__ in launch/ from the module below
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_peer import EXIT_FAILED, EXIT_OK, run_context, unavailable, write_report  # noqa: E402
+
+PROGRAM = "gpt2_moe_torch.py"
 
 # models/lm_config.cpp lm_preset: layers, hidden, heads, seq, ffn (dense and expert), experts; GELU.
 PRESETS = {
@@ -147,11 +149,6 @@ def parse_args(argv):
         if VARIANTS[v][0] > a.experts:
             p.error(f"--variants {v}: top-{VARIANTS[v][0]} needs at least that many experts")
     return a
-
-
-def unavailable(message):
-    print(f"gpt2_moe_torch.py: {message}", file=sys.stderr)
-    sys.exit(EXIT_UNAVAILABLE)
 
 
 # ---- the model -------------------------------------------------------------------------------------
@@ -407,16 +404,11 @@ def main(argv):
     try:
         import torch
     except ImportError as e:
-        unavailable(f"PyTorch is not available ({e}); pip install torch")
+        unavailable(PROGRAM, f"PyTorch is not available ({e}); pip install torch")
     if args.device == "cuda" and not torch.cuda.is_available():
-        unavailable("no CUDA GPU available to PyTorch (torch.cuda.is_available() is False)")
-    if args.device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        description = f"cuda:0 {props.name} (sm_{props.major}{props.minor})"
-    else:
-        description = f"cpu {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
-    command = " ".join(shlex.quote(x) for x in [sys.argv[0]] + list(argv))
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        unavailable(PROGRAM, "no CUDA GPU available to PyTorch (torch.cuda.is_available() is False)")
+    context = run_context(torch, args.device, argv)
+    description, command, date = context
     shape = (f"--layers {args.layers} --hidden {args.hidden} --heads {args.heads} --seq {args.seq} --ffn {args.ffn} "
              f"--experts {args.experts} --expert-ffn {args.expert_ffn} --vocab {args.vocab}")
     compare_with = (f"scmoe-train --preset {args.preset} {shape} --backend {args.device} --variants {args.variants} "
@@ -466,30 +458,15 @@ def main(argv):
             print(f"   {r['variant']:<18} {r['mode']:<10} {r['status']:<8} {r.get('note', '')}")
     sys.stdout.flush()
     if args.json:
-        report = {
-            "benchmark": "train",
-            "version": f"torch {torch.__version__}",
-            "args": {"preset": args.preset, "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
-                     "seq": args.seq, "ffn": args.ffn, "experts": args.experts, "expert_ffn": args.expert_ffn,
-                     "vocab": args.vocab, "variants": args.variant_list, "mode": args.modes, "steps": args.steps,
-                     "batch": args.batch, "peak_tflops": args.peak_tflops or None,
-                     "compile_budget_s": args.compile_budget_s, "seed": args.seed, "dtype": "bf16-autocast"},
-            "command": command,
-            "compare_with": compare_with,
-            "peer_note": peer_note,
-            "device": description,
-            "backend": args.device,
-            "date": date,
-            "host": platform.node(),
-            "environment": {k: v for k, v in os.environ.items()
-                            if k.startswith(("SCMOE_", "TORCH_", "TORCHINDUCTOR_")) or k == "CUDA_VISIBLE_DEVICES"},
-            "notes": [f"{r['variant']} {r['mode']}: {r['note']}" for r in rows if r.get("note")],
-            "rows": rows,
-            "summary": {},
-        }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+        write_report(args.json, "train", f"torch {torch.__version__}",
+                     {"preset": args.preset, "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
+                      "seq": args.seq, "ffn": args.ffn, "experts": args.experts, "expert_ffn": args.expert_ffn,
+                      "vocab": args.vocab, "variants": args.variant_list, "mode": args.modes, "steps": args.steps,
+                      "batch": args.batch, "peak_tflops": args.peak_tflops or None,
+                      "compile_budget_s": args.compile_budget_s, "seed": args.seed, "dtype": "bf16-autocast"},
+                     context, args.device, rows,
+                     notes=[f"{r['variant']} {r['mode']}: {r['note']}" for r in rows if r.get("note")],
+                     compare_with=compare_with, peer_note=peer_note)
     return EXIT_FAILED if any(r["status"] == "failed" for r in rows) else EXIT_OK
 
 

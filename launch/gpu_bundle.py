@@ -279,7 +279,10 @@ def cmd_pack(a):
         fail(EXIT_BUILD, f"ctest in {build} lists {len(tests)} GPU tests, placeholders: {placeholders}")
 
     stage_parent = tempfile.mkdtemp(prefix="scmoe-gpu-bundle-")
-    name = f"scmoe-gpu-bundle-{arch}"
+    # Named after what the build folder was configured for (a reused folder may differ from --arch).
+    built_for = "-".join(a.replace("-real", "").replace("-virtual", "")
+                         for a in cache.get("CMAKE_CUDA_ARCHITECTURES", arch).split(";") if a) or arch
+    name = f"scmoe-gpu-bundle-{built_for}"
     stage = os.path.join(stage_parent, name)
     try:
         # The source tree (scripts, and the fallback build's sources): the files git tracks or would (not

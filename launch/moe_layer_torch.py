@@ -31,36 +31,18 @@ Exit status: 0 ok, 2 bad command line, 3 torch, transformers (or the asked exper
 a CUDA GPU not available (with a message).
 """
 import argparse
-import datetime
-import json
 import math
 import os
 import platform
-import shlex
 import sys
 import time
 
-EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
+sys.dont_write_bytecode = True  # no __pycache__ in launch/ from the module below
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_peer import EXIT_OK, parse_sizes, run_context, tflops, unavailable, write_report  # noqa: E402
+
+PROGRAM = "moe_layer_torch.py"
 IMPLS = ("auto", "eager", "grouped_mm", "batched_mm")
-
-
-def parse_sizes(parser, text, flag):
-    """'1024,4K' -> [1024, 4096] (K = 1024, M = 1024 * 1024, as scmoe-bench's --tokens)."""
-    sizes = []
-    for item in filter(None, text.split(",")):
-        scale = 1
-        if item[-1] in "kKmM":
-            scale, item = (1024 if item[-1] in "kK" else 1024 * 1024), item[:-1]
-        try:
-            value = int(item) * scale
-        except ValueError:
-            value = 0
-        if value <= 0:
-            parser.error(f"{flag} '{text}': expected positive sizes such as 1024 or 4K")
-        sizes.append(value)
-    if not sizes:
-        parser.error(f"{flag}: empty list")
-    return sizes
 
 
 def parse_args(argv):
@@ -100,18 +82,9 @@ def parse_args(argv):
     return a
 
 
-def unavailable(message):
-    print(f"moe_layer_torch.py: {message}", file=sys.stderr)
-    sys.exit(EXIT_UNAVAILABLE)
-
-
 def expert_forward_flops(tokens, hidden, ffn, top_k):
     # bench/layer_common.cpp expert_forward_flops, dropless: rows = tokens * top_k, inner width 2F (SwiGLU).
     return 2.0 * tokens * top_k * hidden * (2 * ffn + ffn)
-
-
-def tflops(flops, us):
-    return flops / (us * 1e-6) / 1e12 if us > 0 else 0.0
 
 
 def experts_implementations():
@@ -155,31 +128,26 @@ def main(argv):
     try:
         import torch
     except ImportError as e:
-        unavailable(f"PyTorch is not available ({e}); pip install torch")
+        unavailable(PROGRAM, f"PyTorch is not available ({e}); pip install torch")
     try:
         import transformers
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock  # noqa: F401
     except ImportError as e:
-        unavailable(f"transformers' Mixtral is not available ({e}); pip install transformers")
+        unavailable(PROGRAM, f"transformers' Mixtral is not available ({e}); pip install transformers")
     if args.device == "cuda" and not torch.cuda.is_available():
-        unavailable("no CUDA GPU available to PyTorch (torch.cuda.is_available() is False)")
+        unavailable(PROGRAM, "no CUDA GPU available to PyTorch (torch.cuda.is_available() is False)")
     offered = experts_implementations()
     default_impl = "grouped_mm" if "grouped_mm" in offered else "eager"
     impls = [default_impl if x == "auto" else x for x in args.impls]
     missing = [x for x in impls if x not in offered]
     if missing:
-        unavailable(f"--experts-impl {','.join(missing)}: transformers {transformers.__version__} offers "
+        unavailable(PROGRAM, f"--experts-impl {','.join(missing)}: transformers {transformers.__version__} offers "
                     f"{', '.join(offered)}")
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        description = f"cuda:{torch.cuda.current_device()} {props.name} (sm_{props.major}{props.minor})"
-    else:
-        description = f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
-    command = " ".join(shlex.quote(x) for x in [sys.argv[0]] + list(argv))
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    context = run_context(torch, device.type, argv)
+    description, command, date = context
     compare_with = (f"scmoe-bench layer --backend {args.device} --tokens {','.join(map(str, args.token_counts))} "
                     f"--hidden {args.hidden} --ffn {args.ffn} --experts {args.experts} --top-k {args.top_k} "
                     f"--activation swiglu --dispatch dropless -n {args.iters} -w {args.warmup}")
@@ -273,29 +241,11 @@ def main(argv):
     for label, value in summary.items():
         print(f"# {label} : {value}")
     if args.json:
-        report = {
-            "benchmark": "layer",
-            "version": f"torch {torch.__version__}, transformers {transformers.__version__}",
-            "args": {"tokens": args.token_counts, "hidden": H, "ffn": args.ffn, "experts": args.experts,
-                     "top_k": args.top_k, "dispatch": ["dropless"], "activation": "swiglu", "dtype": args.dtype,
-                     "experts_impl": impls, "iters": args.iters, "warmup": args.warmup, "seed": args.seed},
-            "command": command,
-            "compare_with": compare_with,
-            "peer_note": peer_note,
-            "device": description,
-            "backend": device.type,
-            "date": date,
-            "host": platform.node(),
-            "environment": {k: v for k, v in os.environ.items()
-                            if k.startswith(("SCMOE_", "TORCH_", "CUDNN_")) or k == "CUDA_VISIBLE_DEVICES"},
-            "notes": [],
-            "rows": rows,
-            "summary": summary,
-            "wrong": 0,
-        }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+        write_report(args.json, "layer", f"torch {torch.__version__}, transformers {transformers.__version__}",
+                     {"tokens": args.token_counts, "hidden": H, "ffn": args.ffn, "experts": args.experts,
+                      "top_k": args.top_k, "dispatch": ["dropless"], "activation": "swiglu", "dtype": args.dtype,
+                      "experts_impl": impls, "iters": args.iters, "warmup": args.warmup, "seed": args.seed},
+                     context, device.type, rows, summary, compare_with=compare_with, peer_note=peer_note, wrong=0)
     return EXIT_OK
 
 
