@@ -30,11 +30,13 @@ if [ "${SCMOE_TEST_SANITIZE:-0}" = 1 ]; then
 
   echo "== thread sanitizer build (LayerScheduler / BlockStack and overlap tests: two streams per rank, rank threads;"
   echo "   the emulated GPUs: rank threads sharing the emulator's world)"
-  cmake -S . -B "$build-tsan" -DCMAKE_BUILD_TYPE=Debug -DSCMOE_WITH_CUDA=OFF -DSCMOE_BUILD_BENCH=OFF \
-        -DSCMOE_SANITIZE=thread
+  # Configured without MPI, and building scmoe-train too: the one CI build that compiles the trainer
+  # with SCMOE_WITH_MPI=OFF under -Werror (as the offline GPU bundle builds it).
+  cmake -S . -B "$build-tsan" -DCMAKE_BUILD_TYPE=Debug -DSCMOE_WITH_CUDA=OFF -DSCMOE_WITH_MPI=OFF \
+        -DSCMOE_BUILD_BENCH=ON -DSCMOE_SANITIZE=thread
   cmake --build "$build-tsan" -j "$jobs" --target scmoe_block_scheduler_test scmoe_block_overlap_link_test \
         scmoe_local_comm_test scmoe_emu_timeline_test scmoe_emu_comm_test scmoe_emu_block_test \
-        scmoe_safe_destruction_test
+        scmoe_safe_destruction_test scmoe-train
   # The overlap tests prove overlap with rendezvous (no timing), so they run under TSan as well.
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_scheduler_test"
   TSAN_OPTIONS=halt_on_error=1 "$build-tsan/tests/block/scmoe_block_overlap_link_test"
