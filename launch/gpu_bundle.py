@@ -184,9 +184,12 @@ def acceptance_binaries(build):
 
 
 def ctest_gpu_tests(build, env=None):
-    """The names of the gpu-labelled tests ctest lists in `build` (and any placeholder)."""
-    out = subprocess.run(["ctest", "--test-dir", build, "-N", "-L", "gpu"], capture_output=True, text=True,
-                         env=env)
+    """The names of the gpu-labelled tests ctest lists in `build` (and any placeholder), and its output."""
+    try:
+        out = subprocess.run(["ctest", "--test-dir", build, "-N", "-L", "gpu"], capture_output=True, text=True,
+                             env=env)
+    except FileNotFoundError:
+        return [], "ctest is not on PATH (it comes with CMake: the pip package cmake has it)"
     return [m.group(1) for m in re.finditer(r"Test\s+#\d+:\s+(\S+)", out.stdout)], out.stdout + out.stderr
 
 
@@ -695,7 +698,8 @@ def cmd_run(a):
                              "missing": sorted(expected - set(tests))[:20],
                              "unexpected": sorted(set(tests) - expected)[:20]}
     save()
-    say(f"ctest lists {len(tests)} GPU tests ({len(expected)} packed)"
+    why = "" if tests else f" ({listing.strip()[-300:]})"
+    say(f"ctest lists {len(tests)} GPU tests ({len(expected)} packed){why}"
         + ("" if listed_ok else f": MISMATCH, missing {info['ctest_listing']['missing']}, "
                                 f"unexpected {info['ctest_listing']['unexpected']}"))
 
