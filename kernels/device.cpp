@@ -28,6 +28,13 @@ void Stream::check_at_sync(std::function<void()> check) {
     sync_checks_.push_back(std::move(check));
 }
 
+void Stream::set_sm_budget(int sms) {
+    SCMOE_CHECK(sms >= 0, "Stream::set_sm_budget(" << sms << "): the SMs a kernel may take, or 0 for every SM");
+    if (sms == sm_budget_) return;
+    sm_budget_ = sms;
+    sm_budget_changed(sms);
+}
+
 std::vector<std::function<void()>> Stream::take_sync_checks() {
     std::scoped_lock lock(sync_checks_mu_);
     return std::exchange(sync_checks_, {});

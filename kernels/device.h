@@ -52,6 +52,18 @@ public:
     // replay faithfully (host tasks, sync checks) refuses then.
     virtual bool capturing() const { return false; }
 
+    // SM budget: the most SMs a compute kernel enqueued on this stream from now on may occupy; 0 (the
+    // default) = every SM. A kernel meant to run beside one of this stream's (an exchange's NCCL
+    // kernels on another stream) can only become resident on SMs this stream's kernels leave free,
+    // and a persistent kernel (CUTLASS's grouped GEMM) otherwise holds every SM until it ends (review
+    // 2, #6). Honoured at enqueue by every compute op that can size its grid: the cutlass-grouped GEMM
+    // (GroupedGemmArgs::sm_limit), cuBLAS (cublasSetSmCountTarget on the stream's handle) and cuDNN
+    // attention (Graph::set_sm_count) on CUDA; modeled by the emulated GPU (kernels/emu/); ignored by
+    // the CPU backend (Device::sm_count() is 0 there). The LayerScheduler sets it on its backbone
+    // stream while an exchange overlaps backbone compute. Throws for a negative count.
+    void set_sm_budget(int sms);
+    int sm_budget() const { return sm_budget_; }
+
     // Registers `check` to run on the host once the next synchronize() of this stream has waited
     // for the work enqueued before this call, in the thread that synchronizes. A check that throws
     // makes that synchronize() throw (the first error; every check taken still runs). The way to
@@ -66,8 +78,12 @@ protected:
     // succeeded (a failed wait's own error wins and the checks are dropped).
     std::vector<std::function<void()>> take_sync_checks();
     static void run_sync_checks(std::vector<std::function<void()>>& checks);
+    // A backend whose ops read the budget elsewhere than from this Stream (CUDA: the stream's
+    // resources, which ops reach by the cudaStream_t) takes it here.
+    virtual void sm_budget_changed(int /*sms*/) {}
 
 private:
+    int sm_budget_ = 0;
     std::mutex sync_checks_mu_;
     std::vector<std::function<void()>> sync_checks_;
 };
@@ -120,6 +136,9 @@ public:
     // calibration): steady_clock on CPU and CUDA; the emulated host's clock on emu, which advances
     // by the modeled launch costs and jumps where the host blocks. Only differences are meaningful.
     virtual double host_time_us() const;
+    // Streaming multiprocessors of the device (CUDA: cudaDevAttrMultiProcessorCount; emu: its spec's);
+    // 0 on the CPU backend, which has none (its streams ignore SM budgets).
+    virtual int sm_count() const { return 0; }
 
 protected:
     virtual std::unique_ptr<Stream> make_stream(StreamPriority priority) = 0;

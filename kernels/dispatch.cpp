@@ -38,7 +38,9 @@ void run_on(Stream& stream, CpuFn&& cpu_fn, [[maybe_unused]] CudaFn&& cuda_fn, E
 #define SCMOE_EMU_CALL(call) [&] { emu::call; }
 
 void gemm(const GemmArgs& a, Stream& s) { run_on(s, [a] { cpu::gemm(a); }, SCMOE_CUDA_CALL(gemm(a, native)), SCMOE_EMU_CALL(gemm(a, s))); }
-void grouped_gemm(const GroupedGemmArgs& a, Stream& s, [[maybe_unused]] GroupedGemmProvider p) {
+void grouped_gemm(const GroupedGemmArgs& args, Stream& s, [[maybe_unused]] GroupedGemmProvider p) {
+    GroupedGemmArgs a = args;
+    a.sm_limit = grouped_gemm_sm_limit(args, s);
     SCMOE_CHECK(s.backend() != Backend::kCpu || p == GroupedGemmProvider::kAuto || p == GroupedGemmProvider::kLoop,
                 "grouped GEMM provider " << grouped_gemm_provider_name(p, s.backend())
                                          << " needs the CUDA backend; the CPU backend has auto and loop");

@@ -1,5 +1,6 @@
 #include "kernels/grouped_gemm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -51,6 +52,12 @@ bool grouped_gemm_provider_built(GroupedGemmProvider p) {
             return SCMOE_WITH_CUDA != 0 && SCMOE_WITH_CUTLASS != 0;
     }
     return false;
+}
+
+int grouped_gemm_sm_limit(const GroupedGemmArgs& args, const Stream& stream) {
+    const int budget = stream.sm_budget();
+    if (budget <= 0 || args.sm_limit < 0) return args.sm_limit;  // a negative limit is refused by the provider
+    return args.sm_limit == 0 ? budget : std::min(args.sm_limit, budget);
 }
 
 GroupedGemmTarget grouped_gemm_target(Stream& stream) {

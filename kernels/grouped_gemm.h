@@ -63,12 +63,19 @@ struct GroupedGemmArgs {
     DType c_dtype = DType::kF32;
     // cutlass-grouped: the most SMs its persistent grid takes (0: every SM). A persistent kernel holds
     // its SMs for its whole run, so a kernel meant to run beside it (an exchange's NCCL kernels) can
-    // only start on SMs it leaves free. The other providers ignore it.
+    // only start on SMs it leaves free. The other providers ignore it (cublas-loop and cublas-batched
+    // follow the stream's SM budget through cuBLAS). grouped_gemm() lowers it to the stream's SM
+    // budget (grouped_gemm_sm_limit), so callers normally leave it 0 and set the budget instead.
     int sm_limit = 0;
 };
 
+// Enqueues the grouped GEMM on `stream` with sm_limit = grouped_gemm_sm_limit(args, stream).
 void grouped_gemm(const GroupedGemmArgs& args, Stream& stream,
                   GroupedGemmProvider provider = GroupedGemmProvider::kAuto);
+
+// The sm_limit a grouped GEMM enqueued on `stream` now runs with: the smaller of args.sm_limit and
+// the stream's SM budget (Stream::set_sm_budget), ignoring whichever is 0; 0 when neither limits it.
+int grouped_gemm_sm_limit(const GroupedGemmArgs& args, const Stream& stream);
 
 // ---- Provider choice (host-only logic; public so tests and benchmarks can see what auto picks) ----
 

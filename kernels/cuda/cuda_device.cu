@@ -95,6 +95,14 @@ void unregister_stream(cudaStream_t stream) noexcept {
     destroy_resources(*res);
 }
 
+cublasHandle_t cublas_handle(StreamResources& res) {
+    if (res.cublas_sm_target != res.sm_budget) {
+        SCMOE_CUBLAS_CHECK(cublasSetSmCountTarget(res.cublas, res.sm_budget));
+        res.cublas_sm_target = res.sm_budget;
+    }
+    return res.cublas;
+}
+
 StreamResources& stream_resources(cudaStream_t stream) {
     int device = 0;
     SCMOE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
@@ -224,6 +232,10 @@ class CudaStream final : public Stream {
         task.release();  // owned by the callback now
     }
 
+  protected:
+    // The ops read the budget from the stream's resources (they get the cudaStream_t only).
+    void sm_budget_changed(int sms) override { stream_resources(stream_).sm_budget = sms; }
+
   private:
     int device_;
     cudaStream_t stream_ = nullptr;
@@ -318,6 +330,7 @@ class CudaDevice final : public Device {
         return os.str();
     }
     DType compute_dtype() const override { return DType::kBF16; }
+    int sm_count() const override { return props_.multiProcessorCount; }
 
     void* allocate(std::size_t bytes) override {
         if (bytes == 0) return nullptr;

@@ -46,8 +46,9 @@ std::string describe(const char* op, const CudnnAttentionKey& k) {
     std::ostringstream os;
     os << op << " (cuDNN SDPA, " << dtype_name(k.dtype) << " batch=" << k.batch << " seq=" << k.seq
        << " heads=" << k.heads << " head_dim=" << k.head_dim << (k.with_stats ? "" : ", no lse")
-       << (k.direction == AttentionDirection::kBackward && !k.deterministic ? ", non-deterministic" : "") << ", device "
-       << k.device << ")";
+       << (k.direction == AttentionDirection::kBackward && !k.deterministic ? ", non-deterministic" : "");
+    if (k.sm_count > 0) os << ", " << k.sm_count << " SMs";
+    os << ", device " << k.device << ")";
     return os.str();
 }
 
@@ -151,11 +152,13 @@ fe::DataType_t io_type(DType dtype) {
     return fe::DataType_t::BFLOAT16;
 }
 
-std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
+// sm_count > 0: cuDNN's plans are built for (and its kernels launched on) at most that many SMs.
+std::shared_ptr<fe::graph::Graph> new_graph(DType dtype, int sm_count) {
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(io_type(dtype))
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
+    if (sm_count > 0) g->set_sm_count(sm_count);
     return g;
 }
 
@@ -163,7 +166,7 @@ std::shared_ptr<fe::graph::Graph> new_graph(DType dtype) {
 std::shared_ptr<fe::graph::Graph> forward_graph(const CudnnAttentionKey& k) {
     const AttentionViews views = attention_views(k.batch, k.seq, k.heads, k.head_dim);
     const fe::DataType_t io = io_type(k.dtype);
-    auto g = new_graph(k.dtype);
+    auto g = new_graph(k.dtype, k.sm_count);
     TensorPtr q = input_tensor(*g, "q", kUidQ, views.q, io);
     TensorPtr kk = input_tensor(*g, "k", kUidK, views.k, io);
     TensorPtr v = input_tensor(*g, "v", kUidV, views.v, io);
@@ -182,7 +185,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const CudnnAttentionKey& k) {
 std::shared_ptr<fe::graph::Graph> backward_graph(const CudnnAttentionKey& k) {
     const AttentionViews views = attention_views(k.batch, k.seq, k.heads, k.head_dim);
     const fe::DataType_t io = io_type(k.dtype);
-    auto g = new_graph(k.dtype);
+    auto g = new_graph(k.dtype, k.sm_count);
     TensorPtr q = input_tensor(*g, "q", kUidQ, views.q, io);
     TensorPtr kk = input_tensor(*g, "k", kUidK, views.k, io);
     TensorPtr v = input_tensor(*g, "v", kUidV, views.v, io);
@@ -297,7 +300,7 @@ int stream_device(cudaStream_t stream) {
 }  // namespace
 
 bool cudnn_attention_forward(const AttentionArgs& a, cudaStream_t stream, bool required) {
-    const CudnnAttentionKey key = cudnn_attention_key(stream_device(stream), a);
+    const CudnnAttentionKey key = cudnn_attention_key(stream_device(stream), a, stream_resources(stream).sm_budget);
     const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim);
     std::unordered_map<std::int64_t, void*> pack = {
         {kUidQ, at(a.qkv, views.q, a.dtype)},
@@ -313,7 +316,7 @@ bool cudnn_attention_backward(const AttentionBackwardArgs& a, cudaStream_t strea
     const int device = stream_device(stream);
     const bool deterministic =
         attention_deterministic_from_env(std::getenv("SCMOE_ATTENTION_DETERMINISTIC"), compute_capability(device));
-    const CudnnAttentionKey key = cudnn_attention_key(device, a, deterministic);
+    const CudnnAttentionKey key = cudnn_attention_key(device, a, deterministic, stream_resources(stream).sm_budget);
     const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim);
     std::unordered_map<std::int64_t, void*> pack = {
         {kUidQ, at(a.qkv, views.q, a.dtype)},          {kUidK, at(a.qkv, views.k, a.dtype)},

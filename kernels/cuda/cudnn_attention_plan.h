@@ -62,11 +62,15 @@ struct CudnnAttentionKey {
     AttentionDirection direction = AttentionDirection::kForward;
     bool with_stats = false;     // forward: lse requested (training); backward: always true
     bool deterministic = false;  // backward: cuDNN's deterministic algorithm; forward: false
+    // The SMs the graph's kernels may occupy (Graph::set_sm_count: the stream's SM budget,
+    // Stream::set_sm_budget); 0 = every SM. cuDNN picks and sizes its kernels for it when the plans
+    // are built, so a graph is built per count.
+    int sm_count = 0;
     // Spelled out: attention.cu includes this header and may build as C++17 (kernels/cuda/CMakeLists.txt).
     bool operator==(const CudnnAttentionKey& o) const {
         return device == o.device && batch == o.batch && seq == o.seq && heads == o.heads && head_dim == o.head_dim &&
                dtype == o.dtype && direction == o.direction && with_stats == o.with_stats &&
-               deterministic == o.deterministic;
+               deterministic == o.deterministic && sm_count == o.sm_count;
     }
 };
 
@@ -78,17 +82,21 @@ struct CudnnAttentionKeyHash {
         mix(static_cast<std::size_t>(k.dtype));
         mix(static_cast<std::size_t>(k.direction));
         mix((k.with_stats ? 1u : 0u) | (k.deterministic ? 2u : 0u));
+        mix(std::hash<int>{}(k.sm_count));
         return h;
     }
 };
 
 // The forward has no atomics: one graph whatever SCMOE_ATTENTION_DETERMINISTIC says.
-inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionArgs& a) {
-    return {device,           a.batch, a.seq, a.heads, a.head_dim, a.dtype, AttentionDirection::kForward,
-            a.lse != nullptr, false};
+// sm_count: the stream's SM budget (0: every SM).
+inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionArgs& a, int sm_count = 0) {
+    return {device,           a.batch, a.seq, a.heads,  a.head_dim, a.dtype, AttentionDirection::kForward,
+            a.lse != nullptr, false,   sm_count};
 }
-inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionBackwardArgs& a, bool deterministic) {
-    return {device, a.batch, a.seq, a.heads, a.head_dim, a.dtype, AttentionDirection::kBackward, true, deterministic};
+inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionBackwardArgs& a, bool deterministic,
+                                             int sm_count = 0) {
+    return {device, a.batch, a.seq, a.heads, a.head_dim, a.dtype, AttentionDirection::kBackward, true, deterministic,
+            sm_count};
 }
 
 // cuDNN's fused attention reads 16-byte vectors: every base pointer and every stride must be a

@@ -96,7 +96,7 @@ void gemm(const GemmArgs& a, void* stream) {
     g.c = a.c;
     g.ab_dtype = a.ab_dtype;
     g.c_dtype = a.c_dtype;
-    run_row_major_gemm(g, stream_resources(s).cublas, s);
+    run_row_major_gemm(g, cublas_handle(stream_resources(s)), s);
 }
 
 }  // namespace scmoe::cuda

@@ -65,7 +65,7 @@ void loop_provider(const GroupedGemmArgs& a, cudaStream_t stream) {
                     "grouped gemm: group " << g << " rows [" << row0 << ", " << row0 + rows << ") outside max_rows "
                                            << a.max_rows);
         // Empty groups: kGradWeight writes zeros (k == 0 GEMM), the others write nothing (m == 0).
-        run_row_major_gemm(group_gemm(a, g, row0, rows), res.cublas, stream);
+        run_row_major_gemm(group_gemm(a, g, row0, rows), cublas_handle(res), stream);
     }
 }
 
@@ -90,7 +90,7 @@ void strided_batched_provider(const GroupedGemmArgs& a, cudaStream_t stream) {
             r.stride_a = R * a.k, r.stride_b = R * a.n, r.stride_c = a.k * a.n;
             break;
     }
-    run_row_major_gemm(r, stream_resources(stream).cublas, stream);
+    run_row_major_gemm(r, cublas_handle(stream_resources(stream)), stream);
 }
 
 }  // namespace

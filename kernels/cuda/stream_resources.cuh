@@ -24,13 +24,17 @@ struct StreamExtension {
 
 struct StreamResources {
     int device = 0;
-    cublasHandle_t cublas = nullptr;  // bound to the stream, workspace set
+    cublasHandle_t cublas = nullptr;  // bound to the stream, workspace set; take it through cublas_handle()
     void* cublas_workspace = nullptr;
     void* scratch = nullptr;      // kScratchBytes of device memory, 256-byte aligned
     void* host_pinned = nullptr;  // pinned host staging, grown on demand (see host_staging)
     std::size_t host_pinned_bytes = 0;
     std::unique_ptr<StreamExtension> cudnn;    // kernels/cuda/cudnn_attention.cpp; null until first used
     std::unique_ptr<StreamExtension> cutlass;  // kernels/cuda/cutlass_grouped_gemm.cuh: initialized GEMMs
+    // Stream::set_sm_budget of the backend's Stream (0: every SM): the most SMs a compute kernel
+    // enqueued from now on may occupy. Streams the backend did not create keep 0.
+    int sm_budget = 0;
+    int cublas_sm_target = 0;  // the SM count target the cuBLAS handle has (0: cuBLAS's default, every SM)
 };
 
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;  // what cuBLAS recommends on Hopper
@@ -42,6 +46,10 @@ void register_stream(cudaStream_t stream, int device);
 void unregister_stream(cudaStream_t stream) noexcept;
 // The stream's resources; created on first use for streams the backend did not create.
 StreamResources& stream_resources(cudaStream_t stream);
+// The stream's cuBLAS handle with its SM count target set to the stream's budget:
+// cublasSetSmCountTarget(handle, sm_budget), 0 restoring cuBLAS's default (every SM), called only
+// when the budget changed since the handle's last use.
+cublasHandle_t cublas_handle(StreamResources& res);
 // Pinned host memory of at least `bytes` owned by the stream (reallocated when too small).
 void* host_staging(StreamResources& res, std::size_t bytes);
 

@@ -172,6 +172,7 @@ TEST(AttentionCudnnKey, EveryFieldSeparatesKeysAndPointersDoNot) {
     vary([](CudnnAttentionKey& k) { k.direction = AttentionDirection::kForward; });
     vary([](CudnnAttentionKey& k) { k.with_stats = false; });
     vary([](CudnnAttentionKey& k) { k.deterministic = false; });
+    vary([](CudnnAttentionKey& k) { k.sm_count = 100; });  // a graph per SM budget (Stream::set_sm_budget)
     // batch and seq swapped: same product of tokens, a different graph.
     vary([](CudnnAttentionKey& k) { std::swap(k.batch, k.seq); });
     std::unordered_set<CudnnAttentionKey, CudnnAttentionKeyHash> set(keys.begin(), keys.end());
@@ -193,6 +194,10 @@ TEST(AttentionCudnnKey, EveryFieldSeparatesKeysAndPointersDoNot) {
     EXPECT_EQ(cuda::cudnn_attention_key(0, bwd, true), base);
     EXPECT_FALSE(cuda::cudnn_attention_key(0, bwd, true) == cuda::cudnn_attention_key(0, bwd, false));
     EXPECT_FALSE(cuda::cudnn_attention_key(0, bwd, true) == cuda::cudnn_attention_key(1, bwd, true));
+    EXPECT_EQ(cuda::cudnn_attention_key(0, fwd_a).sm_count, 0) << "no budget: every SM";
+    EXPECT_EQ(cuda::cudnn_attention_key(0, fwd_a, 100).sm_count, 100);
+    EXPECT_EQ(cuda::cudnn_attention_key(0, bwd, true, 100).sm_count, 100);
+    EXPECT_FALSE(cuda::cudnn_attention_key(0, fwd_a, 100) == cuda::cudnn_attention_key(0, fwd_a));
 }
 
 // ---- Provider choice ----------------------------------------------------------------------

@@ -55,6 +55,19 @@ TEST(CpuStream, StreamsRunConcurrently) {
     EXPECT_TRUE(s1_saw_s2);
 }
 
+// The SM budget is a stream's setting (0: every SM); the CPU backend has no SMs and its ops ignore it.
+TEST(CpuStream, SmBudgetIsKeptAndTheCpuHasNoSms) {
+    auto device = make_device("cpu");
+    EXPECT_EQ(device->sm_count(), 0);
+    auto stream = device->create_stream();
+    EXPECT_EQ(stream->sm_budget(), 0);
+    stream->set_sm_budget(100);
+    EXPECT_EQ(stream->sm_budget(), 100);
+    stream->set_sm_budget(0);
+    EXPECT_EQ(stream->sm_budget(), 0);
+    EXPECT_THROW(stream->set_sm_budget(-1), Error);
+}
+
 TEST(CpuEvent, OrdersWorkAcrossStreams) {
     auto device = make_device("cpu");
     auto producer = device->create_stream();

@@ -195,6 +195,26 @@ TEST(GroupedGemmProvider, ExplicitRequestsAreKept) {
         }
 }
 
+// The grid limit a grouped GEMM runs with: the stream's SM budget (set by the LayerScheduler while an
+// exchange overlaps), the args' own sm_limit where smaller, 0 (every SM) when neither limits it.
+TEST(GroupedGemmProvider, SmLimitIsTheStreamsBudgetOrTheArgsLimitWhicheverIsSmaller) {
+    testing::Cpu cpu;
+    GroupedGemmArgs a = supported_args(K::kForward);
+    EXPECT_EQ(grouped_gemm_sm_limit(a, *cpu.stream), 0);
+    cpu.stream->set_sm_budget(100);
+    EXPECT_EQ(grouped_gemm_sm_limit(a, *cpu.stream), 100);
+    a.sm_limit = 60;
+    EXPECT_EQ(grouped_gemm_sm_limit(a, *cpu.stream), 60);
+    a.sm_limit = 120;
+    EXPECT_EQ(grouped_gemm_sm_limit(a, *cpu.stream), 100);
+    cpu.stream->set_sm_budget(0);
+    EXPECT_EQ(grouped_gemm_sm_limit(a, *cpu.stream), 120);
+    a.sm_limit = -1;  // refused by the provider (cutlass_grouped_gemm_unsupported), not hidden here
+    cpu.stream->set_sm_budget(100);
+    EXPECT_EQ(grouped_gemm_sm_limit(a, *cpu.stream), -1);
+    EXPECT_NE(cutlass_grouped_gemm_unsupported(a, cuda(9, 0)).find("sm_limit"), std::string::npos);
+}
+
 TEST(GroupedGemmProvider, CpuStreamRefusesCutlassGrouped) {
     testing::Cpu cpu;
     GroupedGemmArgs a;
