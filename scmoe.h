@@ -1,6 +1,7 @@
 // scmoe: shortcut-connected Mixture-of-Experts runtime. Umbrella header for embedders.
 #pragma once
 
+#include "comm/comm_sms.h"
 #include "comm/communicator.h"
 #include "comm/emu_communicator.h"
 #include "comm/local_communicator.h"

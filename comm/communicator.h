@@ -92,6 +92,12 @@ class Communicator {
 
     // The stream's later work starts only after every rank's stream has reached its barrier.
     virtual void barrier(Stream& stream) = 0;
+
+    // The SMs one of this communicator's collectives occupies on each GPU while it runs (NCCL: one
+    // CTA per channel), when it knows them: the emulated NCCL, from its topology. 0 = not known (NCCL
+    // picks its channels at run time; the host-task communicators use no SMs). comm/comm_sms.h turns
+    // it into the SMs compute leaves free for an exchange.
+    virtual int kernel_sms() const { return 0; }
 };
 
 // Sums `count` host values (f32 or i32) element-wise over the group, in place, for small agreements

@@ -78,6 +78,14 @@ struct EmuGroup::State {
 
 namespace {
 
+// One NCCL channel's block (a CTA; NCCL runs one per channel): 512 threads, NCCL_NTHREADS's default
+// "for recent generation GPUs" (NCCL User Guide, Environment Variables, NCCL_NTHREADS). Its registers
+// per thread and shared memory are assumptions (NCCL publishes neither): 32 registers, no shared
+// memory beyond the SM's per-block reservation. Beside CUTLASS's sm_90 grouped GEMM block, which
+// leaves 1,024 of 65,536 registers (review 2, #6), any count above 2 registers per thread gives the
+// same answer: it does not fit.
+emu::BlockResources nccl_block() { return {512, 32, 0}; }
+
 class EmuCommunicator final : public Communicator {
 public:
     EmuCommunicator(std::shared_ptr<EmuGroup> group, int member) : group_(std::move(group)), member_(member) {}
@@ -87,6 +95,7 @@ public:
         return "emu(rank " + std::to_string(member_) + " of " + std::to_string(size()) + ", " +
                state().topology.name + ")";
     }
+    int kernel_sms() const override { return state().topology.comm_sms; }
 
     void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
                       DType dtype, Stream& stream) override {
@@ -286,6 +295,10 @@ private:
         w.kind = emu::WorkKind::kComm;
         w.name = name;
         w.demand = std::min(1.0, static_cast<double>(state().topology.comm_sms) / spec.sms);
+        // Residency (kernels/emu/timeline.h): its channels' blocks, one per SM, become resident only
+        // where they fit beside the kernels already there.
+        w.resident_sms = std::min(state().topology.comm_sms, spec.sms);
+        w.block = nccl_block();
         w.rendezvous = std::move(meet);
         w.member = member_;
         w.effect = std::move(effect);

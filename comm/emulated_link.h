@@ -115,6 +115,8 @@ class EmulatedLink final : public Communicator {
     void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override;
     void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override;
     void barrier(Stream& stream) override;
+    // The inner communicator's (the link's own start and hold kernels are one thread each).
+    int kernel_sms() const override { return inner_->kernel_sms(); }
 
     LinkModel model() const;
     // Replaces the model for the ops that finish from now on (an op in flight may use either);

@@ -10,6 +10,10 @@
 //   vector ops: peak = fp32_tflops, bandwidth-bound in practice.
 //   demand (share of the SMs it fills alone) = min(1, threads / (SMs * threads per SM)); for tensor
 //     ops one 256-thread tile block per SM fills it: min(1, tiles / SMs).
+// A kernel limited to S < SMs SMs (sm_limit: Stream::set_sm_budget, GroupedGemmArgs::sm_limit) runs
+// on those alone: the formulas above with SMs = S for the waves, S / SMs of each peak, and its demand
+// at most S / SMs (a share of the whole GPU). HBM bandwidth is not scaled: S of the SMs still
+// stream at the memory's rate.
 // The launch's fixed device-side cost (kernel_gap_us) is added by the stream, not here.
 #pragma once
 
@@ -23,7 +27,8 @@ struct KernelTime {
     double demand = 1;   // (0, 1]
 };
 
-KernelTime model_kernel(const OpCost& cost, const GpuSpec& spec);
+// sm_limit: the most SMs the kernel's grid may cover (0: every SM).
+KernelTime model_kernel(const OpCost& cost, const GpuSpec& spec, int sm_limit = 0);
 
 // Copies over the host link (one direction) and device-to-device copies (read + write of HBM).
 double host_copy_us(double bytes, const GpuSpec& spec);

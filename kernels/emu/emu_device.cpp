@@ -2,7 +2,9 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -76,18 +78,33 @@ public:
     }
     void launch(const std::string& name, const OpCost& cost, std::function<void()> effect) override {
         Work w = kernel(name, std::move(effect));
-        const KernelTime t = model_kernel(cost, spec());
+        const KernelTime t = model_kernel(cost, spec(), sm_budget());
         w.work_us = t.work_us;
         w.demand = t.demand;
         timeline().enqueue(id_, std::move(w), spec().launch_us);
     }
     void launch_sized_at_start(const std::string& name, std::function<OpCost()> cost,
                                std::function<void()> effect) override {
+        launch_shaped_at_start(name, std::move(cost), KernelShape{}, std::move(effect));
+    }
+    void launch_shaped_at_start(const std::string& name, std::function<OpCost()> cost, KernelShape shape,
+                                std::function<void()> effect) override {
         Work w = kernel(name, std::move(effect));
-        w.at_start = [cost = std::move(cost), s = &spec()](Work& work) {
-            const KernelTime t = model_kernel(cost(), *s);
+        // The budget when the kernel is enqueued, as CUDA's launch fixes the grid then.
+        const int budget = sm_budget();
+        shape.sm_limit = shape.sm_limit <= 0 ? budget : (budget > 0 ? std::min(shape.sm_limit, budget) : shape.sm_limit);
+        w.at_start = [cost = std::move(cost), s = &spec(), shape](Work& work) {
+            const OpCost c = cost();
+            const KernelTime t = model_kernel(c, *s, shape.sm_limit);
             work.work_us = t.work_us;
             work.demand = t.demand;
+            if (shape.persistent) {
+                const int grid = shape.sm_limit > 0 ? std::min(shape.sm_limit, s->sms) : s->sms;
+                const double tiles = std::ceil(c.threads / 256.0);  // cost_model.h: one 256-thread block per tile
+                work.resident_sms = static_cast<int>(std::min(static_cast<double>(grid), tiles));
+                work.block = shape.block;
+                if (work.resident_sms > 0) work.demand = static_cast<double>(work.resident_sms) / s->sms;
+            }
         };
         timeline().enqueue(id_, std::move(w), spec().launch_us);
     }

@@ -35,6 +35,7 @@
 
 #include "kernels/device.h"
 #include "kernels/emu/gpu_spec.h"
+#include "kernels/emu/residency.h"
 #include "kernels/emu/routing.h"
 #include "kernels/emu/timeline.h"
 #include "kernels/op_cost.h"
@@ -58,6 +59,7 @@ struct MemoryStats {
 
 class EmuDevice : public Device {
 public:
+    int sm_count() const override { return spec().sms; }
     virtual const GpuSpec& spec() const = 0;
     virtual const RoutingModel& routing() const = 0;
     virtual Timeline& timeline() = 0;
@@ -69,16 +71,31 @@ public:
     virtual bool is_device_memory(const void* ptr, std::size_t bytes) const = 0;
 };
 
+// How a kernel takes the SMs (timeline.h, residency.h). An ordinary kernel's blocks retire as they
+// finish, so it shares the SMs with whatever else runs (processor sharing). A persistent kernel
+// launches one block per SM of its grid and each stays resident, looping over the work, until the
+// kernel ends: it holds those SMs (min(grid, its 128x128 tiles) of them; blocks without a tile exit
+// at once), and another kernel becomes resident there only where `block` leaves room.
+struct KernelShape {
+    bool persistent = false;
+    BlockResources block;  // persistent: what one of its blocks holds on its SM
+    int sm_limit = 0;      // the most SMs its grid covers (0: every SM); the stream's SM budget caps it
+};
+
 class EmuStream : public Stream {
 public:
     virtual EmuDevice& device() = 0;
     virtual int id() const = 0;
-    // Enqueues a kernel of the given cost (see cost_model.h); `effect` runs when it completes.
+    // Enqueues a kernel of the given cost (see cost_model.h); `effect` runs when it completes. On a
+    // stream with an SM budget (Stream::set_sm_budget) the kernel runs on that many SMs.
     virtual void launch(const std::string& name, const OpCost& cost, std::function<void()> effect = {}) = 0;
     // As launch(), with the cost computed when the kernel starts (from routing metadata in device
     // memory that earlier Work wrote).
     virtual void launch_sized_at_start(const std::string& name, std::function<OpCost()> cost,
                                        std::function<void()> effect = {}) = 0;
+    // As launch_sized_at_start(), for a kernel of the given shape (a persistent kernel, a grid limit).
+    virtual void launch_shaped_at_start(const std::string& name, std::function<OpCost()> cost, KernelShape shape,
+                                        std::function<void()> effect = {}) = 0;
 };
 
 // The emulated device or stream behind an interface; throws Error when it is not one.

@@ -28,14 +28,31 @@ std::int64_t sum(const std::int32_t* counts, std::int64_t n) {
 
 void gemm(const GemmArgs& a, Stream& s) { timed("gemm", op_cost(a), s); }
 
+// The emulated grouped GEMM stands for cutlass-grouped, the provider auto picks on sm_80..sm_90.
+// On sm_90 that is CUTLASS's TMA + WGMMA kernel, persistent (one block per SM of its grid, min(SMs,
+// GroupedGemmArgs::sm_limit)); its block, as ptxas reports it for scmoe's template arguments (review
+// 2, /work/shared/reviews/gpu-review-2.md, "Measured here": sm_90a, -O3 -DNDEBUG): 384 threads, 168
+// registers per thread, 215,040 B of shared memory for kForward and kGradInput and 232,448 B for
+// kGradWeight (the 227 KB per-block maximum). Below sm_90 it is modeled as an ordinary kernel: the
+// CUTLASS 2.x kernel's registers were not measured, so whether a comm block fits beside it is not
+// known.
+KernelShape grouped_gemm_shape(const GroupedGemmArgs& a, const GpuSpec& spec) {
+    KernelShape shape;
+    shape.sm_limit = a.sm_limit;
+    shape.persistent = spec.compute_capability == 90;
+    shape.block = {384, 168, a.kind == GroupedGemmKind::kGradWeight ? 232448 : 215040};
+    return shape;
+}
+
 void grouped_gemm(const GroupedGemmArgs& a, Stream& s) {
-    as_emu(s).launch_sized_at_start("grouped_gemm", [a] {
+    EmuStream& es = as_emu(s);
+    es.launch_shaped_at_start("grouped_gemm", [a] {
         if (a.rows_per_group > 0 || !a.group_offsets)
             return op_cost(a, a.rows_per_group > 0 ? a.rows_per_group * a.num_groups : a.max_rows, a.num_groups);
         int nonempty = 0;
         for (int g = 0; g < a.num_groups; ++g) nonempty += a.group_offsets[g + 1] > a.group_offsets[g];
         return op_cost(a, a.group_offsets[a.num_groups] - a.group_offsets[0], nonempty);
-    });
+    }, grouped_gemm_shape(a, es.device().spec()));
 }
 
 // The choices come from the device's RoutingModel, keyed by the layer's noise stream (the rank)

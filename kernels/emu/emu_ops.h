@@ -11,6 +11,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/device.h"
 #include "kernels/elementwise.h"
+#include "kernels/emu/emu_device.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
@@ -25,6 +26,9 @@ namespace scmoe::emu {
 
 void gemm(const GemmArgs& args, Stream& stream);
 void grouped_gemm(const GroupedGemmArgs& args, Stream& stream);
+// How the emulated grouped GEMM takes the SMs on `spec`'s GPU: CUTLASS's persistent sm_90 kernel's
+// grid and block on compute capability 9.0, an ordinary kernel below (see emu_ops.cpp).
+KernelShape grouped_gemm_shape(const GroupedGemmArgs& args, const GpuSpec& spec);
 void router_forward(const RouterForwardArgs& args, Stream& stream);
 void router_backward(const RouterBackwardArgs& args, Stream& stream);
 void compute_layout(const LayoutArgs& args, Stream& stream);

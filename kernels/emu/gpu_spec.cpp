@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <string>
 
 #include "kernels/error.h"
 
@@ -43,30 +44,52 @@ GpuSpec spec(std::string name, std::string description, double bf16_tflops, doub
     return s;
 }
 
+// The per-SM limits of a compute capability, from the CUDA C++ Programming Guide: "Technical
+// Specifications per Compute Capability" (8.0 and 9.0: 64K 32-bit registers, 32 resident blocks and
+// 2048 resident threads per SM; at most 164 KB (8.0) and 228 KB (9.0) of shared memory per SM) and
+// the shared memory sections of "Compute Capability 8.x" / "Compute Capability 9.0" (1 KB of an
+// SM's shared memory is reserved for system use for each resident block); the NVIDIA A100 and H100
+// Tensor Core GPU Architecture whitepapers and the Ampere / Hopper Tuning Guides give the same
+// per-SM register file (65,536 x 32-bit) and shared memory capacity (up to 164 KB on A100, 228 KB
+// on H100). How the limits decide residency: kernels/emu/residency.h.
+GpuSpec with_sm_limits(GpuSpec s, int compute_capability) {
+    s.compute_capability = compute_capability;
+    s.registers_per_sm = 65536;
+    s.shared_bytes_per_sm = (compute_capability >= 90 ? 228 : 164) * 1024;
+    s.shared_bytes_reserved_per_block = 1024;
+    s.blocks_per_sm = 32;
+    s.threads_per_sm = 2048;
+    s.sources.push_back("per-SM limits (registers, shared memory, blocks, threads) of compute capability " +
+                        std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10) +
+                        ": CUDA C++ Programming Guide, Technical Specifications per Compute Capability; 1 KB of shared "
+                        "memory reserved per block: its Compute Capability 8.x / 9.0 shared memory sections");
+    return s;
+}
+
 std::vector<GpuSpec> make_specs() {
     // PCIe per direction: Gen4 x16 64 GB/s and Gen5 x16 128 GB/s both directions together.
     return {
         // gemm_efficiency as the A100 (same GA100 architecture): no A30 measurement found.
-        spec("a30", "NVIDIA A30 PCIe 24GB", 165, 10.3, 933, 24 * kGiB, 56, 32, 0.87,
+        with_sm_limits(spec("a30", "NVIDIA A30 PCIe 24GB", 165, 10.3, 933, 24 * kGiB, 56, 32, 0.87,
              {"NVIDIA A30 Tensor Core GPU datasheet (BF16 165 TFLOPS dense, FP32 10.3 TFLOPS, 24GB HBM2, 933 GB/s, "
               "PCIe Gen4 64GB/s)",
-              "56 SMs: NVIDIA A30 product brief / GA100 configuration (docs/emu-sources.md)"}),
+              "56 SMs: NVIDIA A30 product brief / GA100 configuration (docs/emu-sources.md)"}), 80),
         // gemm_efficiency: the best measured large bf16 matmul on A100 SXM, 86.9% of peak.
-        spec("a800", "NVIDIA A800 SXM4 80GB", 312, 19.5, 2039, 80 * kGiB, 108, 32, 0.87,
+        with_sm_limits(spec("a800", "NVIDIA A800 SXM4 80GB", 312, 19.5, 2039, 80 * kGiB, 108, 32, 0.87,
              {"NVIDIA A800 Tensor Core GPU datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, 80GB HBM2e, "
               "2039 GB/s, NVLink 400GB/s, PCIe Gen4 64GB/s)",
               "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A800 is the A100 with NVLink limited to "
-              "400 GB/s)"}),
+              "400 GB/s)"}), 80),
         // gemm_efficiency: the best measured large bf16 matmul on H100 SXM, 80.3% of peak.
-        spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
+        with_sm_limits(spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
              {"NVIDIA H100 Tensor Core GPU datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, FP32 67 "
               "TFLOPS, 80GB, 3.35TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
-              "132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"}),
+              "132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"}), 90),
         // gemm_efficiency as the H100 (the same compute, measured the same).
-        spec("h200", "NVIDIA H200 SXM 141GB", 989, 67, 4800, 141ull * 1000 * 1000 * 1000, 132, 64, 0.80,
+        with_sm_limits(spec("h200", "NVIDIA H200 SXM 141GB", 989, 67, 4800, 141ull * 1000 * 1000 * 1000, 132, 64, 0.80,
              {"NVIDIA H200 Tensor Core GPU product page/datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, "
               "FP32 67 TFLOPS, 141GB HBM3e, 4.8TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
-              "132 SMs: the H200 is the GH100 of the H100 SXM5 with HBM3e (docs/emu-sources.md)"}),
+              "132 SMs: the H200 is the GH100 of the H100 SXM5 with HBM3e (docs/emu-sources.md)"}), 90),
     };
 }
 

@@ -24,6 +24,15 @@ struct GpuSpec {
     int threads_per_sm = 2048;    // resident threads per SM (compute capability 8.0 / 9.0)
     double host_link_gbps = 0;    // host <-> device copies (PCIe, one direction), GB/s
 
+    // What one SM holds for its resident blocks (kernels/emu/residency.h): a block becomes resident
+    // only where its registers, shared memory, threads and block slot fit. 0 = unknown: that
+    // resource limits nothing (a profile of a CPU; a profile without a "base" GPU).
+    int compute_capability = 0;        // 90 for sm_90: which of scmoe's kernels the GPU runs
+    int registers_per_sm = 0;          // 32-bit registers
+    int shared_bytes_per_sm = 0;       // shared memory an SM's blocks can take together
+    int shared_bytes_reserved_per_block = 0;  // taken by the system from that for every resident block
+    int blocks_per_sm = 0;             // resident blocks
+
     // Achieved fractions of the peaks (efficiency ceilings; the curve by shape is in cost_model.h).
     double gemm_efficiency = 0;       // large bf16 GEMM / bf16_tflops
     double bandwidth_efficiency = 0;  // streaming kernel / hbm_gbps

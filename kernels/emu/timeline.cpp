@@ -335,10 +335,20 @@ void Timeline::start(StreamState& s, double at) {
         w.demand = std::clamp(w.demand, 1e-3, 1.0);
     }
     const double ready = std::max(w.enqueued_at, s.free_at);
-    if (ready + kEps < at && w.kind != WorkKind::kWait && w.kind != WorkKind::kHostTask) {
+    // A comm Work that waited for SMs (admit) was considered at blocked_since: the wait from then is
+    // residency, not lateness.
+    const double considered = s.blocked_since >= 0 ? s.blocked_since : at;
+    if (s.blocked_since >= 0) {
+        if (at > s.blocked_since + kEps) {
+            ++stats_.residency_waits;
+            stats_.residency_wait_us += at - s.blocked_since;
+        }
+        s.blocked_since = -1;
+    }
+    if (ready + kEps < considered && w.kind != WorkKind::kWait && w.kind != WorkKind::kHostTask) {
         // Ready in the model's past: the GPU side ran ahead of this host (a relaxed meeting).
         ++stats_.late_starts;
-        stats_.late_us += at - ready;
+        stats_.late_us += considered - ready;
     }
     Active a;
     a.start = at;
@@ -406,16 +416,62 @@ void Timeline::complete(StreamState& s) {
     if (waited_ && !waited_done_at_ && waited_()) waited_done_at_ = now_;
 }
 
+// The SMs held by resident holders whose blocks leave no room for one of w's (residency.h); w fits
+// when there are none, or when its own SMs fit beside theirs.
+bool Timeline::fits_now(const Work& w) const {
+    if (w.resident_sms <= 0) return true;
+    long long conflicting = 0;
+    for (const StreamState& s : streams_) {
+        if (!s.active) continue;
+        const Active& a = *s.active;
+        const bool holds = a.work.resident_sms > 0 &&
+                           (a.work.kind == WorkKind::kComm || (a.work.kind == WorkKind::kKernel && a.holding));
+        if (holds && !fits_beside(spec_, a.work.block, w.block)) conflicting += a.work.resident_sms;
+    }
+    return conflicting == 0 || conflicting + w.resident_sms <= spec_.sms;
+}
+
+bool Timeline::admit(StreamState& s) {
+    if (s.active) {
+        Active& a = *s.active;
+        const bool waiting = a.work.kind == WorkKind::kKernel && a.work.resident_sms > 0 && !a.holding &&
+                             a.fixed_left <= kEps && a.work_left > kEps;
+        if (!waiting) return false;
+        if (a.waiting_since < 0) a.waiting_since = now_;
+        if (!fits_now(a.work)) return false;
+        a.holding = true;
+        if (now_ > a.waiting_since + kEps) {
+            ++stats_.residency_waits;
+            stats_.residency_wait_us += now_ - a.waiting_since;
+        }
+        return true;
+    }
+    if (s.queue.empty() || ready_time(s) > now_ + kEps) return false;
+    const Work& w = s.queue.front();
+    if (w.kind != WorkKind::kComm || w.resident_sms <= 0) return false;
+    if (!fits_now(w)) {
+        if (s.blocked_since < 0) s.blocked_since = now_;
+        return false;
+    }
+    start(s, now_);
+    return true;
+}
+
+// Work that holds SMs is admitted first, high stream priority first (see the header); then the rest
+// starts in stream order. A comm Work whose blocks do not fit stays queued (blocked_since).
 void Timeline::start_ready() {
     bool started = true;
     while (started) {
         started = false;
+        for (int priority : {1, 0})
+            for (StreamState& s : streams_)
+                if (s.priority == priority && admit(s)) started = true;
         for (StreamState& s : streams_) {
-            const double t = ready_time(s);
-            if (t <= now_ + kEps) {
-                start(s, now_);
-                started = true;
-            }
+            if (s.active || s.queue.empty() || ready_time(s) > now_ + kEps) continue;
+            const Work& w = s.queue.front();
+            if (w.kind == WorkKind::kComm && w.resident_sms > 0) continue;  // admit() decides
+            start(s, now_);
+            started = true;
         }
     }
 }
@@ -426,7 +482,8 @@ double Timeline::next_event(bool& blocked) const {
     double next = kInf, bound = kInf;
     for (const StreamState& s : streams_) {
         if (!s.active) {
-            next = std::min(next, ready_time(s));
+            // A Work waiting for SMs can only start when a holder ends, itself an event.
+            if (s.blocked_since < 0) next = std::min(next, ready_time(s));
             continue;
         }
         const Active& a = *s.active;
@@ -460,6 +517,14 @@ void Timeline::set_rates() {
         if (a.work.kind == WorkKind::kComm) capacity -= a.work.demand;
         if (a.work.kind == WorkKind::kKernel) {
             a.rate = 0;
+            if (a.work.resident_sms > 0) {
+                // Persistent: resident on its own SMs at full speed, or waiting for them.
+                if (a.holding) {
+                    a.rate = 1;
+                    capacity -= static_cast<double>(a.work.resident_sms) / spec_.sms;
+                }
+                continue;
+            }
             if (a.fixed_left <= kEps) kernels.push_back(&a);
         }
     }
@@ -520,6 +585,10 @@ std::string Timeline::describe_state() const {
         if (!s.live || (!s.active && s.queue.empty())) continue;
         os << "; stream " << i << ": ";
         if (s.active) os << "running " << s.active->work.name;
+        if (s.active && s.active->work.resident_sms > 0 && s.active->work.kind == WorkKind::kKernel &&
+            !s.active->holding && s.active->fixed_left <= kEps)
+            os << " (waiting for SMs)";
+        if (!s.active && s.blocked_since >= 0) os << "waiting for SMs since " << s.blocked_since << " us: ";
         if (s.active && s.active->work.kind == WorkKind::kComm && !s.active->work.rendezvous->resolved())
             os << " (waiting for peers)";
         if (!s.queue.empty()) os << (s.active ? ", " : "") << s.queue.size() << " queued, next " << s.queue.front().name;

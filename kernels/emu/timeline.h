@@ -8,6 +8,19 @@
 //    the rest goes to compute kernels, higher stream priority first, max-min fair within a priority,
 //    each capped by the share it can fill alone (its demand). A kernel progresses at
 //    (share it gets / its demand) of its speed alone. Copies use copy engines, not SMs.
+//  - Residency (residency.h, after the CUDA C++ Programming Guide's "Hardware Multithreading"): Work
+//    that holds SMs (resident_sms > 0: a comm kernel's channel blocks; a persistent kernel, whose one
+//    block per SM of its grid loops until the work is done) becomes resident only where its blocks
+//    fit beside those of the holders already resident: a comm kernel starts, and a persistent kernel
+//    leaves its launch gap, only once its SMs plus those of every holder whose block leaves no room
+//    for its own fit the GPU (or no such holder is resident). Until then it waits, its stream
+//    blocked, and holds nothing; once resident it keeps its SMs to its end (a persistent kernel at
+//    its full speed: its SMs are its own). Where several wait at one instant, higher stream priority
+//    is served first ("work in a higher priority stream may preempt work already executing in a low
+//    priority stream", cudaStreamCreateWithPriority). Ordinary kernels share what the holders leave.
+//    So a comm kernel that arrives while a persistent kernel holds every SM (CUTLASS's grouped GEMM:
+//    64,512 of 65,536 registers per SM, review 2 #6) runs only once that kernel ends, unless the
+//    kernel's grid was limited to SMs - R (Stream::set_sm_budget), leaving it R SMs.
 //  - Host tasks of all streams run on one callback lane per GPU, one at a time.
 //  - Comm Work meets the same Work on its peers' GPUs (a Rendezvous): it holds its SM share from
 //    its own arrival and completes its duration after the last member arrives.
@@ -34,6 +47,7 @@
 #include <vector>
 
 #include "kernels/emu/gpu_spec.h"
+#include "kernels/emu/residency.h"
 
 namespace scmoe::emu {
 
@@ -109,6 +123,11 @@ struct Work {
     double fixed_us = 0;      // holds the stream first and uses no SMs (kernel gap, copy setup)
     double work_us = 0;       // kernel: time alone on the GPU; copy, host task: duration
     double demand = 1;        // kernel: SM share it fills alone, (0, 1]; comm: SM share it holds
+    // Residency (see the header): the SMs the Work holds while resident, 0 for an ordinary kernel
+    // (processor sharing only); a comm Work's channels, a persistent kernel's grid (demand is then
+    // resident_sms / SMs). `block`: what one of its blocks holds on its SM.
+    int resident_sms = 0;
+    BlockResources block;
     // Optional: sets work_us and demand when the Work starts (a kernel whose size is routing
     // metadata that earlier Work's effects wrote, read only then, as the GPU reads it).
     std::function<void(Work&)> at_start;
@@ -127,6 +146,8 @@ struct TimelineStats {
     std::uint64_t host_tasks = 0;  // of which host tasks (driver callbacks on CUDA)
     std::uint64_t late_starts = 0; // Work that became ready in the model's past (see horizon); 0 in
     double late_us = 0;            // a faithful run: their total delay
+    std::uint64_t residency_waits = 0;  // Work that was ready but had to wait for SMs its blocks fit
+    double residency_wait_us = 0;       // (see the header): how long, in all
 };
 
 class Timeline {
@@ -168,6 +189,8 @@ private:
         double work_left = 0;
         double rate = 0;  // kernels in their work phase: current speed relative to alone
         int priority = 0;
+        bool holding = false;        // a persistent kernel resident on its SMs
+        double waiting_since = -1;   // a persistent kernel past its gap, waiting for its SMs (model time)
     };
     struct StreamState {
         int priority = 0;
@@ -177,6 +200,7 @@ private:
         double free_at = 0;  // completion time of the last completed Work
         std::uint64_t enqueued = 0, finished = 0;
         std::exception_ptr error;
+        double blocked_since = -1;  // the queue's front, a comm Work, is ready but its blocks do not fit
     };
     enum class HostState { kRunning, kWaitingGpu, kWaitingPeers };
 
@@ -184,6 +208,10 @@ private:
     // Under the world lock: advances as far as the horizon allows; true when something changed.
     bool advance();
     double ready_time(const StreamState& s) const;
+    // Residency (see the header): whether `w`'s blocks can become resident now; admits the front
+    // comm Work or the waiting persistent kernel of `s` when they can (true when one was).
+    bool fits_now(const Work& w) const;
+    bool admit(StreamState& s);
     void start_ready();
     void start(StreamState& s, double at);
     void complete(StreamState& s);

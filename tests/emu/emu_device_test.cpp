@@ -6,12 +6,14 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <vector>
 
 #include "emu/emu_test_util.h"
 #include "kernels/emu/cost_model.h"
 #include "kernels/emu/emu_device.h"
+#include "kernels/emu/emu_ops.h"
 #include "kernels/error.h"
 #include "kernels/gemm.h"
 #include "kernels/grouped_gemm.h"
@@ -47,6 +49,86 @@ TEST(EmuCostModel, GemmTimeIsTheRooflineWithWaveQuantization) {
     g.m = 1280, g.k = 8;
     const double bytes = 2.0 * (1280 * 8 + 8 * 1280) + 2.0 * 1280 * 1280;
     EXPECT_NEAR(emu::model_kernel(op_cost(g), spec).work_us, bytes / 1e6, 1e-9);
+}
+
+// A kernel limited to S of the SMs (an SM budget, a grouped GEMM's sm_limit) runs on those: its
+// waves over S SMs, S / SMs of the peak, a share of at most S / SMs.
+TEST(EmuCostModel, AKernelLimitedToSomeSmsRunsOnThoseAlone) {
+    const emu::GpuSpec spec = test::round_spec();  // 100 SMs
+    GemmArgs g;
+    g.m = 1280, g.n = 1280, g.k = 4096;  // 100 tiles: one wave on 100 SMs, two on 80 (the second 20 of 80)
+    g.ab_dtype = g.c_dtype = DType::kBF16;
+    const double flops = 2.0 * 1280 * 1280 * 4096;
+    const emu::KernelTime all = emu::model_kernel(op_cost(g), spec, 0), limited = emu::model_kernel(op_cost(g), spec, 80);
+    EXPECT_NEAR(all.work_us, flops / 1e8, 1e-6);
+    EXPECT_NEAR(limited.work_us, flops / (1e8 * 0.8 * (100.0 / 160.0)), 1e-6);
+    EXPECT_DOUBLE_EQ(limited.demand, 0.8);
+    EXPECT_DOUBLE_EQ(emu::model_kernel(op_cost(g), spec, 100).work_us, all.work_us) << "a limit of every SM limits nothing";
+    // Bound by memory: the SMs left still stream at the memory's rate.
+    g.k = 8;
+    EXPECT_DOUBLE_EQ(emu::model_kernel(op_cost(g), spec, 80).work_us, emu::model_kernel(op_cost(g), spec).work_us);
+}
+
+// The emulated grouped GEMM stands for cutlass-grouped: on sm_90 CUTLASS's persistent kernel with
+// the block review 2 measured; on sm_80 an ordinary kernel (its registers were not measured).
+TEST(EmuDevice, TheGroupedGemmIsPersistentOnSm90WithCutlasssBlock) {
+    GroupedGemmArgs a;
+    a.kind = GroupedGemmKind::kForward;
+    a.sm_limit = 100;
+    const emu::KernelShape h100 = emu::grouped_gemm_shape(a, emu::builtin_gpu_spec("h100"));
+    EXPECT_TRUE(h100.persistent);
+    EXPECT_EQ(h100.block.threads, 384);
+    EXPECT_EQ(h100.block.registers_per_thread, 168);
+    EXPECT_EQ(h100.block.shared_bytes, 215040);
+    EXPECT_EQ(h100.sm_limit, 100);
+    a.kind = GroupedGemmKind::kGradInput;
+    EXPECT_EQ(emu::grouped_gemm_shape(a, emu::builtin_gpu_spec("h200")).block.shared_bytes, 215040);
+    a.kind = GroupedGemmKind::kGradWeight;
+    EXPECT_EQ(emu::grouped_gemm_shape(a, emu::builtin_gpu_spec("h100")).block.shared_bytes, 232448);
+    EXPECT_FALSE(emu::grouped_gemm_shape(a, emu::builtin_gpu_spec("a800")).persistent);
+    EXPECT_FALSE(emu::grouped_gemm_shape(a, test::round_spec()).persistent);
+}
+
+// A stream's SM budget is modeled: ops enqueued while it is set run on that many SMs (the GEMM as
+// cuBLAS with its SM count target, the grouped GEMM with sm_limit = the budget); 0 again, every SM.
+TEST(EmuDevice, AStreamsSmBudgetLimitsTheKernelsEnqueuedWhileItIsSet) {
+    auto device = round_device();
+    EXPECT_EQ(device->sm_count(), 100);
+    auto stream = device->create_stream();
+    const std::int64_t m = 1280, n = 1280, k = 4096;
+    DeviceBuffer a(*device, m * k * 2), b(*device, k * n * 2), c(*device, m * n * 2);
+    GemmArgs g;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a.data(), g.b = b.data(), g.c = c.data();
+    g.ab_dtype = g.c_dtype = DType::kBF16;
+    auto timed = [&](int budget, const std::function<void()>& op) {
+        auto start = device->create_event(), end = device->create_event();
+        stream->set_sm_budget(budget);
+        start->record(*stream);
+        op();
+        end->record(*stream);
+        stream->set_sm_budget(0);
+        end->synchronize();
+        return end->elapsed_ms_since(*start) * 1000.0;
+    };
+    const emu::GpuSpec spec = test::round_spec();
+    // launch 2 + gap 1 + the work on the SMs it may take
+    EXPECT_NEAR(timed(0, [&] { gemm(g, *stream); }), 3.0 + emu::model_kernel(op_cost(g), spec).work_us, 1e-3);
+    EXPECT_NEAR(timed(80, [&] { gemm(g, *stream); }), 3.0 + emu::model_kernel(op_cost(g), spec, 80).work_us, 1e-3);
+    GroupedGemmArgs gg;
+    gg.num_groups = 2, gg.k = k, gg.n = n, gg.max_rows = 2 * m, gg.rows_per_group = m;
+    gg.a = a.data(), gg.b = b.data(), gg.c = c.data();
+    gg.ab_dtype = gg.c_dtype = DType::kBF16;
+    EXPECT_EQ(grouped_gemm_sm_limit(gg, *stream), 0);
+    const double alone = emu::model_kernel(op_cost(gg, 2 * m, 2), spec).work_us;
+    const double on80 = emu::model_kernel(op_cost(gg, 2 * m, 2), spec, 80).work_us;
+    EXPECT_GT(on80, alone);
+    EXPECT_NEAR(timed(0, [&] { grouped_gemm(gg, *stream); }), 3.0 + alone, 1e-3);
+    EXPECT_NEAR(timed(80, [&] { grouped_gemm(gg, *stream); }), 3.0 + on80, 1e-3);
+    gg.sm_limit = 60;  // the args' own limit wins where it is smaller
+    EXPECT_NEAR(timed(80, [&] { grouped_gemm(gg, *stream); }),
+                3.0 + emu::model_kernel(op_cost(gg, 2 * m, 2), spec, 60).work_us, 1e-3);
+    EXPECT_THROW(stream->set_sm_budget(-1), Error);
 }
 
 TEST(EmuDevice, AGemmHoldsItsStreamForItsModeledTimeAndComputesNothing) {

@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "emu/emu_test_util.h"
+#include "kernels/emu/gpu_spec.h"
+#include "kernels/emu/residency.h"
 #include "kernels/emu/timeline.h"
 
 namespace scmoe {
@@ -225,6 +227,146 @@ TEST(EmuTimeline, ACollectiveCompletesAfterItsLastMemberArrives) {
     r1.join();
     EXPECT_NEAR(end[0], 301 + 50, 1e-6);
     EXPECT_NEAR(end[1], 301 + 70, 1e-6);
+}
+
+// ---- Residency (kernels/emu/residency.h): Work that holds SMs becomes resident only where its
+// blocks fit. round_spec with the per-SM limits of compute capability 9.0 (65,536 registers, 228 KB
+// of shared memory, 1 KB reserved per block, 32 blocks, 2048 threads) on its 100 SMs.
+
+emu::GpuSpec sm90_round_spec() {
+    emu::GpuSpec s = test::round_spec();
+    s.compute_capability = 90;
+    s.registers_per_sm = 65536;
+    s.shared_bytes_per_sm = 228 * 1024;
+    s.shared_bytes_reserved_per_block = 1024;
+    s.blocks_per_sm = 32;
+    s.threads_per_sm = 2048;
+    return s;
+}
+
+// CUTLASS's sm_90 grouped GEMM block (review 2: 384 threads x 168 registers, 215,040 B forward,
+// 232,448 B weight gradient) and the emulated NCCL channel block (comm/emu_communicator.cpp).
+const emu::BlockResources kGemmForwardBlock{384, 168, 215040}, kGemmWgradBlock{384, 168, 232448};
+const emu::BlockResources kNcclBlock{512, 32, 0};
+
+// A persistent kernel on `sms` SMs (of 100) taking `us` alone on them, after its 1 us gap.
+Work persistent(double us, int sms, emu::BlockResources block = kGemmForwardBlock) {
+    Work w = kernel(us, sms / 100.0);
+    w.name = "persistent";
+    w.resident_sms = sms;
+    w.block = block;
+    return w;
+}
+
+// A collective alone in its rendezvous, holding `sms` SMs for `us`.
+Work channels(double us, int sms) {
+    Work w;
+    w.kind = WorkKind::kComm;
+    w.name = "all_to_all";
+    w.demand = sms / 100.0;
+    w.resident_sms = sms;
+    w.block = kNcclBlock;
+    w.rendezvous = std::make_shared<emu::Rendezvous>(std::vector<double>{us});
+    return w;
+}
+
+// Review 2 #6's arithmetic: beside the forward/dgrad block (64,512 registers, 216,064 B with the
+// reservation) one warp of 32 registers per thread still fits and an NCCL block does not; beside the
+// weight-gradient block (233,472 B: all 228 KB) not even a one-thread block without shared memory.
+TEST(EmuResidency, ABlockFitsBesideAnotherOnlyWhereTheSmsResourcesLast) {
+    const emu::GpuSpec h100 = emu::builtin_gpu_spec("h100");
+    EXPECT_EQ(h100.registers_per_sm, 65536);
+    EXPECT_EQ(h100.shared_bytes_per_sm, 228 * 1024);
+    EXPECT_TRUE(emu::fits_beside(h100, kGemmForwardBlock, {32, 32, 0}));
+    EXPECT_FALSE(emu::fits_beside(h100, kGemmForwardBlock, {64, 32, 0})) << "2,048 registers: more than are left";
+    EXPECT_FALSE(emu::fits_beside(h100, kGemmForwardBlock, kNcclBlock));
+    EXPECT_FALSE(emu::fits_beside(h100, kGemmWgradBlock, {1, 1, 0})) << "the 1 KB reservation does not fit";
+    EXPECT_FALSE(emu::fits_beside(h100, kGemmForwardBlock, kGemmForwardBlock));
+    EXPECT_TRUE(emu::fits_beside(h100, kNcclBlock, kNcclBlock));
+    EXPECT_TRUE(emu::fits_beside(h100, kGemmForwardBlock, {})) << "a block of unknown size limits nothing";
+    EXPECT_TRUE(emu::fits_beside(test::round_spec(), kGemmForwardBlock, kNcclBlock))
+        << "a spec without per-SM limits (a CPU profile) limits nothing";
+    // A800's 164 KB: the same forward block leaves 1 KB of shared memory besides its own reservation.
+    const emu::GpuSpec a800 = emu::builtin_gpu_spec("a800");
+    EXPECT_EQ(a800.shared_bytes_per_sm, 164 * 1024);
+    EXPECT_FALSE(emu::fits_beside(a800, kGemmForwardBlock, kGemmForwardBlock));
+}
+
+// The review's finding, modeled: a comm kernel that arrives while a persistent kernel holds every SM
+// gets none until that kernel ends; limited to SMs - R, the kernel leaves it R SMs at once.
+TEST(EmuResidency, ACommKernelWaitsForAPersistentKernelOnEverySmButNotForOneOnSmsMinusR) {
+    for (const int grid : {100, 80}) {
+        emu::Timeline t(sm90_round_spec());
+        const int compute = t.add_stream(0), comm = t.add_stream(1);
+        auto k = std::make_shared<emu::EventState>(), c = std::make_shared<emu::EventState>();
+        t.enqueue(compute, persistent(100, grid), 0);  // gap [0, 1), resident [1, 101)
+        t.enqueue(compute, record(k), 0);
+        t.advance_host(10);
+        t.enqueue(comm, channels(50, 20), 0);  // arrives at 10
+        t.enqueue(comm, record(c), 0);
+        t.synchronize_all();
+        EXPECT_NEAR(t.event_time_us(*k, 1), 101, 1e-6) << "grid " << grid;
+        const emu::TimelineStats st = t.stats();
+        EXPECT_EQ(st.late_starts, 0u);
+        if (grid == 100) {
+            EXPECT_NEAR(t.event_time_us(*c, 1), 101 + 50, 1e-6) << "the comm kernel became resident before the end";
+            EXPECT_EQ(st.residency_waits, 1u);
+            EXPECT_NEAR(st.residency_wait_us, 91, 1e-6);
+        } else {
+            EXPECT_NEAR(t.event_time_us(*c, 1), 10 + 50, 1e-6) << "80 + 20 SMs fit: it runs beside the kernel";
+            EXPECT_EQ(st.residency_waits, 0u);
+        }
+    }
+}
+
+// The converse: a persistent kernel whose grid does not fit beside a resident comm kernel waits for
+// it (all of its blocks resident or none: with a static tile schedule its late blocks would end
+// that much later anyway); limited to the SMs left, it runs at once. Ordinary kernels are not held
+// back by comm kernels (their blocks retire as they finish: processor sharing).
+TEST(EmuResidency, APersistentKernelWaitsForTheSmsACommKernelHolds) {
+    for (const int grid : {100, 80}) {
+        emu::Timeline t(sm90_round_spec());
+        const int compute = t.add_stream(0), comm = t.add_stream(1);
+        auto k = std::make_shared<emu::EventState>();
+        t.enqueue(comm, channels(50, 20), 0);           // resident [0, 50)
+        t.enqueue(compute, persistent(100, grid), 0);   // gap [0, 1)
+        t.enqueue(compute, record(k), 0);
+        t.synchronize_all();
+        EXPECT_NEAR(t.event_time_us(*k, 1), grid == 100 ? 50 + 100 : 1 + 100, 1e-6) << "grid " << grid;
+    }
+}
+
+// Ordinary kernels share what the holders leave: beside a persistent kernel on 80 SMs a full one
+// runs at 20%; beside one on every SM it runs only after it.
+TEST(EmuResidency, OrdinaryKernelsShareTheSmsThatHoldersLeave) {
+    for (const int grid : {80, 100}) {
+        emu::Timeline t(sm90_round_spec());
+        const int a = t.add_stream(0), b = t.add_stream(1);
+        auto e = std::make_shared<emu::EventState>();
+        t.enqueue(a, persistent(100, grid), 0);  // resident [1, 101)
+        t.enqueue(b, kernel(20), 0);             // gap [0, 1), high priority: no help against held SMs
+        t.enqueue(b, record(e), 0);
+        t.synchronize_all();
+        EXPECT_NEAR(t.event_time_us(*e, 1), grid == 80 ? 1 + 20 / 0.2 : 101 + 20, 1e-6) << "grid " << grid;
+    }
+}
+
+// Where a comm kernel and a persistent kernel wait for the same SMs, the higher-priority stream's
+// is served first when they free (cudaStreamCreateWithPriority).
+TEST(EmuResidency, TheHigherPriorityStreamGetsFreedSmsFirst) {
+    emu::Timeline t(sm90_round_spec());
+    const int first = t.add_stream(0), second = t.add_stream(0), comm = t.add_stream(1);
+    auto k2 = std::make_shared<emu::EventState>(), c = std::make_shared<emu::EventState>();
+    t.enqueue(first, persistent(100, 100), 0);   // resident [1, 101)
+    t.enqueue(second, persistent(100, 100), 0);  // waits from 1
+    t.enqueue(second, record(k2), 0);
+    t.advance_host(10);
+    t.enqueue(comm, channels(50, 20), 0);  // waits from 10
+    t.enqueue(comm, record(c), 0);
+    t.synchronize_all();
+    EXPECT_NEAR(t.event_time_us(*c, 1), 101 + 50, 1e-6);
+    EXPECT_NEAR(t.event_time_us(*k2, 1), 151 + 100, 1e-6);
+    EXPECT_EQ(t.stats().residency_waits, 2u);
 }
 
 // Hosts that meet (a blocking count exchange) leave at the last arrival plus the latency.
