@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "comm/comm_sms.h"
 #include "comm/communicator.h"
 #include "kernels/error.h"
 #include "moe/detail/block.h"
@@ -127,6 +128,8 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
                                      << backend_name(device.backend()) << " backend computes in "
                                      << dtype_name(device.compute_dtype()));
     scheduler_ = std::make_unique<LayerScheduler>(device, *backbone_stream_, *moe_stream_, agree ? agree : ep);
+    // The exchanges run on the expert-parallel communicator: its channels are the SMs to keep free.
+    if (ep) scheduler_->set_comm_sms(default_comm_sms(ep).sms);
     const int ep_size = ep ? ep->size() : 1;
     std::vector<ParamSpec> specs;
     const std::size_t n = config_.blocks.size();

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 
+#include "comm/comm_sms.h"
 #include "comm/communicator.h"
 #include "kernels/error.h"
 #include "moe/trace.h"
@@ -162,8 +163,19 @@ void choose_chunks(const SchedulePlan& plan, Schedule& s, int forced) {
 }
 
 LayerScheduler::LayerScheduler(Device& device, Stream& backbone, Stream& moe, Communicator* agree)
-    : device_(device), backbone_(backbone), moe_(moe), agree_(agree) {
+    : device_(device), backbone_(backbone), moe_(moe), agree_(agree), comm_sms_(default_comm_sms(agree).sms) {
     SCMOE_CHECK(&backbone != &moe, "LayerScheduler: the backbone and MoE streams must be distinct");
+}
+
+void LayerScheduler::set_comm_sms(int sms) {
+    SCMOE_CHECK(sms >= 0, "LayerScheduler.set_comm_sms(" << sms << "): SMs kept free for an exchange, or 0 for none");
+    comm_sms_ = sms;
+}
+
+int LayerScheduler::overlapped_sm_budget() const {
+    const int sms = device_.sm_count();
+    if (comm_sms_ <= 0 || sms <= 0) return 0;
+    return std::max(1, sms - comm_sms_);
 }
 
 LayerScheduler::~LayerScheduler() {
@@ -267,6 +279,9 @@ struct Step {
     std::ptrdiff_t needs = -1, records = -1;
     std::size_t seq = 0;    // position in the plan's program order (both streams together)
     bool blocking = false;  // an exchange: may block the host until its stream has run
+    // A backbone op (or index hook): issued with the backbone's SM budget set to the overlapped
+    // budget when an exchange may run beside it, else to 0.
+    bool backbone_op = false, overlapped = false;
 };
 
 }  // namespace
@@ -322,6 +337,27 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
         Event& ev = event(e);
         push(steps, {[&ev, &stream] { stream.wait(ev); }, static_cast<std::ptrdiff_t>(e), -1});
     };
+    // SMs for the exchange (see the header): open[b] while branch b's exchange may run beside the
+    // backbone, from its ready index to its consume.
+    std::vector<char> open(nb, 0);
+    constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+    auto window_open = [&](std::size_t except) {
+        for (std::size_t x = 0; x < nb; ++x)
+            if (open[x] && x != except) return true;
+        return false;
+    };
+    // Marks the backbone steps pushed since `first` as ops issued with (overlapped) or without the budget.
+    auto mark = [&](std::vector<Step>& steps, std::size_t first, bool overlapped) {
+        if (&steps != &backbone_steps) return;
+        for (std::size_t k = first; k < steps.size(); ++k) {
+            steps[k].backbone_op = true;
+            steps[k].overlapped = overlapped;
+        }
+    };
+    auto exchanges = [](const BranchPlan& p, int pieces) {
+        return pieces == 1 ? (p.send.run && p.send.comm) || (p.receive.run && p.receive.comm)
+                           : p.send_chunks.comm || p.receive_chunks.comm;
+    };
 
     // Pieces per branch (1 = the unchunked stages).
     std::vector<int> chunks(nb);
@@ -348,8 +384,11 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
                 if (overlap) {
                     add_record(backbone_steps, ready_event(b), backbone_);
                     add_wait(moe_steps, ready_event(b), moe_);
+                    open[b] = exchanges(p, n);
                 }
+                const std::size_t pre_first = side_steps.size();
                 add_op(side_steps, p.pre, p.name, side, side_lane);
+                mark(side_steps, pre_first, false);
                 for (int c = 0; c < n; ++c) {
                     if (n == 1)
                         add_op(side_steps, p.send, p.name, side, side_lane);
@@ -359,14 +398,20 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
                 }
             }
             if (static_cast<std::size_t>(schedule.branches[b].slot) == i) {
+                // Pieces overlap the branch's other pieces' exchanges; a whole expert FFN runs after its
+                // send and before its receive, beside other branches' exchanges only.
+                const bool expert_overlapped = (n > 1 && open[b]) || window_open(b);
                 for (int c = 0; c < n; ++c) {
                     if (overlap) add_wait(backbone_steps, sent_event(b, c), backbone_);
+                    const std::size_t first = backbone_steps.size();
                     if (n == 1)
                         add_op(backbone_steps, p.expert, p.name, backbone_, "backbone");
                     else
                         add_piece(backbone_steps, p.expert_chunks, c, n, p.name, backbone_, "backbone");
+                    mark(backbone_steps, first, expert_overlapped);
                     if (overlap) add_record(backbone_steps, expert_event(b, c), backbone_);
                 }
+                const std::size_t receive_first = side_steps.size();
                 for (int c = 0; c < n; ++c) {
                     if (overlap) add_wait(moe_steps, expert_event(b, c), moe_);
                     if (n == 1)
@@ -375,15 +420,27 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
                         add_piece(side_steps, p.receive_chunks, c, n, p.name, side, side_lane);
                 }
                 add_op(side_steps, p.post, p.name, side, side_lane);
+                mark(side_steps, receive_first, false);
                 if (overlap) add_record(moe_steps, done_event(b), moe_);
             }
             if (static_cast<std::size_t>(p.join) == i) {
                 if (overlap) add_wait(backbone_steps, done_event(b), backbone_);
+                open[b] = 0;  // the consume waits for the branch's end
+                const std::size_t first = backbone_steps.size();
                 add_op(backbone_steps, p.consume, p.name, backbone_, "backbone");
+                mark(backbone_steps, first, window_open(kNone));
             }
         }
-        if (at_index) push(backbone_steps, {[&at_index, i, this] { at_index(static_cast<int>(i), backbone_); }});
-        if (i < ns) add_op(backbone_steps, plan.segments[i], "", backbone_, "backbone");
+        if (at_index) {
+            const std::size_t first = backbone_steps.size();
+            push(backbone_steps, {[&at_index, i, this] { at_index(static_cast<int>(i), backbone_); }});
+            mark(backbone_steps, first, window_open(kNone));
+        }
+        if (i < ns) {
+            const std::size_t first = backbone_steps.size();
+            add_op(backbone_steps, plan.segments[i], "", backbone_, "backbone");
+            mark(backbone_steps, first, window_open(kNone));
+        }
     }
 
     // Host issue order (review L1). An exchange may block the host until its stream has run
@@ -397,9 +454,15 @@ void LayerScheduler::run(const SchedulePlan& plan, const Schedule& schedule, boo
     // not change.
     std::vector<bool> recorded(events_.size(), false);
     auto issuable = [&](const Step& s) { return s.needs < 0 || recorded[static_cast<std::size_t>(s.needs)]; };
+    const int budget = overlap ? overlapped_sm_budget() : 0;
+    struct ResetBudget {  // every SM again after the pass, also when an op throws
+        Stream& stream;
+        ~ResetBudget() { stream.set_sm_budget(0); }
+    } reset_budget{backbone_};
     auto issue = [&](const Step& s) {
         SCMOE_CHECK(issuable(s), "LayerScheduler.run: " << plan.name
                                                         << " plan: a stream waits for an event recorded later");
+        if (s.backbone_op) backbone_.set_sm_budget(s.overlapped ? budget : 0);
         s.issue();
         if (s.records >= 0) recorded[static_cast<std::size_t>(s.records)] = true;
     };

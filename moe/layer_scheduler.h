@@ -35,6 +35,16 @@
 // Overlap off runs the same ops in the same order on the backbone stream alone. Every op writes
 // its own buffers and every accumulation happens on the backbone stream in program order, so
 // results are bitwise identical with overlap on and off.
+//
+// SMs for the exchange (review 2, #6): a persistent compute kernel (CUTLASS's sm_90 grouped GEMM)
+// holds every SM of its grid until it ends, and no NCCL block fits beside it, so an exchange meant
+// to overlap it would wait for it. While a branch's exchange may run beside the backbone (overlap
+// on, a branch with an all-to-all: its backbone ops from `ready` up to its consume, except an
+// unchunked branch's own expert FFN, which its exchanges only precede or follow), run() sets the
+// backbone stream's SM budget (Stream::set_sm_budget) to SMs - R, R = comm_sms(); every other
+// backbone op, and the stream after run(), gets 0 (every SM). Each op's budget is set as it is
+// issued, whatever the host issue order. The budget changes no result, only the SMs ops may take.
+// Calibration times the ops without it.
 #pragma once
 
 #include <functional>
@@ -145,6 +155,14 @@ public:
     Stream& moe() { return moe_; }
     void set_issue_order(IssueOrder order) { issue_order_ = order; }
     IssueOrder issue_order() const { return issue_order_; }
+    // R: the SMs the backbone's ops leave free while an exchange overlaps them (see above); 0 = none.
+    // Default: default_comm_sms(agree) (comm/comm_sms.h: SCMOE_COMM_SMS, the communicator's channels,
+    // NCCL's channel settings, else NCCL's default 32). Throws for a negative count.
+    void set_comm_sms(int sms);
+    int comm_sms() const { return comm_sms_; }
+    // The backbone's SM budget while an exchange overlaps it: device SMs - comm_sms() (at least 1);
+    // 0 (every SM) when comm_sms() is 0 or the device has no SMs (CPU).
+    int overlapped_sm_budget() const;
 
     // Runs the plan `repeats` times serially with a synchronize after every op (chunkable branches
     // also as max_chunks pieces), keeps each op's fastest time, averages over `agree`, and chooses
@@ -174,6 +192,7 @@ private:
     void* agree_buffer_ = nullptr;  // device memory for averaging the times
     std::size_t agree_capacity_ = 0;
     IssueOrder issue_order_ = IssueOrder::kBackboneAhead;
+    int comm_sms_ = 0;
 };
 
 }  // namespace scmoe
