@@ -39,6 +39,10 @@ cxxopts::Options block_options() {
         ("chunks", "pieces of the chunked a2a / expert-FFN pipeline (Tutel-style; a piece is a group of each rank's "
          "local experts): auto (chosen per branch from the calibrated times) or N (1 = off, at most experts / ranks)",
          cxxopts::value<std::string>()->default_value("auto"))
+        ("comm-sms", "SMs the backbone's kernels leave free while an exchange overlaps them (R; the backbone stream's SM "
+         "budget is SMs - R there, so a persistent grouped GEMM leaves the exchange's NCCL blocks room, review 2 #6): "
+         "auto (SCMOE_COMM_SMS, else the communicator's channels, else NCCL's channel settings, else 32) or N (0 = none)",
+         cxxopts::value<std::string>()->default_value("auto"))
         ("issue-order", "how each pass issues its ops from the host: ahead (the backbone's segments before each "
          "exchange that blocks the host) or program (the plan's order: the backbone drains at every exchange on a GPU, "
          "review L1; to measure that drain)", cxxopts::value<std::string>()->default_value("ahead"))
@@ -104,6 +108,19 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
         if (used != chunks.size() || n < 1) throw UsageError("--chunks must be auto or a positive integer, got '" + chunks + "'");
         a.chunks = n;
     }
+    const std::string comm_sms = r["comm-sms"].as<std::string>();
+    if (comm_sms != "auto") {
+        std::size_t used = 0;
+        int n = -1;
+        try {
+            n = std::stoi(comm_sms, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != comm_sms.size() || n < 0)
+            throw UsageError("--comm-sms must be auto or an integer >= 0, got '" + comm_sms + "'");
+        a.comm_sms = n;
+    }
     if (a.ranks > 0 && a.experts % a.ranks == 0 && a.chunks > a.experts / a.ranks)
         throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most the " + std::to_string(a.experts / a.ranks) +
                          " local experts per rank (--experts / ranks)");
@@ -148,6 +165,7 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
     j["gate"] = a.coefficient_gate ? "cg1" : "add";
     j["issue_order"] = issue_order_name(a.issue_order);
     j["chunks"] = a.chunks == 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.chunks);
+    j["comm_sms"] = a.comm_sms < 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.comm_sms);
     if (!a.cluster.empty()) j["cluster"] = a.cluster;
     return j;
 }

@@ -31,6 +31,7 @@ struct BlockArgs {
     Activation activation = Activation::kSwiGLU;
     float capacity_factor = 1.25f;
     int chunks = 0;  // chunked a2a/expert pipeline: 0 = auto, N = forced
+    int comm_sms = -1;  // SMs the backbone leaves free beside an exchange (LayerScheduler): -1 = auto
     IssueOrder issue_order = IssueOrder::kBackboneAhead;  // how the passes issue their ops (review L1)
     std::string trace;
     std::string cluster;  // emu: the Topology preset of the in-process ranks

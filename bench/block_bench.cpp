@@ -27,6 +27,7 @@
 
 #include "benches.h"
 #include "block_args.h"
+#include "comm/comm_sms.h"
 #include "comm/emu_communicator.h"
 #include "comm/emulated_link.h"
 #include "comm/local_communicator.h"
@@ -50,15 +51,16 @@ struct VariantResult {
     double fwd_chunks = 0, bwd_chunks = 0;  // the first MoE branch's pipeline pieces (0: no MoE branch)
     double fwd_nolink_ms = 0, train_nolink_ms = 0;  // the same steps with the emulated link switched off
     double exposed_us = 0, traced_us = 0;  // traced steps: exposed communication and span, summed
-    static constexpr int kPacked = 13;
+    double backbone_idle_us = 0;           // traced steps: the backbone stream's idle time, mean per step
+    static constexpr int kPacked = 14;
     void pack(double* d) const {
         d[0] = fwd_ms, d[1] = train_ms, d[2] = backbone_ms, d[3] = a2a_ms, d[4] = serial_ms, d[5] = slot, d[6] = wrong;
         d[7] = fwd_chunks, d[8] = bwd_chunks, d[9] = fwd_nolink_ms, d[10] = train_nolink_ms;
-        d[11] = exposed_us, d[12] = traced_us;
+        d[11] = exposed_us, d[12] = traced_us, d[13] = backbone_idle_us;
     }
     double exposed_pct() const { return traced_us > 0 ? 100.0 * exposed_us / traced_us : 0.0; }
     static VariantResult unpack(const double* d) {
-        return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12]};
+        return {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13]};
     }
 };
 
@@ -102,10 +104,11 @@ struct RankStack {
     std::unique_ptr<BlockStack> stack;
     DeviceBuffer x, gy, out, gx;
     RankStack(const BlockStackConfig& c, Device& device, Stream& stream, std::int64_t T, Communicator* comm, int rank,
-              int chunks = 0, IssueOrder order = IssueOrder::kBackboneAhead) {
+              int chunks = 0, IssueOrder order = IssueOrder::kBackboneAhead, int comm_sms = -1) {
         stack = std::make_unique<BlockStack>(c, device, T, comm);
         stack->set_expert_chunks(chunks);
         stack->set_issue_order(order);
+        if (comm_sms >= 0) stack->set_comm_sms(comm_sms);
         const ParamSet& p = stack->backbone_params();
         for (std::size_t i = 0; i < p.specs().size(); ++i)
             upload_uniform(device, stream, p[i].data, p[i].dtype, p[i].numel(), 0.05f, 100 + i);
@@ -200,9 +203,18 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
     for (std::size_t v = 0; v < nv; ++v) {
         const std::string& name = a.variants[v];
         const BlockStackConfig c = variant_config(a, name, device->compute_dtype());
-        stacks.push_back(std::make_unique<RankStack>(c, *device, *stream, a.tokens, ep, rank, a.chunks, a.issue_order));
+        stacks.push_back(
+            std::make_unique<RankStack>(c, *device, *stream, a.tokens, ep, rank, a.chunks, a.issue_order, a.comm_sms));
         RankStack& rs = *stacks.back();
         rs.stack->calibrate(rs.t(rs.x), rs.t(rs.gy), 2);
+        if (rank == 0 && v == 0) {
+            const int sms = device->sm_count(), r = rs.stack->comm_sms();
+            const std::string source = a.comm_sms >= 0 ? "--comm-sms" : default_comm_sms(ep).source;
+            out.notes.push_back(
+                "SMs for the exchange: R = " + std::to_string(r) + " (" + source + "); backbone ops beside an exchange " +
+                (sms > 0 && r > 0 ? "run on " + std::to_string(std::max(1, sms - r)) + " of " + std::to_string(sms) + " SMs"
+                                  : "run on every SM (" + std::string(sms > 0 ? "R = 0" : "no SMs: the CPU") + ")"));
+        }
         if (rank == 0) {
             std::string text = rs.stack->describe_schedule();
             for (std::size_t p = 0, q; p < text.size(); p = q + 1) {
@@ -260,6 +272,7 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
             const OverlapSummary o = summarize_overlap(trace.entries());
             results[v].exposed_us += o.exposed_us;
             results[v].traced_us += o.span_us;
+            results[v].backbone_idle_us += lane_idle_us(trace.entries(), "backbone") / common.iters;
             if (i == 0 && !a.trace.empty())
                 trace.write(a.trace + "." + a.variants[v] + ".rank" + std::to_string(rank) + ".json");
         }
@@ -284,13 +297,13 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
         emu::EmuDevice& e = emu::as_emu(*device);
         const emu::MemoryStats m = e.memory();
         const emu::TimelineStats t = e.timeline().stats();
-        char line[256];
+        char line[384];
         std::snprintf(line, sizeof line,
                       "emu rank 0: peak device memory %.2f GiB of %.1f GiB; %llu ops emulated; %llu ops started late "
-                      "(%.1f us; 0 in a faithful run)",
+                      "(%.1f us; 0 in a faithful run); %llu waited for SMs their blocks fit (%.1f us in all)",
                       static_cast<double>(m.peak) / (1 << 30), static_cast<double>(m.capacity) / (1 << 30),
                       static_cast<unsigned long long>(t.works), static_cast<unsigned long long>(t.late_starts),
-                      t.late_us);
+                      t.late_us, static_cast<unsigned long long>(t.residency_waits), t.residency_wait_us);
         out.notes.push_back(line);
     }
     out.results = std::move(results);
@@ -305,7 +318,8 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
     report.note("times: the slowest rank's mean over the timed steps (the variants interleaved step by step, each "
                 "step started after a barrier); backbone and a2a: measured op by op (serially) during calibration; "
                 "exposed = time with an a2a running and no compute running, as a share of the traced steps (the "
-                "mean over the ranks; exposed_max: the largest rank's); beyond_serial = max(0, step - (serial - "
+                "mean over the ranks; exposed_max: the largest rank's); bb_idle = the backbone stream's idle time "
+                "between its first and last op in a traced step (the largest rank's mean); beyond_serial = max(0, step - (serial - "
                 "a2a)) / step (includes the ranks' contention for the cores); link_cost = max(0, step - step with "
                 "the link off) / step (the same schedule; the link's time not hidden); K = the first MoE branch's "
                 "forward slot; chunks = its pipeline pieces forward/backward (--chunks " +
@@ -320,6 +334,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                         {"a2a_of_moe_pct", "a2a/moe", "(%)", 7, 1},
                         {"exposed_comm_pct", "exposed", "(%)", 7, 1},
                         {"exposed_comm_max_rank_pct", "exposed_max", "(%)", 11, 1},
+                        {"backbone_idle_us", "bb_idle", "(us)", 9, 1},
                         {"beyond_serial_pct", "beyond_serial", "(%)", 13, 1},
                         {"link_cost_pct", "link_cost", "(%)", 9, 1},
                         {"slot", "K", "", 3, 0},
@@ -342,6 +357,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
             w.serial_ms = std::max(w.serial_ms, x.serial_ms);
             w.fwd_nolink_ms = std::max(w.fwd_nolink_ms, x.fwd_nolink_ms);
             w.train_nolink_ms = std::max(w.train_nolink_ms, x.train_nolink_ms);
+            w.backbone_idle_us = std::max(w.backbone_idle_us, x.backbone_idle_us);
             exposed_mean[v] += x.exposed_pct() / static_cast<double>(ranks.size());
             exposed_max[v] = std::max(exposed_max[v], x.exposed_pct());
             wrong += x.wrong;
@@ -362,7 +378,7 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
         report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
                         1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms,
                         w.serial_ms - w.backbone_ms > 0 ? Cell(100.0 * w.a2a_ms / (w.serial_ms - w.backbone_ms)) : Cell(),
-                        exposed_mean[v], exposed_max[v], beyond_serial,
+                        exposed_mean[v], exposed_max[v], w.backbone_idle_us, beyond_serial,
                         link_cost,
                         w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
                         w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +

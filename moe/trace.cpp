@@ -130,6 +130,15 @@ OverlapSummary summarize_overlap(std::span<const TraceEntry> entries) {
     return o;
 }
 
+double lane_idle_us(std::span<const TraceEntry> entries, std::string_view lane) {
+    Intervals busy;
+    for (const TraceEntry& e : entries)
+        if (e.lane == lane) busy.emplace_back(e.start_us, e.start_us + e.duration_us);
+    if (busy.empty()) return 0;
+    busy = merged(std::move(busy));
+    return busy.back().second - busy.front().first - total(busy);
+}
+
 void Tracer::write(const std::string& path) const {
     std::map<std::string, int> lane_ids;
     for (const TraceEntry& e : entries_) lane_ids.emplace(e.lane, static_cast<int>(lane_ids.size()));

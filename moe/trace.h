@@ -15,6 +15,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/device.h"
@@ -40,6 +41,10 @@ struct OverlapSummary {
     double exposed_pct() const { return span_us > 0 ? 100.0 * exposed_us / span_us : 0.0; }
 };
 OverlapSummary summarize_overlap(std::span<const TraceEntry> entries);
+
+// The time in which `lane` runs none of its entries, between its first entry's start and its last
+// entry's end: a stream left idle (waiting for another stream, or for the host).
+double lane_idle_us(std::span<const TraceEntry> entries, std::string_view lane);
 
 class Tracer;
 

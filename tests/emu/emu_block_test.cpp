@@ -160,6 +160,105 @@ TEST(EmuDrain, IssuingTheBackboneAheadKeepsItBusyThroughEveryExchange) {
     EXPECT_LT(fixed.forward_us, drained.forward_us);
 }
 
+// ---- Review 2 #6: communication keeps its SMs -----------------------------------------------
+//
+// The chunked pipeline on the 16 emulated H100s of h100-ib-2x8 (two nodes: the all-to-alls share
+// each node's InfiniBand NICs), ScMoE Pos-2 at GPT2-small shapes with 32 experts (2 per rank), 8192
+// tokens per rank, 2 pieces (expert#c on the backbone stream, receive#c on the MoE stream): the
+// configuration of docs/emu.md's figures. The emulated grouped GEMM
+// is CUTLASS's persistent sm_90 kernel (kernels/emu/emu_ops.cpp): on every SM, it leaves no room for
+// an exchange's NCCL blocks (kernels/emu/residency.h), so without the reservation the exchange
+// pieces and the expert GEMMs wait for each other; with the LayerScheduler's R = 32 (the cluster's
+// NCCL channels) the GEMMs run on 100 of 132 SMs and the exchanges beside them.
+
+struct ReservationFigures {
+    double forward_us = 0, backbone_idle_us = 0;
+    double receive0_end_us = 0, expert1_end_us = 0;
+    std::uint64_t sm_waits = 0;  // Work of rank 0's traced forward that waited for SMs its blocks fit
+    double sm_wait_us = 0;
+};
+
+ReservationFigures chunked_forward_on_two_h100_nodes(int comm_sms) {
+    constexpr int kRanks = 16;
+    std::vector<int> members(kRanks);
+    for (int r = 0; r < kRanks; ++r) members[static_cast<std::size_t>(r)] = r;
+    auto group = EmuGroup::create(cluster_topology("h100-ib-2x8"), members);
+    std::vector<std::vector<TraceEntry>> traces(kRanks);
+    std::vector<emu::TimelineStats> before(kRanks), after(kRanks);
+    std::vector<std::string> errors(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r)
+        threads.emplace_back([&, r] {
+            try {
+                auto device = make_device("emu", 0, "h100");
+                auto comm = group->communicator(r);
+                BlockStackConfig config = gpt2_small_pos2();
+                config.moe.num_experts = 32;
+                const std::int64_t tokens = 8 * 1024, hidden = config.backbone.hidden;
+                BlockStack stack(config, *device, tokens, comm.get());
+                EXPECT_EQ(stack.comm_sms(), 32) << "R defaults to the emulated cluster's NCCL channels";
+                if (comm_sms >= 0) stack.set_comm_sms(comm_sms);
+                DeviceBuffer x(*device, tokens * hidden * 2), y(*device, tokens * hidden * 2);
+                Tensor in(x.data(), DType::kBF16, {tokens, hidden}), out(y.data(), DType::kBF16, {tokens, hidden});
+                stack.set_expert_chunks(2);
+                stack.calibrate(in, in);
+                stack.forward(in, out, true);  // warm-up: first-use allocations
+                stack.synchronize();
+                Tracer trace(*device, r);
+                before[static_cast<std::size_t>(r)] = emu::as_emu(*device).timeline().stats();
+                stack.forward(in, out, true, &trace);
+                stack.synchronize();
+                after[static_cast<std::size_t>(r)] = emu::as_emu(*device).timeline().stats();
+                trace.collect();
+                traces[static_cast<std::size_t>(r)] = trace.entries();
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+            }
+        });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+    const std::vector<TraceEntry>& trace = traces[0];
+    ReservationFigures f;
+    for (const TraceEntry& e : trace) f.forward_us = std::max(f.forward_us, e.start_us + e.duration_us);
+    f.backbone_idle_us = lane_idle_us(trace, "backbone");
+    const TraceEntry* receive0 = find(trace, "moe", "collect#0[");
+    const TraceEntry* expert1 = find(trace, "backbone", "experts#1[");
+    EXPECT_TRUE(receive0 && expert1) << "the trace lacks the pipeline's collect#0 or experts#1";
+    if (receive0 && expert1) {
+        f.receive0_end_us = receive0->start_us + receive0->duration_us;
+        f.expert1_end_us = expert1->start_us + expert1->duration_us;
+    }
+    f.sm_waits = after[0].residency_waits - before[0].residency_waits;
+    f.sm_wait_us = after[0].residency_wait_us - before[0].residency_wait_us;
+    EXPECT_EQ(after[0].late_starts, before[0].late_starts);
+    std::printf("R = %d: forward %.1f us, backbone idle %.1f us; collect#0 ends %.1f us, experts#1 %.1f us; %llu "
+                "waits for SMs (%.1f us)\n",
+                comm_sms < 0 ? 32 : comm_sms, f.forward_us, f.backbone_idle_us, f.receive0_end_us, f.expert1_end_us,
+                static_cast<unsigned long long>(f.sm_waits), f.sm_wait_us);
+    return f;
+}
+
+// Without the reservation (R = 0) the review's finding appears on the emulated trace: the persistent
+// expert GEMMs and the exchange pieces wait for each other's SMs, and receive#0 (collect#0) ends
+// only after expert#1 has.
+TEST(EmuCommSms, WithoutTheReservationTheChunkedPipelinesExchangesWaitForTheExpertGemm) {
+    const ReservationFigures f = chunked_forward_on_two_h100_nodes(0);
+    EXPECT_GT(f.sm_waits, 0u) << "no kernel waited for SMs: the persistent GEMM left room";
+    EXPECT_GT(f.sm_wait_us, 0);
+    EXPECT_GT(f.receive0_end_us, f.expert1_end_us) << "receive#0 did not wait for expert#1";
+}
+
+// With the default R (the cluster's 32 NCCL channels) no exchange waits for SMs: each becomes
+// resident beside the expert GEMM, which runs on 100 SMs; receive#0 ends earlier and so does the
+// forward, though every GEMM in the window has fewer SMs.
+TEST(EmuCommSms, WithTheReservationTheExchangesRunBesideTheExpertGemm) {
+    const ReservationFigures without = chunked_forward_on_two_h100_nodes(0);
+    const ReservationFigures with = chunked_forward_on_two_h100_nodes(-1);
+    EXPECT_EQ(with.sm_waits, 0u) << with.sm_wait_us << " us of waits for SMs";
+    EXPECT_LT(with.receive0_end_us, without.receive0_end_us);
+    EXPECT_LT(with.forward_us, without.forward_us);
+}
+
 // Virtual time: the same run gives the same timeline to the last bit, whatever the host's load or
 // the order in which the rank threads happen to run.
 // Review R1: two data-parallel replicas of a 2-rank expert-parallel group, one on A800s and one
