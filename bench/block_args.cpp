@@ -41,7 +41,8 @@ cxxopts::Options block_options() {
          cxxopts::value<std::string>()->default_value("auto"))
         ("comm-sms", "SMs the backbone's kernels leave free while an exchange overlaps them (R; the backbone stream's SM "
          "budget is SMs - R there, so a persistent grouped GEMM leaves the exchange's NCCL blocks room, review 2 #6): "
-         "auto (SCMOE_COMM_SMS, else the communicator's channels, else NCCL's channel settings, else 32) or N (0 = none)",
+         "auto (SCMOE_COMM_SMS, else the communicator's own count: the emulated NCCL's channels, 0 in-process, else NCCL's "
+         "channel settings, else 32) or N (0 = none)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("issue-order", "how each pass issues its ops from the host: ahead (the backbone's segments before each "
          "exchange that blocks the host) or program (the plan's order: the backbone drains at every exchange on a GPU, "

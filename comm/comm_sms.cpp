@@ -36,7 +36,7 @@ int read_count(const std::function<const char*(const char*)>& env, const char* n
 
 CommSms resolve_comm_sms(const std::function<const char*(const char*)>& env, int kernel_sms) {
     if (const int r = read_count(env, "SCMOE_COMM_SMS", 0); r >= 0) return {r, "SCMOE_COMM_SMS"};
-    if (kernel_sms > 0) return {kernel_sms, "the communicator's channels"};
+    if (kernel_sms >= 0) return {kernel_sms, "the communicator's own count"};
     CommSms c{kNcclDefaultMaxCtas, "NCCL's default maxCTAs"};
     bool capped = false;
     for (const char* name : {"NCCL_MAX_CTAS", "NCCL_MAX_NCHANNELS", "NCCL_MAX_P2P_NCHANNELS"}) {
@@ -53,7 +53,7 @@ CommSms resolve_comm_sms(const std::function<const char*(const char*)>& env, int
 }
 
 CommSms default_comm_sms(const Communicator* comm) {
-    return resolve_comm_sms([](const char* name) { return std::getenv(name); }, comm ? comm->kernel_sms() : 0);
+    return resolve_comm_sms([](const char* name) { return std::getenv(name); }, comm ? comm->kernel_sms() : -1);
 }
 
 }  // namespace scmoe

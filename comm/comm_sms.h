@@ -8,7 +8,9 @@
 //
 // R is, in this order:
 //   1. SCMOE_COMM_SMS, when set: a count >= 0 (0: reserve nothing; "auto": as unset).
-//   2. The communicator's own count (Communicator::kernel_sms: the emulated NCCL's channels).
+//   2. The communicator's own count where it knows it (Communicator::kernel_sms >= 0: the emulated
+//      NCCL's channels; 0 for the in-process and MPI communicators, whose exchanges use no SMs; 1 for
+//      an EmulatedLink's hold kernel over them).
 //   3. NCCL's channel settings, where set (NCCL User Guide, "Environment Variables"):
 //      NCCL_MAX_CTAS (since 2.17; supersedes NCCL_MAX_NCHANNELS), NCCL_MAX_NCHANNELS ("limits the
 //      number of channels NCCL can use. Reducing the number of channels also reduces the number of
@@ -36,7 +38,7 @@ struct CommSms {
 };
 
 // R from the environment `env` (returns a variable's value or nullptr) and the communicator's own
-// count (Communicator::kernel_sms; 0: unknown), by the rules above. Throws Error naming a variable
+// count (Communicator::kernel_sms; -1: not known), by the rules above. Throws Error naming a variable
 // that is set to something else than an integer (>= 0 for SCMOE_COMM_SMS, >= 1 for NCCL's).
 CommSms resolve_comm_sms(const std::function<const char*(const char*)>& env, int kernel_sms);
 

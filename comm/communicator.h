@@ -94,10 +94,10 @@ class Communicator {
     virtual void barrier(Stream& stream) = 0;
 
     // The SMs one of this communicator's collectives occupies on each GPU while it runs (NCCL: one
-    // CTA per channel), when it knows them: the emulated NCCL, from its topology. 0 = not known (NCCL
-    // picks its channels at run time; the host-task communicators use no SMs). comm/comm_sms.h turns
-    // it into the SMs compute leaves free for an exchange.
-    virtual int kernel_sms() const { return 0; }
+    // CTA per channel), when it knows them: the emulated NCCL's, from its topology; 0 for transports
+    // that use none (host tasks, MPI, copy engines); -1 = not known (NcclCommunicator: NCCL picks its
+    // channels at run time). comm/comm_sms.h turns it into the SMs compute leaves free for an exchange.
+    virtual int kernel_sms() const { return -1; }
 };
 
 // Sums `count` host values (f32 or i32) element-wise over the group, in place, for small agreements

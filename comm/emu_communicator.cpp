@@ -95,7 +95,7 @@ public:
         return "emu(rank " + std::to_string(member_) + " of " + std::to_string(size()) + ", " +
                state().topology.name + ")";
     }
-    int kernel_sms() const override { return state().topology.comm_sms; }
+    int kernel_sms() const override { return state().topology.comm_sms; }  // 0: a link: cluster, no SM share
 
     void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
                       DType dtype, Stream& stream) override {

@@ -33,6 +33,7 @@
 // read by host tasks), which they are for every communicator in scmoe.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -115,8 +116,12 @@ class EmulatedLink final : public Communicator {
     void all_gather(const void* send, std::int64_t count_per_rank, void* recv, DType dtype, Stream& stream) override;
     void broadcast(void* buf, std::int64_t count, DType dtype, int root, Stream& stream) override;
     void barrier(Stream& stream) override;
-    // The inner communicator's (the link's own start and hold kernels are one thread each).
-    int kernel_sms() const override { return inner_->kernel_sms(); }
+    // The inner communicator's, and at least the one SM the link's start and hold kernels (one block
+    // of one thread each) need on CUDA streams; -1 when the inner one's is not known.
+    int kernel_sms() const override {
+        const int inner = inner_->kernel_sms();
+        return inner < 0 ? -1 : std::max(1, inner);
+    }
 
     LinkModel model() const;
     // Replaces the model for the ops that finish from now on (an op in flight may use either);

@@ -102,6 +102,8 @@ class LocalCommunicator final : public Communicator {
     int rank() const override { return rank_; }
     int size() const override { return group_->size(); }
     std::string name() const override;
+    // Host tasks on CPU streams; on CUDA streams the exchanges are cudaMemcpyAsync (copy engines).
+    int kernel_sms() const override { return 0; }
 
     void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,
                       DType dtype, Stream& stream) override;

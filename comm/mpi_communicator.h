@@ -44,6 +44,7 @@ class MpiCommunicator final : public Communicator {
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string name() const override;
+    int kernel_sms() const override { return 0; }  // host buffers, MPI on the host
     MPI_Comm native_comm() const { return comm_; }
 
     void all_to_all_v(const void* send, const std::int64_t* send_counts, void* recv, std::int64_t* recv_counts,

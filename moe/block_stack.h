@@ -122,7 +122,7 @@ public:
     void set_issue_order(IssueOrder order) { scheduler_->set_issue_order(order); }
     // R, the SMs the backbone leaves free while an exchange overlaps it (LayerScheduler::set_comm_sms;
     // 0 = none). Default: default_comm_sms(ep) (comm/comm_sms.h: SCMOE_COMM_SMS, the expert-parallel
-    // communicator's channels, NCCL's channel settings, else 32).
+    // communicator's own count where it knows it, NCCL's channel settings, else 32).
     void set_comm_sms(int sms) { scheduler_->set_comm_sms(sms); }
     int comm_sms() const { return scheduler_->comm_sms(); }
 

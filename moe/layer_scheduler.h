@@ -156,7 +156,7 @@ public:
     void set_issue_order(IssueOrder order) { issue_order_ = order; }
     IssueOrder issue_order() const { return issue_order_; }
     // R: the SMs the backbone's ops leave free while an exchange overlaps them (see above); 0 = none.
-    // Default: default_comm_sms(agree) (comm/comm_sms.h: SCMOE_COMM_SMS, the communicator's channels,
+    // Default: default_comm_sms(agree) (comm/comm_sms.h: SCMOE_COMM_SMS, the communicator's own count,
     // NCCL's channel settings, else NCCL's default 32). Throws for a negative count.
     void set_comm_sms(int sms);
     int comm_sms() const { return comm_sms_; }

@@ -7,6 +7,7 @@
 
 #include "comm/comm_sms.h"
 #include "comm/emu_communicator.h"
+#include "comm/emulated_link.h"
 #include "comm/local_communicator.h"
 #include "comm/topology.h"
 #include "kernels/error.h"
@@ -16,7 +17,7 @@ namespace {
 
 using Env = std::map<std::string, std::string>;
 
-CommSms resolve(const Env& env, int kernel_sms = 0) {
+CommSms resolve(const Env& env, int kernel_sms = -1) {
     return resolve_comm_sms(
         [&env](const char* name) {
             auto it = env.find(name);
@@ -40,10 +41,12 @@ TEST(CommSms, ScmoeCommSmsWinsOverEverythingAndZeroReservesNothing) {
     EXPECT_EQ(resolve({{"SCMOE_COMM_SMS", ""}}).sms, 32) << "empty: as unset";
 }
 
-TEST(CommSms, TheCommunicatorsOwnChannelsComeBeforeNcclsSettings) {
+TEST(CommSms, TheCommunicatorsOwnCountComesBeforeNcclsSettings) {
     const CommSms r = resolve({{"NCCL_MAX_NCHANNELS", "4"}}, 16);
     EXPECT_EQ(r.sms, 16);
-    EXPECT_EQ(r.source, "the communicator's channels");
+    EXPECT_EQ(r.source, "the communicator's own count");
+    EXPECT_EQ(resolve({}, 0).sms, 0) << "a communicator that uses no SMs needs none kept";
+    EXPECT_EQ(resolve({}, -1).sms, 32) << "-1: not known";
 }
 
 TEST(CommSms, NcclsMaximaCapItTheSmallestWinsAndItsMinimaRaiseIt) {
@@ -72,15 +75,20 @@ TEST(CommSms, AValueThatIsNoCountIsRefusedNamingTheVariable) {
     }
 }
 
-// Communicator::kernel_sms: the emulated NCCL knows its channels (its topology's comm_sms); the
-// in-process communicator uses no SMs and says 0.
-TEST(CommSms, TheEmulatedNcclKnowsItsChannels) {
+// Communicator::kernel_sms: the emulated NCCL knows its channels (its topology's comm_sms; none on
+// a link: cluster); the in-process communicator uses no SMs (0); an EmulatedLink's hold kernel one.
+TEST(CommSms, CommunicatorsSayWhatTheirCollectivesOccupy) {
     auto emu = EmuGroup::create(cluster_topology("h100-nvlink-8"), {0, 1});
     EXPECT_EQ(emu->communicator(0)->kernel_sms(), 32);
     auto a800 = EmuGroup::create(cluster_topology("a800-nvlink-8"), {0, 1});
     EXPECT_EQ(a800->communicator(1)->kernel_sms(), 16);
+    auto link = EmuGroup::create(cluster_topology("link:gbps=1,gpus=2"), {0, 1});
+    EXPECT_EQ(link->communicator(0)->kernel_sms(), 0);
     auto local = LocalGroup::create(2);
-    EXPECT_EQ(local->communicator(0)->kernel_sms(), 0);
+    auto local0 = local->communicator(0);
+    EXPECT_EQ(local0->kernel_sms(), 0);
+    EmulatedLink wrapped(*local0, LinkModel{"test", 1.0, 0.0});
+    EXPECT_EQ(wrapped.kernel_sms(), 1);
 }
 
 }  // namespace
