@@ -242,6 +242,30 @@ TEST_P(GpuCutlassGroupedGemm, ManyTilesPerBlockOverManyGroups) {
     expect_bitwise_equal(narrow, full, "grid of 2 SMs vs every SM");
 }
 
+// The stream's SM budget (Stream::set_sm_budget, which the LayerScheduler sets beside an exchange,
+// review 2 #6) sizes the persistent grid: sm_90's one block per SM of SMs - 32, the sm_80 path's
+// resident blocks per SM times that; bitwise the result of every SM; every SM again at budget 0.
+TEST_P(GpuCutlassGroupedGemm, TheStreamsSmBudgetSizesThePersistentGrid) {
+    SCMOE_REQUIRE_CUTLASS();
+    const GroupedGemmKind kind = GetParam();
+    Backends be;
+    Load load{"many", I(40, 400), 0};
+    Problem p = make_problem(be, kind, load, 512, 1024, 777);
+    const F full = run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped);
+    const CutlassGroupedStats all = cutlass_grouped_stats();
+    ASSERT_GT(all.device_sms, 32);
+    be.gpu_stream->set_sm_budget(all.device_sms - 32);
+    EXPECT_EQ(grouped_gemm_sm_limit(p.args, *be.gpu_stream), all.device_sms - 32);
+    const F budgeted = run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped);
+    const CutlassGroupedStats limited = cutlass_grouped_stats();
+    be.gpu_stream->set_sm_budget(0);
+    EXPECT_EQ(limited.last_grid * all.device_sms, all.last_grid * (all.device_sms - 32))
+        << "the grid is blocks per SM x the SMs it may take";
+    expect_bitwise_equal(budgeted, full, "SMs - 32 vs every SM");
+    run(be, p.args, p.c_elems, GroupedGemmProvider::kCutlassGrouped);
+    EXPECT_EQ(cutlass_grouped_stats().last_grid, all.last_grid) << "budget 0: every SM again";
+}
+
 // Every call with the same (kind, groups, grid) on a stream reuses the GEMM initialized by the first
 // one (no TMA descriptor encoding per call), and stays correct with other buffers, offsets and rows
 // (nothing of a call's data is baked into the cached parameters).
