@@ -19,7 +19,7 @@ import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in launch/ from the module below
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peer import EXIT_OK, parse_sizes, run_context, tflops, unavailable, write_report  # noqa: E402
+from torch_peer import EXIT_OK, parse_sizes, run_context, tflops, time_us, unavailable, write_report  # noqa: E402
 
 PROGRAM = "attention_torch.py"
 
@@ -89,17 +89,6 @@ def main(argv):
     print("#" + " ".join(h.rjust(w) for h, w in zip(header, widths)))
     print("#" + " ".join(u.rjust(w) for u, w in zip(units, widths)))
 
-    def time_us(fn):
-        for _ in range(args.warmup):
-            fn()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(args.iters):
-            fn()
-        stop.record()
-        stop.synchronize()
-        return 1000.0 * start.elapsed_time(stop) / args.iters
-
     provider = "torch-sdpa" if args.sdpa_backend == "auto" else f"torch-{args.sdpa_backend}"
     rows, notes = [], []
     torch.manual_seed(args.seed)
@@ -133,10 +122,10 @@ def main(argv):
                 torch.autograd.grad(forward(), qkv, grad_out)
 
             try:
-                fwd_us = in_backend(lambda: time_us(fwd))
+                fwd_us = in_backend(lambda: time_us(torch, "cuda", fwd, args.iters, args.warmup))
                 saved["out"] = in_backend(forward)
-                bwd_us = in_backend(lambda: time_us(bwd))
-                fwd_bwd_us = in_backend(lambda: time_us(fwd_bwd))
+                bwd_us = in_backend(lambda: time_us(torch, "cuda", bwd, args.iters, args.warmup))
+                fwd_bwd_us = in_backend(lambda: time_us(torch, "cuda", fwd_bwd, args.iters, args.warmup))
             except RuntimeError as e:  # e.g. no kernel of the forced backend for this shape
                 print(f"# skipped: batch={b} seq={s} heads={h} head_dim={d}: {str(e).splitlines()[0]}")
                 notes.append(f"skipped batch={b} seq={s} heads={h} head_dim={d}: {e}")

@@ -35,11 +35,10 @@ import math
 import os
 import platform
 import sys
-import time
 
 sys.dont_write_bytecode = True  # no __pycache__ in launch/ from the module below
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peer import EXIT_OK, parse_sizes, run_context, tflops, unavailable, write_report  # noqa: E402
+from torch_peer import EXIT_OK, parse_sizes, run_context, tflops, time_us, unavailable, write_report  # noqa: E402
 
 PROGRAM = "moe_layer_torch.py"
 IMPLS = ("auto", "eager", "grouped_mm", "batched_mm")
@@ -172,22 +171,6 @@ def main(argv):
     print("#" + " ".join(h.rjust(w) for h, w in zip(header, widths)))
     print("#" + " ".join(u.rjust(w) for u, w in zip(units, widths)))
 
-    def time_us(fn):
-        for _ in range(args.warmup):
-            fn()
-        if device.type == "cuda":
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(args.iters):
-                fn()
-            stop.record()
-            stop.synchronize()
-            return 1000.0 * start.elapsed_time(stop) / args.iters
-        begin = time.perf_counter()
-        for _ in range(args.iters):
-            fn()
-        return 1e6 * (time.perf_counter() - begin) / args.iters
-
     def measure(block, T):
         """(forward us, forward+backward us) of `block` on T tokens."""
         weights = list(block.parameters())
@@ -209,7 +192,8 @@ def main(argv):
         def fwd_bwd():
             torch.autograd.grad(forward(), [x] + weights, dy, allow_unused=True)
 
-        return time_us(fwd), time_us(fwd_bwd)
+        return (time_us(torch, device.type, fwd, args.iters, args.warmup),
+                time_us(torch, device.type, fwd_bwd, args.iters, args.warmup))
 
     torch.manual_seed(args.seed)
     rows = []

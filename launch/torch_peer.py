@@ -8,6 +8,7 @@ import os
 import platform
 import shlex
 import sys
+import time
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -39,6 +40,25 @@ def unavailable(program, message):
 
 def tflops(flops, us):
     return flops / (us * 1e-6) / 1e12 if us > 0 else 0.0
+
+
+def time_us(torch, device_type, fn, iters, warmup):
+    """Mean microseconds of `fn` over `iters` calls after `warmup` untimed ones: CUDA events around the
+    timed loop on a GPU (as scmoe-bench times its streams), the host's clock on the CPU."""
+    for _ in range(warmup):
+        fn()
+    if device_type == "cuda":
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return 1000.0 * start.elapsed_time(stop) / iters
+    begin = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return 1e6 * (time.perf_counter() - begin) / iters
 
 
 def run_context(torch, device_type, argv):

@@ -145,6 +145,19 @@ int compute_capability(Backends& b) {
     return t.cc_major * 10 + t.cc_minor;
 }
 
+// Forward and backward under auto, checked against the CPU; returns the calls each provider ran.
+Ran run_auto_against_cpu(Backends& b, const Shape& s, std::uint64_t seed) {
+    const Inputs in = make_inputs(s, seed);
+    const AttentionStats before = attention_stats();
+    const Result got = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
+    const Ran ran = ran_since(before);
+    const Result cpu = run_cpu(b, s, in, got.out);
+    expect_close(got.out, cpu.out, kOutTol, "out");
+    expect_close(got.lse, cpu.lse, kLseTol, "lse");
+    expect_grad_close(got.grad_qkv, cpu.grad_qkv, "grad_qkv");
+    return ran;
+}
+
 void check_cudnn_against_own_and_cpu(Backends& b, const Shape& s, std::uint64_t seed, float input_scale = 1.0f) {
     SCOPED_TRACE("cuDNN attention bf16 " + s.name());
     const Inputs in = make_inputs(s, seed, input_scale);
@@ -176,19 +189,11 @@ TEST(GpuAttentionCudnn, MatchesOwnKernelAndCpu) {
 TEST(GpuAttentionCudnn, SingleTokenSequencesUnderAuto) {
     SCMOE_REQUIRE_CUDNN();
     Backends b;
-    const Shape s{2, 1, 2, 64};
-    const Inputs in = make_inputs(s, 740);
-    const AttentionStats before = attention_stats();
-    const Result got = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
-    const Ran ran = ran_since(before);
+    const Ran ran = run_auto_against_cpu(b, {2, 1, 2, 64}, 740);
     EXPECT_EQ(ran.cudnn_forward + ran.own_forward, 1);
     EXPECT_EQ(ran.cudnn_backward + ran.own_backward, 1);
     std::printf("seq 1: forward by %s, backward by %s\n", ran.cudnn_forward ? "cuDNN" : "the own kernel",
                 ran.cudnn_backward ? "cuDNN" : "the own kernel");
-    const Result cpu = run_cpu(b, s, in, got.out);
-    expect_close(got.out, cpu.out, kOutTol, "out");
-    expect_close(got.lse, cpu.lse, kLseTol, "lse");
-    expect_grad_close(got.grad_qkv, cpu.grad_qkv, "grad_qkv");
 }
 
 TEST(GpuAttentionCudnn, LongSequenceMatchesOwnKernelAndCpu) {
@@ -359,21 +364,13 @@ TEST(GpuAttentionCudnn, AutoFallsBackWhereCudnnCannotRun) {
 TEST(GpuAttentionCudnn, LargestHeadDimRunsUnderAuto) {
     SCMOE_REQUIRE_CUDNN();
     Backends b;
-    const Shape s{1, 130, 2, 256};
-    const Inputs in = make_inputs(s, 1500);
-    const AttentionStats before = attention_stats();
-    const Result got = run_gpu(b, s, in, AttentionProvider::kAuto, AttentionProvider::kAuto);
-    const Ran ran = ran_since(before);
+    const Ran ran = run_auto_against_cpu(b, {1, 130, 2, 256}, 1500);
     if (compute_capability(b) >= 90) {
         EXPECT_EQ(ran.cudnn_forward, 1) << "head_dim 256 forward must run cuDNN on sm_90";
         EXPECT_EQ(ran.cudnn_backward, 1) << "head_dim 256 backward must run cuDNN on sm_90";
     } else {
         EXPECT_EQ(ran.cudnn_backward + ran.own_backward, 1);
     }
-    const Result cpu = run_cpu(b, s, in, got.out);
-    expect_close(got.out, cpu.out, kOutTol, "out");
-    expect_close(got.lse, cpu.lse, kLseTol, "lse");
-    expect_grad_close(got.grad_qkv, cpu.grad_qkv, "grad_qkv");
 }
 
 }  // namespace
