@@ -175,7 +175,7 @@ if [ "$backend" = cpu ]; then
 elif [ $quick = 1 ]; then
     mode=quick
     gemm_args=(--tokens 8K --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 10 -w 2)
-    attention_shapes=("8 1024 12 64")
+    attention_shapes=("8 1024 12 64" "8 1024 12 128")
     layer_args=(--tokens 8K --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 10 -w 2)
     block_args=(--tokens 4096 --seq 1024 --hidden 768 --ffn 3072 --experts 8 --heads 12 --variants "top2,scmoe-pos2" -n 3 -w 1)
     train_args=(--variants scmoe-pos2 --steps 10 --batch 8)
@@ -183,7 +183,7 @@ elif [ $quick = 1 ]; then
 else
     mode=full
     gemm_args=(--tokens "2K,8K,32K" --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 50 -w 5)
-    attention_shapes=("8 1024 12 64" "4 2048 16 64")
+    attention_shapes=("8 1024 12 64" "8 1024 12 128" "4 2048 16 64" "4 2048 16 128")
     layer_args=(--tokens "8K,32K" --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 20 -w 3)
     block_args=(--tokens 4096 --seq 1024 --hidden 768 --ffn 3072 --experts 8 --heads 12 -n 10 -w 2)
     train_args=(--variants "top2,scmoe-pos2" --steps 50 --batch 8)
@@ -300,7 +300,11 @@ else
 fi
 
 # ---- Benchmarks -------------------------------------------------------------------------------
-run_step gemm "$raw/gemm.json" - "$bench" gemm --backend "$backend" --loads balanced,zipf --provider auto \
+# Every grouped GEMM provider against one dense GEMM of the same FLOPs: CUTLASS's (what auto runs on
+# sm_80..sm_90; first, so the emulator is compared with it), the own WMMA kernel, the cuBLAS loop.
+gemm_providers=cutlass-grouped,device-grouped,loop
+[ "$backend" = cpu ] && gemm_providers=auto,loop
+run_step gemm "$raw/gemm.json" - "$bench" gemm --backend "$backend" --loads balanced,zipf --provider "$gemm_providers" \
     "${gemm_args[@]}" -J "$raw/gemm.json"
 
 for shape in "${attention_shapes[@]}"; do

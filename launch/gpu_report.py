@@ -238,8 +238,13 @@ def emulator_comparison(benchmarks):
     built-in spec and for the profile made from this run, with the error in percent ((predicted -
     measured) / measured)."""
     def rows_by_case(sec, keys):
+        """The first row of each case (the gemm step lists the provider auto picks first)."""
         rows = sec.get("rows", []) if sec and "rows" in sec else rows_of(sec)
-        return {tuple(r.get(k) for k in keys): r for r in rows if all(k in r for k in keys)}
+        cases = {}
+        for r in rows:
+            if all(k in r for k in keys):
+                cases.setdefault(tuple(r.get(k) for k in keys), r)
+        return cases
 
     out = []
     for name in benchmarks:
