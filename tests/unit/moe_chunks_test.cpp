@@ -2,10 +2,16 @@
 // experts — exchanges on one stream, expert pieces on a second stream ordered by events, as the
 // scheduler runs them — give bitwise the outputs and every gradient of the unchunked stages, for
 // every chunk count, ep = 2 and 4, top-1/top-2, capacity/dropless, uneven and zero token counts.
+// Every candidate runs on a layer of its own and on outputs and gradients filled with NaN, so a piece
+// it skips cannot inherit the reference's rows or gradients (issue 28: a chunk split that never
+// computed the last experts passed when the runs shared one layer and one gradient store).
 // Bad chunk counts are rejected before anything is enqueued.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <thread>
 
 #include "comm/local_communicator.h"
@@ -21,10 +27,14 @@ struct Results {
 };
 
 // One forward + backward through the split-phase stages in `chunks` pieces; with two streams the
-// expert pieces run on the second one, each waiting for its exchange piece.
+// expert pieces run on the second one, each waiting for its exchange piece. The outputs and `grads`
+// start as NaN: whatever the run does not write shows.
 Results run_pieces(MoeLayer& layer, Device& device, const MoeParamStore& params, MoeParamStore& grads,
                    std::vector<float>& x, std::vector<float>& gy, std::int64_t T, int chunks, bool two_streams) {
     const std::int64_t H = layer.config().hidden;
+    constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+    auto* gd_init = static_cast<float*>(grads.data());
+    std::fill(gd_init, gd_init + grads.numel(), kNaN);
     auto exchange = device.create_stream();
     auto compute = device.create_stream();
     Stream& a = *exchange;
@@ -35,8 +45,8 @@ Results run_pieces(MoeLayer& layer, Device& device, const MoeParamStore& params,
         done.push_back(device.create_event());
     }
     Results r;
-    r.y.resize(x.size());
-    r.gx.resize(x.size());
+    r.y.assign(x.size(), kNaN);
+    r.gx.assign(x.size(), kNaN);
     const MoeParams& p = params.view();
     const MoeGrads& g = grads.view();
     layer.route(testing::host_tensor(x, T, H), p, a);
@@ -101,7 +111,13 @@ TEST_P(MoeChunks, EveryChunkCountIsBitwiseTheUnchunkedLayer) {
                 auto comm = group->communicator(r);
                 auto device = make_device("cpu");
                 const std::int64_t T = c.tokens[static_cast<std::size_t>(r)], H = config.hidden;
-                MoeLayer layer(config, *device, testing::max_tokens_of(c), comm.get());
+                // A layer of its own for the reference and for every candidate: nothing a candidate
+                // leaves out can come from the reference's buffers.
+                auto fresh_layer = [&] {
+                    return std::make_unique<MoeLayer>(config, *device, testing::max_tokens_of(c), comm.get());
+                };
+                auto reference_layer = fresh_layer();
+                MoeLayer& layer = *reference_layer;
                 MoeParamStore params(*device, config, DType::kF32, c.ep), grads(*device, config, DType::kF32, c.ep);
                 const std::vector<float> full = testing::full_params(config);
                 testing::slice_params(config, c.ep, r, {full.data()}, static_cast<float*>(params.data()));
@@ -110,9 +126,13 @@ TEST_P(MoeChunks, EveryChunkCountIsBitwiseTheUnchunkedLayer) {
                 testing::fill_uniform(gy.data(), T * H, 1.0f, testing::input_seed(r) + 1);
                 SCMOE_CHECK(layer.max_chunks() == layer.num_local_experts(), "max_chunks " << layer.max_chunks());
                 const Results ref = run_pieces(layer, *device, params, grads, x, gy, T, 1, false);
+                for (const std::vector<float>* v : {&ref.y, &ref.gx, &ref.grads})
+                    SCMOE_CHECK(std::none_of(v->begin(), v->end(), [](float f) { return f != f; }),
+                                "the reference left an output or gradient unwritten (NaN)");
                 for (int chunks = 1; chunks <= layer.max_chunks(); ++chunks) {
                     for (bool two : {false, true}) {
-                        const Results got = run_pieces(layer, *device, params, grads, x, gy, T, chunks, two);
+                        auto candidate = fresh_layer();
+                        const Results got = run_pieces(*candidate, *device, params, grads, x, gy, T, chunks, two);
                         std::string e = bitwise(got.y, ref.y, "y");
                         if (e.empty()) e = bitwise(got.gx, ref.gx, "grad_x");
                         if (e.empty()) e = bitwise(got.grads, ref.grads, "grads");
