@@ -20,7 +20,10 @@
 #include <thread>
 
 #include "comm/local_communicator.h"
+#include "kernels/adamw.h"
+#include "kernels/math.h"
 #include "models/checkpoint.h"
+#include "models/optimizer.h"
 #include "moe/moe_layer.h"
 #include "moe/trace.h"
 #include "rendezvous_util.h"
@@ -54,6 +57,56 @@ TEST(Trainer, LossFallsOnTwoRanks) {
     ASSERT_EQ(losses.size(), 40u);
     EXPECT_NEAR(losses.front(), std::log(256.0), 0.5);
     EXPECT_LT(losses.back(), losses.front() - 1.5) << "first " << losses.front() << " last " << losses.back();
+}
+
+// Issue 28, first bug: what AdamW receives is the mean gradient over the world's tokens times the clip
+// scale. The ranks hold the summed gradients after a step (the reducer leaves them in place); with
+// AdamW's eps = 1, far above the gradients, the first update lr * g / (|g| + eps) grows with g's scale,
+// so a constant factor on the averaged gradient (the planted `clip / dp()`, the sum instead of the mean
+// where ep = world) moves every parameter. Each parameter's first update is recomputed from the rank's
+// summed gradient / world and the clip scale of the reported norm, with math::adamw_update (the
+// backends' own rounding): world 2 with ep 2 (dp 1) and with ep 1 (dp 2), clipping off and on.
+TEST(Trainer, TheOptimizerReceivesTheMeanGradientTimesTheClipScale) {
+    constexpr int kWorld = 2;
+    for (const auto& [ep, max_norm] : {std::pair{2, 0.0f}, {1, 0.0f}, {2, 0.05f}, {1, 0.05f}}) {
+        SCOPED_TRACE("ep " + std::to_string(ep) + ", max_grad_norm " + std::to_string(max_norm));
+        TrainConfig config = small_training(4);
+        config.adamw.eps = 1.0f;
+        config.max_grad_norm = max_norm;
+        run_train_ranks(kWorld, ep, [&](int rank, const TrainComms& comms) {
+            auto device = make_device("cpu");
+            Trainer t(config, *device, {kWorld, rank, ep}, comms);
+            const std::vector<float> before = all_params(t);
+            const StepMetrics m = t.step();
+            const std::vector<float> after = all_params(t);
+            std::vector<float> grads;
+            for (const ParamGroup& g : t.model().param_groups()) grads.insert(grads.end(), g.grads, g.grads + g.numel);
+            ASSERT_EQ(grads.size(), before.size());
+            if (max_norm > 0) {
+                ASSERT_GT(m.grad_norm, max_norm) << "the clipping case must clip";
+            }
+            const float scale = clip_scale(m.grad_norm, max_norm) / static_cast<float>(kWorld);
+            const float bc1 = adamw_bias_correction(config.adamw.beta1, 1);
+            const float bc2 = adamw_bias_correction(config.adamw.beta2, 1);
+            std::size_t moved = 0, wrong = 0;
+            double worst = 0;
+            for (std::size_t i = 0; i < before.size(); ++i) {
+                float master = before[i], mom = 0, var = 0;
+                math::adamw_update(grads[i], scale, m.lr, config.adamw.beta1, config.adamw.beta2, config.adamw.eps,
+                                   config.adamw.weight_decay, bc1, bc2, master, mom, var);
+                const double want = static_cast<double>(master) - before[i];
+                const double got = static_cast<double>(after[i]) - before[i];
+                if (std::fabs(want) > 1e-8) ++moved;
+                const double err = std::fabs(got - want);
+                if (err > 1e-9 + 1e-5 * std::fabs(want)) ++wrong;
+                worst = std::max(worst, err / (1e-9 + std::fabs(want)));
+            }
+            EXPECT_GT(moved, before.size() / 2) << "rank " << rank << ": too few parameters moved to tell a scale";
+            EXPECT_EQ(wrong, 0u) << "rank " << rank << ": " << wrong << " of " << before.size()
+                                 << " parameters took another update than the mean gradient's (worst relative error "
+                                 << worst << ")";
+        });
+    }
 }
 
 TEST(Trainer, ResumeContinuesBitwise) {
