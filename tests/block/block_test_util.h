@@ -3,8 +3,10 @@
 // whose results land in host vectors.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,14 +77,30 @@ inline std::vector<float> make_input(std::int64_t tokens, std::int64_t hidden, s
     return v;
 }
 
-// One forward + backward; returns every result as host copies.
+// Fills every parameter gradient of `stack` with NaN: a gradient a backward leaves unwritten shows.
+inline void poison_grads(BlockStack& stack) {
+    constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+    auto* g = static_cast<float*>(stack.backbone_grads().data());
+    std::fill(g, g + stack.backbone_grads().numel(), kNaN);
+    for (const auto& m : stack.moe_grads()) {
+        auto* mg = static_cast<float*>(m->data());
+        std::fill(mg, mg + m->numel(), kNaN);
+    }
+}
+
+// One forward + backward; returns every result as host copies. The output, the input gradient and
+// every parameter gradient start as NaN (issue 28): whatever the passes leave unwritten stays NaN,
+// so it cannot pass as a value an earlier run left there. Run each candidate of an equivalence test
+// on a stack of its own and check the reference with unwritten().
 inline StackResult run_stack(BlockStack& stack, std::vector<float> x, std::vector<float> gy, bool overlap,
                              bool calibrate = false) {
+    constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
     const std::int64_t H = stack.config().backbone.hidden, T = static_cast<std::int64_t>(x.size()) / H;
     StackResult r;
-    r.out.resize(x.size());
-    r.grad_in.resize(x.size());
+    r.out.assign(x.size(), kNaN);
+    r.grad_in.assign(x.size(), kNaN);
     if (calibrate) stack.calibrate(host_tensor(x, T, H), host_tensor(gy, T, H), 1);
+    poison_grads(stack);
     stack.forward(host_tensor(x, T, H), host_tensor(r.out, T, H), overlap);
     stack.backward(host_tensor(gy, T, H), host_tensor(r.grad_in, T, H), overlap);
     stack.synchronize();
@@ -94,6 +112,22 @@ inline StackResult run_stack(BlockStack& stack, std::vector<float> x, std::vecto
         r.moe_grads.emplace_back(mg, mg + m->numel());
     }
     return r;
+}
+
+// "" when every output and gradient of `r` was written (none is NaN), else the first NaN: a
+// reference must pass this before a candidate's equality to it means anything.
+inline std::string unwritten(const StackResult& r) {
+    auto first_nan = [](const std::vector<float>& v, const std::string& what) -> std::string {
+        for (std::size_t i = 0; i < v.size(); ++i)
+            if (std::isnan(v[i])) return what + "[" + std::to_string(i) + "] unwritten (NaN)";
+        return "";
+    };
+    std::string e = first_nan(r.out, "output");
+    if (e.empty()) e = first_nan(r.grad_in, "grad_input");
+    if (e.empty()) e = first_nan(r.backbone_grads, "backbone grads");
+    for (std::size_t m = 0; e.empty() && m < r.moe_grads.size(); ++m)
+        e = first_nan(r.moe_grads[m], "moe grads " + std::to_string(m));
+    return e;
 }
 
 // Bitwise equality of two results; "" or the first difference.
