@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -51,6 +52,21 @@ inline std::vector<std::int32_t> random_ids(std::int64_t n, std::int64_t vocab, 
 // Same size and the same bits in every element (a NaN equals itself, -0 differs from +0).
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Issue 28: an equivalence test's candidate (and reference) run on outputs and gradients filled
+// with NaN, so whatever a run leaves unwritten shows instead of passing as an earlier run's value.
+inline constexpr float kUnwritten = std::numeric_limits<float>::quiet_NaN();
+inline void fill_nan(std::vector<float>& v) { std::fill(v.begin(), v.end(), kUnwritten); }
+inline void fill_nan(const MoeParamStore& store) {
+    auto* p = static_cast<float*>(store.data());
+    std::fill(p, p + store.numel(), kUnwritten);
+}
+// The index of the first NaN in v, or -1.
+inline std::int64_t first_nan(const std::vector<float>& v) {
+    for (std::size_t i = 0; i < v.size(); ++i)
+        if (v[i] != v[i]) return static_cast<std::int64_t>(i);
+    return -1;
 }
 
 inline Tensor host_tensor(std::vector<float>& v, std::int64_t rows, std::int64_t cols) {
