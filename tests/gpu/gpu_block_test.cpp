@@ -55,18 +55,27 @@ TEST_P(GpuBlock, OverlapIsBitwiseAndMatchesCpu) {
     const F gy = gpu_testing::round_bf16(testing::make_input(T, H, 2));
     const testing::StackResult ref = testing::run_stack(cpu, x, gy, false);
 
-    BlockStack gpu(gpu_config(GetParam(), DType::kBF16), *b.gpu, T);
-    auto put = [&](void* dst, const F& host) {
-        DeviceBuffer tmp = gpu_testing::upload(b, host, DType::kBF16);
-        b.gpu_stream->copy(dst, tmp.data(), host.size() * 2);
+    // Overlap off and on each on a stack of its own, with the output, the input gradient and every
+    // parameter gradient filled with NaN first (issue 28): nothing one run skips can come from the
+    // other's buffers.
+    auto put = [&](void* dst, const F& host, DType dtype) {
+        DeviceBuffer tmp = gpu_testing::upload(b, host, dtype);
+        b.gpu_stream->copy(dst, tmp.data(), host.size() * dtype_size(dtype));
         b.gpu_stream->synchronize();
     };
-    put(gpu.backbone_params().data(), params[0]);
-    for (std::size_t m = 0; m < gpu.moe_params().size(); ++m) put(gpu.moe_params()[m]->data(), params[m + 1]);
+    auto nan_fill = [&](void* dst, std::int64_t n, DType dtype) { put(dst, F(testing::sz(n), testing::kUnwritten), dtype); };
     DeviceBuffer dx = gpu_testing::upload(b, x, DType::kBF16), dgy = gpu_testing::upload(b, gy, DType::kBF16);
-    DeviceBuffer out(*b.gpu, x.size() * 2), gin(*b.gpu, x.size() * 2);
     auto t = [&](const DeviceBuffer& buf) { return Tensor(buf.data(), DType::kBF16, {T, H}); };
     auto run = [&](bool overlap) {
+        BlockStack gpu(gpu_config(GetParam(), DType::kBF16), *b.gpu, T);
+        put(gpu.backbone_params().data(), params[0], DType::kBF16);
+        for (std::size_t m = 0; m < gpu.moe_params().size(); ++m)
+            put(gpu.moe_params()[m]->data(), params[m + 1], DType::kBF16);
+        nan_fill(gpu.backbone_grads().data(), gpu.backbone_grads().numel(), DType::kF32);
+        for (const auto& g : gpu.moe_grads()) nan_fill(g->data(), g->numel(), DType::kF32);
+        DeviceBuffer out(*b.gpu, x.size() * 2), gin(*b.gpu, x.size() * 2);
+        nan_fill(out.data(), T * H, DType::kBF16);
+        nan_fill(gin.data(), T * H, DType::kBF16);
         gpu.forward(t(dx), t(out), overlap);
         gpu.backward(t(dgy), t(gin), overlap);
         gpu.synchronize();
@@ -76,7 +85,10 @@ TEST_P(GpuBlock, OverlapIsBitwiseAndMatchesCpu) {
         for (const auto& g : gpu.moe_grads()) r.push_back(gpu_testing::download(b, g->data(), g->numel(), DType::kF32));
         return r;
     };
+    ASSERT_EQ(testing::unwritten(ref), "") << "the CPU reference";
     const std::vector<F> off = run(false), on = run(true);
+    for (std::size_t i = 0; i < off.size(); ++i)
+        ASSERT_LT(testing::first_nan(off[i]), 0) << "overlap off left result " << i << " unwritten (NaN)";
     for (std::size_t i = 0; i < off.size(); ++i) gpu_testing::expect_bitwise_equal(on[i], off[i], "overlap on vs off");
     gpu_testing::expect_rel_l2(off[0], ref.out, 5e-2, "output");
     gpu_testing::expect_rel_l2(off[1], ref.grad_in, 1e-1, "grad_input");
