@@ -30,6 +30,15 @@ std::unique_ptr<Device> round_device(emu::RoutingModel routing = {}) {
     return emu::make_device(std::move(options));
 }
 
+// A bf16 GEMM [m, k] x [k, n] -> [m, n] over the three buffers.
+GemmArgs bf16_gemm(std::int64_t m, std::int64_t n, std::int64_t k, DeviceBuffer& a, DeviceBuffer& b, DeviceBuffer& c) {
+    GemmArgs g;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a.data(), g.b = b.data(), g.c = c.data();
+    g.ab_dtype = g.c_dtype = DType::kBF16;
+    return g;
+}
+
 TEST(EmuCostModel, GemmTimeIsTheRooflineWithWaveQuantization) {
     const emu::GpuSpec spec = test::round_spec();
     GemmArgs g;
@@ -97,10 +106,7 @@ TEST(EmuDevice, AStreamsSmBudgetLimitsTheKernelsEnqueuedWhileItIsSet) {
     auto stream = device->create_stream();
     const std::int64_t m = 1280, n = 1280, k = 4096;
     DeviceBuffer a(*device, m * k * 2), b(*device, k * n * 2), c(*device, m * n * 2);
-    GemmArgs g;
-    g.m = m, g.n = n, g.k = k;
-    g.a = a.data(), g.b = b.data(), g.c = c.data();
-    g.ab_dtype = g.c_dtype = DType::kBF16;
+    const GemmArgs g = bf16_gemm(m, n, k, a, b, c);
     auto timed = [&](int budget, const std::function<void()>& op) {
         auto start = device->create_event(), end = device->create_event();
         stream->set_sm_budget(budget);
@@ -136,10 +142,7 @@ TEST(EmuDevice, AGemmHoldsItsStreamForItsModeledTimeAndComputesNothing) {
     auto stream = device->create_stream();
     const std::int64_t m = 1280, n = 1280, k = 4096;
     DeviceBuffer a(*device, m * k * 2), b(*device, k * n * 2), c(*device, m * n * 2);
-    GemmArgs g;
-    g.m = m, g.n = n, g.k = k;
-    g.a = a.data(), g.b = b.data(), g.c = c.data();
-    g.ab_dtype = g.c_dtype = DType::kBF16;
+    const GemmArgs g = bf16_gemm(m, n, k, a, b, c);
     const double t0 = device->host_time_us();
     gemm(g, *stream);
     EXPECT_DOUBLE_EQ(device->host_time_us() - t0, 2.0);  // the launch only
