@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -183,6 +184,9 @@ void ByteBatcher::next(std::int32_t* inputs, std::int32_t* targets) {
             tg[t] = bytes_[static_cast<std::size_t>(t + 1)];
         }
         if (++position_ == num_windows_) {
+            // Only a corrupt restored state can be here (2^63 epochs cannot be trained through).
+            SCMOE_CHECK(epoch_ < std::numeric_limits<std::int64_t>::max(),
+                        "ByteBatcher: epoch " << epoch_ << " cannot be counted past (a corrupt restored state?)");
             position_ = 0;
             ++epoch_;
         }
