@@ -55,7 +55,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
@@ -91,9 +90,9 @@ CUDA_LIBS = re.compile(r"^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libcu
 CUDA_RUNTIME_NAMES = ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libnccl.so.2", "libcudnn.so.9"]
 
 
-def ldd(path, env=None):
+def ldd(path):
     """{soname: resolved path or None} of everything `path` loads."""
-    out = subprocess.run(["ldd", path], capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(["ldd", path], capture_output=True, text=True).stdout
     libs = {}
     for line in out.splitlines():
         m = re.match(r"\s*(\S+)\s+=>\s+(not found|\S+)", line)
@@ -147,7 +146,7 @@ def cache_values(build):
     return values
 
 
-def configure(build, arch, jobs_log):
+def configure(build, arch):
     args = ["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DSCMOE_WITH_CUDA=ON",
             f"-DCMAKE_CUDA_ARCHITECTURES={arch}-real", "-DSCMOE_WITH_MPI=OFF", "-DSCMOE_BUILD_TESTS=ON",
             "-DSCMOE_BUILD_BENCH=ON"]
@@ -204,10 +203,6 @@ def debian_package_files(path):
     return pkg, [f for f in files if f and not f.startswith("/usr/share/doc") and not os.path.isdir(f)]
 
 
-def copy_tree(src, dst):
-    shutil.copytree(src, dst, symlinks=False, dirs_exist_ok=True)
-
-
 def stage_fallback_deps(cache, deps):
     """bundle-deps/: what `cmake` on the target needs besides CUDA: returns the -D arguments, with
     paths relative to bundle-deps (the run makes them absolute)."""
@@ -243,7 +238,7 @@ def stage_fallback_deps(cache, deps):
                             ("CUDNN_FRONTEND_INCLUDE_DIR", "CUDNN_FRONTEND_HOME", "cudnn-frontend")):
         d = cache.get(var, "")
         if d and os.path.isdir(d):
-            copy_tree(d, os.path.join(deps, name, "include"))
+            shutil.copytree(d, os.path.join(deps, name, "include"), dirs_exist_ok=True)
             args[home] = name
     return args, packages
 
@@ -258,7 +253,7 @@ def cmd_pack(a):
     log = os.path.join(build, "gpu-bundle-build.log")
     if not os.path.exists(os.path.join(build, "CMakeCache.txt")):
         say(f"configure {build} for sm_{arch}, MPI off")
-        configure(build, arch, log)
+        configure(build, arch)
     else:
         say(f"reusing {build} as it is configured")
     cache = cache_values(build)
@@ -290,7 +285,8 @@ def cmd_pack(a):
     try:
         # The source tree (scripts, and the fallback build's sources): the files git tracks or would (not
         # the ignored ones), without docs/.
-        files = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, check=True).stdout
+        files = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                               capture_output=True, check=True).stdout
         for rel in filter(None, files.decode().split("\0")):
             if rel.startswith("docs/") or not os.path.isfile(os.path.join(ROOT, rel)):
                 continue
@@ -299,7 +295,7 @@ def cmd_pack(a):
             shutil.copy2(os.path.join(ROOT, rel), dst)
         # The binaries and the build folder's libraries they load, at their places in build/.
         sbuild = os.path.join(stage, "build")
-        carried, needs_cxx = {}, False
+        carried, cxx = {}, {}  # sonames -> paths: carried always; libstdc++/libgcc_s for old nodes
         build_libs = set()
         objects = [exe for _, exe in binaries]
         for exe in objects:
@@ -311,7 +307,7 @@ def cmd_pack(a):
                 elif SYSTEM_LIBS.match(soname) or CUDA_LIBS.match(soname):
                     continue
                 elif CXX_LIBS.match(soname):
-                    needs_cxx = True
+                    cxx[soname] = path
                 else:
                     carried[soname] = path
         for path in sorted(build_libs) + objects:
@@ -332,11 +328,8 @@ def cmd_pack(a):
         os.makedirs(os.path.join(lib, "cxx"))
         for soname, path in sorted(carried.items()):
             shutil.copy2(os.path.realpath(path), os.path.join(lib, soname))
-        if needs_cxx:
-            for soname in ("libstdc++.so.6", "libgcc_s.so.1"):
-                path = next((p for e in objects for s, p in ldd(e).items() if s == soname), None)
-                if path:
-                    shutil.copy2(os.path.realpath(path), os.path.join(lib, "cxx", soname))
+        for soname, path in sorted(cxx.items()):
+            shutil.copy2(os.path.realpath(path), os.path.join(lib, "cxx", soname))
         # CTest files: only the bundled tests, with the build and source folders as tokens.
         test_dirs = {}
         for kind, exe in binaries:
@@ -390,7 +383,7 @@ def cmd_pack(a):
             "binaries": [{"kind": k, "path": os.path.relpath(e, build)} for k, e in binaries],
             "gpu_tests": tests,
             "carried_libs": sorted(carried),
-            "cxx_fallback": needs_cxx,
+            "cxx_fallback": bool(cxx),
             "needs": max_symbol_versions([os.path.join(sbuild, os.path.relpath(e, build)) for e in objects] +
                                          [os.path.join(sbuild, os.path.relpath(p, build)) for p in build_libs] +
                                          [os.path.join(lib, s) for s in carried]),
@@ -460,22 +453,22 @@ def library_dirs():
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 
-def find_libs(dirs):
+def loader_path(soname, loader_cache):
+    """Where the dynamic loader finds `soname` (`loader_cache`: the output of `ldconfig -p`), or None."""
+    m = re.search(r"\s" + re.escape(soname) + r" \(libc6,x86-64[^)]*\) => (\S+)", loader_cache)
+    return m.group(1) if m else None
+
+
+def find_libs(dirs, loader_cache):
     """{soname: path} of the CUDA libraries, first in `dirs`, else where the dynamic loader finds them."""
-    _, cache = sh(["ldconfig", "-p"])
     found = {}
     for name in CUDA_RUNTIME_NAMES:
-        for d in dirs:
-            if os.path.exists(os.path.join(d, name)):
-                found[name] = os.path.join(d, name)
-                break
-        else:
-            m = re.search(r"\s" + re.escape(name) + r" \(.*\) => (\S+)", cache)
-            found[name] = m.group(1) if m else None
+        found[name] = next((os.path.join(d, name) for d in dirs if os.path.exists(os.path.join(d, name))),
+                           loader_path(name, loader_cache))
     return found
 
 
-def machine_facts(smi, manifest):
+def machine_facts(smi):
     facts = {}
     # A GPU is there when `nvidia-smi -L` lists one (the rule of tests/gpu_presence.h and gpu_check.sh).
     rc, out = sh([smi, "-L"])
@@ -618,10 +611,11 @@ def cmd_run(a):
 
     # 1. The machine's facts, before anything else.
     t0 = time.time()
-    facts = machine_facts(smi, manifest)
+    facts = machine_facts(smi)
     dirs = library_dirs()
+    _, loader_cache = sh(["ldconfig", "-p"])
     facts["library_dirs"] = dirs
-    facts["cuda_libraries"] = find_libs(dirs)
+    facts["cuda_libraries"] = find_libs(dirs, loader_cache)
     info["machine"] = facts
     say(f"bundle {manifest['name']} (commit {manifest['commit'][:12]}"
         f"{', uncommitted changes' if manifest.get('uncommitted_changes') else ''}, packed {manifest['packed']})")
@@ -649,9 +643,8 @@ def cmd_run(a):
     path = [lib]
     need_cxx = manifest.get("needs", {}).get("GLIBCXX")
     if manifest.get("cxx_fallback") and need_cxx:
-        _, cache = sh(["ldconfig", "-p"])
-        m = re.search(r"libstdc\+\+\.so\.6 \(libc6,x86-64\) => (\S+)", cache)
-        if not (m and file_has_version(m.group(1), "GLIBCXX", need_cxx)):
+        system_cxx = loader_path("libstdc++.so.6", loader_cache)
+        if not (system_cxx and file_has_version(system_cxx, "GLIBCXX", need_cxx)):
             path.append(os.path.join(lib, "cxx"))
             say(f"the system's libstdc++ lacks GLIBCXX_{need_cxx}: using the bundle's")
     path += [os.path.dirname(p) for p in facts["cuda_libraries"].values() if p]
