@@ -96,18 +96,28 @@ def cuda_without_gpu(python, args):
           f"rc {r.returncode}\n{r.stderr}")
 
 
+def run_report(python, args, out, benchmark, what):
+    """Runs the peer with `args` (which write -J `out`); the report when it exited 0 with the report fields
+    of scmoe-bench's and the peer's, for `benchmark` on the CPU backend, else None (the checks say why)."""
+    r = run(python, args)
+    check(r.returncode == 0, f"{what}: exit 0", f"rc {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    if r.returncode != 0:
+        return None
+    with open(out) as f:
+        j = json.load(f)
+    check(all(x in j for x in TOP_FIELDS) and j["benchmark"] == benchmark and j["backend"] == "cpu",
+          "JSON: the report fields of scmoe-bench's and the peer's", str(sorted(j)))
+    return j
+
+
 def torch_moe_layer(python, d):
     out = os.path.join(d, "layer.json")
     H, F, E, k = 32, 48, 4, 2
-    r = run(python, ["--device", "cpu", "--tokens", "64,128", "--hidden", str(H), "--ffn", str(F), "--experts", str(E),
-                     "--top-k", str(k), "-n", "2", "-w", "1", "--experts-impl", "auto,eager", "-J", out])
-    check(r.returncode == 0, "tiny CPU run: exit 0", f"rc {r.returncode}\n{r.stdout}{r.stderr}")
-    if r.returncode != 0:
+    j = run_report(python, ["--device", "cpu", "--tokens", "64,128", "--hidden", str(H), "--ffn", str(F), "--experts",
+                            str(E), "--top-k", str(k), "-n", "2", "-w", "1", "--experts-impl", "auto,eager", "-J", out],
+                   out, "layer", "tiny CPU run")
+    if j is None:
         return
-    with open(out) as f:
-        j = json.load(f)
-    check(all(x in j for x in TOP_FIELDS) and j["benchmark"] == "layer" and j["backend"] == "cpu",
-          "JSON: the report fields of scmoe-bench's and the peer's", str(sorted(j)))
     check("--activation swiglu --dispatch dropless" in j["compare_with"] and "swiglu" in j["peer_note"],
           "JSON: the scmoe command to compare with and the note on the experts' activation", j["compare_with"])
     rows = j["rows"]
@@ -142,17 +152,13 @@ def torch_gpt2_moe(python, d):
              str(F), "--experts", str(E)]
     # The compile budget is shorter than starting Python with torch: that run must come back as a timeout
     # (killed) while the eager ones finish.
-    r = run(python, ["--device", "cpu"] + shape + ["--batch", str(B), "--steps", str(steps), "--variants",
-                                                   "scmoe-pos2,top2", "--mode", "eager,compile",
-                                                   "--compile-budget-s", "0.5", "--peak-tflops", str(peak), "-J", out])
-    check(r.returncode == 0, "tiny CPU run, eager and a compile run over its budget: exit 0",
-          f"rc {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    if r.returncode != 0:
+    j = run_report(python, ["--device", "cpu"] + shape + ["--batch", str(B), "--steps", str(steps), "--variants",
+                                                          "scmoe-pos2,top2", "--mode", "eager,compile",
+                                                          "--compile-budget-s", "0.5", "--peak-tflops", str(peak),
+                                                          "-J", out],
+                   out, "train", "tiny CPU run, eager and a compile run over its budget")
+    if j is None:
         return
-    with open(out) as f:
-        j = json.load(f)
-    check(all(x in j for x in TOP_FIELDS) and j["benchmark"] == "train" and j["backend"] == "cpu",
-          "JSON: the report fields", str(sorted(j)))
     check(j["compare_with"].startswith("scmoe-train --preset gpt2-moe-small") and "--variants scmoe-pos2,top2"
           in j["compare_with"], "JSON: the scmoe-train command to compare with", j["compare_with"])
     rows = j["rows"]
