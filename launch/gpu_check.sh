@@ -360,20 +360,19 @@ run_step train "" - "$train" --preset gpt2-moe-small --backend "$backend" "${tra
 # profile of it made from this run's layer step (the rate its expert GEMMs reached).
 emu_spec=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("emu_spec") or "")' \
     "$raw/spec.json" 2>/dev/null || true)
-emu_gpus=()
+declare -A emu_gpu=()  # kind (spec, profile) -> the --gpu argument; absent: no prediction of that kind
 if [ -n "$emu_spec" ]; then
-    emu_gpus+=("spec:$emu_spec")
+    emu_gpu[spec]=$emu_spec
     if "$py" launch/make_profile.py --base "$emu_spec" --name "measured-$emu_spec" "$raw/layer.json" \
             >"$raw/profile.json" 2>"$raw/profile.log"; then
-        emu_gpus+=("profile:$raw/profile.json")
+        emu_gpu[profile]=$raw/profile.json
     else
         say "no profile from the layer step ($(tail -n 1 "$raw/profile.log")): the profile's predictions are not available"
     fi
 fi
 [ -n "$emu_spec" ] || say "no built-in spec for '$gpu_name': the emulator's predictions are not available"
 for kind in spec profile; do
-    gpu=""
-    for g in ${emu_gpus[@]+"${emu_gpus[@]}"}; do [ "${g%%:*}" = "$kind" ] && gpu=${g#*:}; done
+    gpu=${emu_gpu[$kind]:-}
     if [ -z "$gpu" ]; then
         for name in gemm $(for sh in "${attention_shapes[@]}"; do read -r b s h d <<<"$sh"; echo "attention_b${b}_s${s}_h${h}_d${d}"; done) layer train; do
             not_available "emu_${kind}_$name" "no emulated GPU for this GPU's $kind"
