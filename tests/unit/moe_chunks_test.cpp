@@ -8,9 +8,7 @@
 // Bad chunk counts are rejected before anything is enqueued.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <thread>
 
@@ -32,9 +30,7 @@ struct Results {
 Results run_pieces(MoeLayer& layer, Device& device, const MoeParamStore& params, MoeParamStore& grads,
                    std::vector<float>& x, std::vector<float>& gy, std::int64_t T, int chunks, bool two_streams) {
     const std::int64_t H = layer.config().hidden;
-    constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-    auto* gd_init = static_cast<float*>(grads.data());
-    std::fill(gd_init, gd_init + grads.numel(), kNaN);
+    testing::fill_nan(grads);
     auto exchange = device.create_stream();
     auto compute = device.create_stream();
     Stream& a = *exchange;
@@ -45,8 +41,8 @@ Results run_pieces(MoeLayer& layer, Device& device, const MoeParamStore& params,
         done.push_back(device.create_event());
     }
     Results r;
-    r.y.assign(x.size(), kNaN);
-    r.gx.assign(x.size(), kNaN);
+    r.y.assign(x.size(), testing::kUnwritten);
+    r.gx.assign(x.size(), testing::kUnwritten);
     const MoeParams& p = params.view();
     const MoeGrads& g = grads.view();
     layer.route(testing::host_tensor(x, T, H), p, a);
@@ -127,8 +123,7 @@ TEST_P(MoeChunks, EveryChunkCountIsBitwiseTheUnchunkedLayer) {
                 SCMOE_CHECK(layer.max_chunks() == layer.num_local_experts(), "max_chunks " << layer.max_chunks());
                 const Results ref = run_pieces(layer, *device, params, grads, x, gy, T, 1, false);
                 for (const std::vector<float>* v : {&ref.y, &ref.gx, &ref.grads})
-                    SCMOE_CHECK(std::none_of(v->begin(), v->end(), [](float f) { return f != f; }),
-                                "the reference left an output or gradient unwritten (NaN)");
+                    SCMOE_CHECK(testing::first_nan(*v) < 0, "the reference left an output or gradient unwritten (NaN)");
                 for (int chunks = 1; chunks <= layer.max_chunks(); ++chunks) {
                     for (bool two : {false, true}) {
                         auto candidate = fresh_layer();
