@@ -103,31 +103,6 @@ void expect_grad_close(const F& got, const F& want, const char* what) {
     expect_rel_l2(got, want, kGradRelL2, what);
 }
 
-// Sets an environment variable for a scope.
-class ScopedEnv {
-  public:
-    ScopedEnv(const char* name, const char* value) : name_(name) {
-        if (const char* old = std::getenv(name)) {
-            old_ = old;
-            had_ = true;
-        }
-        setenv(name, value, 1);
-    }
-    ~ScopedEnv() {
-        if (had_)
-            setenv(name_, old_.c_str(), 1);
-        else
-            unsetenv(name_);
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-  private:
-    const char* name_;
-    std::string old_;
-    bool had_ = false;
-};
-
 // The calls each provider ran since `before`.
 struct Ran {
     long long cudnn_forward, cudnn_backward, cudnn_deterministic_backward, own_forward, own_backward;

@@ -293,10 +293,7 @@ TEST_P(GpuCutlassGroupedGemm, InitializesOncePerStreamAndShape) {
 TEST_P(GpuCutlassGroupedGemm, Sm80PathMatchesTheLoopProvider) {
     SCMOE_REQUIRE_CUTLASS();
     const GroupedGemmKind kind = GetParam();
-    struct ArchEnv {
-        ArchEnv() { setenv("SCMOE_CUTLASS_ARCH", "sm80", 1); }
-        ~ArchEnv() { unsetenv("SCMOE_CUTLASS_ARCH"); }
-    } arch;
+    ScopedEnv arch("SCMOE_CUTLASS_ARCH", "sm80");
     Backends be;
     const float tol = layer_c_dtype(kind) == DType::kBF16 ? 1e-2f : 1e-3f;
     const CutlassGroupedStats before = cutlass_grouped_stats();

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_presence.h"
@@ -131,5 +133,30 @@ inline void expect_bitwise_equal(const F& a, const F& b, const char* what) {
         ASSERT_EQ(ua, ub) << what << ": element " << i << " differs between runs (" << a[i] << " vs " << b[i] << ")";
     }
 }
+
+// Sets an environment variable for a scope (the previous value, or none, comes back after).
+class ScopedEnv {
+  public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) {
+            old_ = old;
+            had_ = true;
+        }
+        setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (had_)
+            setenv(name_, old_.c_str(), 1);
+        else
+            unsetenv(name_);
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+  private:
+    const char* name_;
+    std::string old_;
+    bool had_ = false;
+};
 
 }  // namespace scmoe::gpu_testing
