@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "benches.h"
-#include "comm/emu_communicator.h"
-#include "comm/emulated_link.h"
-#include "comm/local_communicator.h"
-#include "comm/mpi_communicator.h"
+#include "scmoe/comm/emu_communicator.h"
+#include "scmoe/comm/emulated_link.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/comm/mpi_communicator.h"
 #include "common.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
 #include "multi_rank.h"
@@ -62,7 +62,7 @@ cxxopts::Options a2a_options() {
          cxxopts::value<int>()->default_value("2"))
         ("mpi", "One MpiCommunicator rank per process (automatic under mpirun: OMPI_COMM_WORLD_SIZE or "
                 "PMI_SIZE > 1)")
-        ("cluster", "emu: the emulated cluster (comm/topology.h presets; default: the --gpu's 8-GPU node)",
+        ("cluster", "emu: the emulated cluster (scmoe/comm/topology.h presets; default: the --gpu's 8-GPU node)",
          cxxopts::value<std::string>());
     // clang-format on
     add_link_options(options, "a2a");

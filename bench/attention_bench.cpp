@@ -1,4 +1,4 @@
-// scmoe-bench attention: the causal attention core (kernels/attention.h) forward, backward and
+// scmoe-bench attention: the causal attention core (scmoe/kernels/attention.h) forward, backward and
 // forward+backward per provider (cuDNN's fused flash attention, the own kernel, auto), time and
 // TFLOP/s from op_cost. launch/attention_torch.py writes rows with the same fields for PyTorch's
 // scaled_dot_product_attention on the same shapes.
@@ -11,7 +11,7 @@
 
 #include "benches.h"
 #include "common.h"
-#include "kernels/attention.h"
+#include "scmoe/kernels/attention.h"
 #include "report.h"
 
 namespace scmoe::bench {

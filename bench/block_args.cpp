@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
-#include "moe/block_stack.h"
+#include "scmoe/moe/block_stack.h"
 #include "multi_rank.h"
 
 namespace scmoe::bench {
@@ -49,7 +49,7 @@ cxxopts::Options block_options() {
          "review L1; to measure that drain)", cxxopts::value<std::string>()->default_value("ahead"))
         ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json",
          cxxopts::value<std::string>()->default_value(""))
-        ("cluster", "emu: the emulated cluster the in-process ranks form (comm/topology.h presets: a30-pcie-8, "
+        ("cluster", "emu: the emulated cluster the in-process ranks form (scmoe/comm/topology.h presets: a30-pcie-8, "
          "a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, h200-nvlink-8; default: the --gpu's 8-GPU node)",
          cxxopts::value<std::string>());
     add_link_options(o, "block");

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/emulated_link.h"
+#include "scmoe/comm/emulated_link.h"
 #include "common.h"
-#include "kernels/activation.h"
-#include "moe/config.h"
-#include "moe/layer_scheduler.h"
+#include "scmoe/kernels/activation.h"
+#include "scmoe/moe/config.h"
+#include "scmoe/moe/layer_scheduler.h"
 
 namespace scmoe::bench {
 

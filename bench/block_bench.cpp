@@ -27,20 +27,20 @@
 
 #include "benches.h"
 #include "block_args.h"
-#include "comm/comm_sms.h"
-#include "comm/emu_communicator.h"
-#include "comm/emulated_link.h"
-#include "comm/local_communicator.h"
+#include "scmoe/comm/comm_sms.h"
+#include "scmoe/comm/emu_communicator.h"
+#include "scmoe/comm/emulated_link.h"
+#include "scmoe/comm/local_communicator.h"
 #include "common.h"
-#include "kernels/emu/emu_device.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/error.h"
 #include "launch/local_rank.h"
-#include "moe/block_stack.h"
-#include "moe/trace.h"
+#include "scmoe/moe/block_stack.h"
+#include "scmoe/moe/trace.h"
 #include "multi_rank.h"
 #include "report.h"
 #if SCMOE_WITH_MPI
-#include "comm/mpi_communicator.h"
+#include "scmoe/comm/mpi_communicator.h"
 #endif
 
 namespace scmoe::bench {

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/elementwise.h"
+#include "scmoe/kernels/elementwise.h"
 #include "launch/emu_choice.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe::bench {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/device.h"
-#include "kernels/dtype.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/dtype.h"
 
 namespace scmoe::bench {
 
@@ -30,7 +30,7 @@ struct UsageError : std::runtime_error {
 struct CommonArgs {
     std::string backend = "auto";  // auto | cpu | cuda | emu
     std::string gpu;               // emu: the emulated GPU (a30, a800, h100, h200; default h100)
-    std::string routing = "balanced";  // emu: the synthetic router's model (kernels/emu/routing.h)
+    std::string routing = "balanced";  // emu: the synthetic router's model (scmoe/kernels/emu/routing.h)
     int iters = 0;                 // timed iterations; 0 until resolved for the backend
     int warmup = 2;                // untimed iterations before the timed loop
     bool check = true;             // correctness check after the timed loop

@@ -9,8 +9,8 @@
 
 #include "benches.h"
 #include "common.h"
-#include "kernels/gemm.h"
-#include "kernels/grouped_gemm.h"
+#include "scmoe/kernels/gemm.h"
+#include "scmoe/kernels/grouped_gemm.h"
 #include "loads.h"
 #include "report.h"
 

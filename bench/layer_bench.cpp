@@ -8,10 +8,10 @@
 
 #include "benches.h"
 #include "common.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "layer_common.h"
-#include "moe/moe_layer.h"
-#include "moe/params.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/params.h"
 #include "report.h"
 
 namespace scmoe::bench {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <sstream>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "launch/local_rank.h"
 #include "multi_rank.h"
 

@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "comm/emulated_link.h"
+#include "scmoe/comm/emulated_link.h"
 #include "common.h"
-#include "kernels/device.h"
-#include "moe/config.h"
-#include "moe/moe_layer.h"
-#include "moe/params.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/moe/config.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/params.h"
 
 namespace scmoe::bench {
 

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "comm/local_communicator.h"
-#include "comm/mpi_communicator.h"
-#include "kernels/error.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/comm/mpi_communicator.h"
+#include "scmoe/kernels/error.h"
 #include "launch/local_rank.h"
 #include "layer_common.h"
 #include "layer_ep_rank.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe::bench {
 namespace {

@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/emulated_link.h"
+#include "scmoe/comm/communicator.h"
+#include "scmoe/comm/emulated_link.h"
 #include "common.h"
-#include "kernels/device.h"
+#include "scmoe/kernels/device.h"
 #include "layer_common.h"
-#include "moe/moe_layer.h"
-#include "moe/params.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/params.h"
 
 namespace scmoe::bench {
 

@@ -8,7 +8,7 @@
 
 #include "benches.h"
 #include "common.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "report.h"
 
 namespace {

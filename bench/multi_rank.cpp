@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "common.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 
 #if SCMOE_WITH_MPI
 #include <mpi.h>

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/emulated_link.h"
-#include "kernels/error.h"
+#include "scmoe/comm/emulated_link.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe::bench {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common.h"
-#include "kernels/device.h"
+#include "scmoe/kernels/device.h"
 
 namespace scmoe::bench {
 

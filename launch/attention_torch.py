@@ -2,7 +2,7 @@
 """PyTorch's torch.nn.functional.scaled_dot_product_attention on the shapes of
 `scmoe-bench attention`, timed the same way, written as the same JSON (-J): causal, bf16, the same
 qkv layout ([batch, seq, 3, heads, head_dim] viewed as [batch, heads, seq, head_dim], no copies),
-forward, backward and forward+backward, TFLOP/s from the same FLOP counts (kernels/attention.h
+forward, backward and forward+backward, TFLOP/s from the same FLOP counts (scmoe/kernels/attention.h
 op_cost: forward 2*b*h*s*s*d for the causal half, backward 2.5x that).
 
   python3 launch/attention_torch.py --batch 8 --seq 1024,4096 --heads 12 --head-dim 64,128 -J torch.json
@@ -48,7 +48,7 @@ def parse_args(argv):
 
 
 def forward_flops(b, s, h, d):
-    return 2.0 * b * h * s * s * d  # kernels/attention.h op_cost(AttentionArgs)
+    return 2.0 * b * h * s * s * d  # scmoe/kernels/attention.h op_cost(AttentionArgs)
 
 
 def main(argv):

@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe::launch {
 

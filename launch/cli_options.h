@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "models/lm_config.h"
+#include "scmoe/models/lm_config.h"
 
 namespace scmoe::launch {
 

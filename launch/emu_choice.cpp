@@ -3,9 +3,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "comm/topology.h"
-#include "kernels/emu/emu_device.h"
-#include "kernels/error.h"
+#include "scmoe/comm/topology.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe::launch {
 

@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "kernels/device.h"
-#include "kernels/emu/gpu_spec.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/emu/gpu_spec.h"
 
 namespace scmoe::launch {
 

@@ -8,18 +8,18 @@ per token scmoe-train counts, as a peer of scmoe-train on the same GPU.
   scmoe-train --preset gpt2-moe-small --backend cuda --variants scmoe-pos2 --steps 50 --batch 8 \\
       --peak-tflops 989 --metrics scmoe_train.jsonl
 
-The model (models/lm_config.cpp lm_preset, models/lm.h, moe/block_stack.h, moe/backbone.h):
+The model (scmoe/models/lm_config.cpp lm_preset, scmoe/models/lm.h, scmoe/moe/block_stack.h, scmoe/moe/backbone.h):
   byte tokens (vocab 256) -> token embedding + learned positions -> blocks -> RMSNorm -> tied LM head
   (logits = h . embed^T) -> mean cross-entropy + the MoE router losses (0.01 x load-balancing aux loss
   + 0.001 x z-loss per MoE layer). Blocks: pre-RMSNorm causal multi-head attention (Wqkv [H, 3H], Wo,
   no biases) and a pre-RMSNorm GELU (tanh) MLP (W1 [H, F], W2 [F, H]). The variants place the MoE as
-  moe/block_stack.cpp block_variant does: the pair variants tile [dense, MoE] (an MoE in every 2nd
+  scmoe/moe/block_stack.cpp block_variant does: the pair variants tile [dense, MoE] (an MoE in every 2nd
   block); scmoe-pos2 (the default, scmoe-train's) routes top-1 on the shortcut RMSNorm_s(H_{b-1}^MH)
   (the dense block's post-attention state) and adds the shared expert on x = RMSNorm_x(H_b^MH) scaled
   by the CG-1 gate sigmoid(w_cg . x). Experts: GELU, 8 of FFN width 3072, capacity dispatch with factor
   1.25 (C = ceil(1.25 T k / E) rows per expert over the batch's T tokens, first choices in token order
   first, the rest dropped), softmax router in f32 (the top-2 weights renormalised). Initialisation as
-  models/lm.cpp: N(0, 0.02), output projections / sqrt(2 layers), positions 0.01, norms 1.
+  scmoe/models/lm.cpp: N(0, 0.02), output projections / sqrt(2 layers), positions 0.01, norms 1.
   AdamW: betas (0.9, 0.95), eps 1e-8, no weight decay, gradient clipping at norm 1 (scmoe-train's).
 
 Differences from scmoe a reader of a comparison must know:
@@ -33,7 +33,7 @@ Differences from scmoe a reader of a comparison must know:
   - Attention is PyTorch's scaled_dot_product_attention (flash / cuDNN on a GPU); the experts run as
     one batched matmul over [E, C, H]; nothing overlaps the MoE with other work (no all-to-all on one
     GPU anyway). Only capacity dispatch (scmoe-train --dispatch dropless is not mirrored).
-Times and MFU (launch/train_main.cpp, launch/train_report.cpp, models/lm.cpp train_flops_per_token):
+Times and MFU (launch/train_main.cpp, launch/train_report.cpp, scmoe/models/lm.cpp train_flops_per_token):
 each step's wall time from the batch to the optimizer's end, synchronized; tokens/s = batch x seq /
 step time, averaged over the steps after the first; model TFLOP/s = tokens/s x FLOPs per token / 1e12,
 FLOPs per token = 6 x the parameters a token uses (every tensor but the position table, the experts
@@ -64,13 +64,13 @@ from torch_peer import EXIT_FAILED, EXIT_OK, run_context, unavailable, write_rep
 
 PROGRAM = "gpt2_moe_torch.py"
 
-# models/lm_config.cpp lm_preset: layers, hidden, heads, seq, ffn (dense and expert), experts; GELU.
+# scmoe/models/lm_config.cpp lm_preset: layers, hidden, heads, seq, ffn (dense and expert), experts; GELU.
 PRESETS = {
     "tiny": (4, 128, 4, 64, 256, 8),
     "gpt2-moe-small": (12, 768, 12, 1024, 3072, 8),
     "gpt2-moe-medium": (24, 1024, 16, 2048, 4096, 8),
 }
-# moe/block_stack.cpp block_variant: top_k, shared expert (with the CG-1 gate), the MoE's shortcut.
+# scmoe/moe/block_stack.cpp block_variant: top_k, shared expert (with the CG-1 gate), the MoE's shortcut.
 VARIANTS = {
     "top2": (2, False, "current"),
     "top1": (1, False, "current"),
@@ -82,7 +82,7 @@ VARIANTS = {
     "every-block-pos1": (1, True, "pos1"),
 }
 MODES = ("eager", "compile")
-CAPACITY_FACTOR, AUX_LOSS_COEF, Z_LOSS_COEF, NORM_EPS = 1.25, 0.01, 0.001, 1e-5  # moe/config.h, moe/backbone.h
+CAPACITY_FACTOR, AUX_LOSS_COEF, Z_LOSS_COEF, NORM_EPS = 1.25, 0.01, 0.001, 1e-5  # scmoe/moe/config.h, scmoe/moe/backbone.h
 LR, BETAS, EPS, CLIP = 3e-4, (0.9, 0.95), 1e-8, 1.0
 
 
@@ -155,9 +155,9 @@ def parse_args(argv):
 
 
 def make_lm(torch, a, variant):
-    """The LM of models/lm.h for `variant`, its parameters named and shaped as scmoe names them
+    """The LM of scmoe/models/lm.h for `variant`, its parameters named and shaped as scmoe names them
     ("embed", "blocks.1.moe.expert_w1", ...: weights [in, out]), so that the FLOP count below reads
-    the same tensors models/lm.cpp does."""
+    the same tensors scmoe/models/lm.cpp does."""
     nn, F = torch.nn, torch.nn.functional
     top_k, shared, shortcut = VARIANTS[variant]
     H, V, S, E = a.hidden, a.vocab, a.seq, a.experts
@@ -198,7 +198,7 @@ def make_lm(torch, a, variant):
                 self.blocks.append(block)
             self.reset_parameters()
 
-        def reset_parameters(self):  # models/lm.cpp init_std
+        def reset_parameters(self):  # scmoe/models/lm.cpp init_std
             with torch.no_grad():
                 for name, p in self.named_parameters():
                     short = name.rsplit(".", 1)[-1]
@@ -218,7 +218,7 @@ def make_lm(torch, a, variant):
             return o.transpose(1, 2).reshape(B * T, H) @ p.wo
 
         def moe(self, p, s):
-            """Routed experts on s, capacity dispatch (kernels/router.h, kernels/layout.h): returns
+            """Routed experts on s, capacity dispatch (scmoe/kernels/router.h, scmoe/kernels/layout.h): returns
             the combined output and the weighted router losses."""
             T = s.shape[0]
             logits = s.float() @ p.gate_w.float()
@@ -276,7 +276,7 @@ def make_lm(torch, a, variant):
 
 
 def train_flops_per_token(model, a, variant):
-    """models/lm.cpp LanguageModel::train_flops_per_token: 6 x the parameters a token uses (every
+    """scmoe/models/lm.cpp LanguageModel::train_flops_per_token: 6 x the parameters a token uses (every
     tensor but the position table; an expert tensor [E, ...] counted top_k times, i.e. numel / E x
     top_k; the tied head once) + 6 x layers x hidden x seq for causal attention."""
     top_k = VARIANTS[variant][0]
@@ -414,11 +414,11 @@ def main(argv):
     compare_with = (f"scmoe-train --preset {args.preset} {shape} --backend {args.device} --variants {args.variants} "
                     f"--steps {args.steps} --batch {args.batch}"
                     + (f" --peak-tflops {args.peak_tflops:g}" if args.peak_tflops else ""))
-    peer_note = ("plain PyTorch LM of models/lm.h: byte tokens, learned positions, RMSNorm, tied head, GELU MLP, "
-                 "capacity-dispatch MoE (factor 1.25) placed as moe/block_stack.cpp block_variant; f32 parameters "
+    peer_note = ("plain PyTorch LM of scmoe/models/lm.h: byte tokens, learned positions, RMSNorm, tied head, GELU MLP, "
+                 "capacity-dispatch MoE (factor 1.25) placed as scmoe/moe/block_stack.cpp block_variant; f32 parameters "
                  "with bf16 autocast (scmoe: bf16 parameters, f32 master weights); random bytes; constant lr; "
                  "PyTorch SDPA attention; no MoE overlap. tokens/s: mean over the steps after the first; "
-                 "MFU FLOPs per token as models/lm.cpp train_flops_per_token.")
+                 "MFU FLOPs per token as scmoe/models/lm.cpp train_flops_per_token.")
     print(f"# gpt2_moe_torch.py: torch {torch.__version__}"
           + (f", CUDA {torch.version.cuda}" if args.device == "cuda" else ""))
     print(f"# device: {description}")

@@ -12,7 +12,7 @@
 #              shape and dtype (launch/moe_layer_torch.py; "not available" without torch)
 #   block      the ScMoE block variants on 4 in-process ranks sharing the GPU, behind an emulated PCIe 4 link
 #   train      scmoe-train --preset gpt2-moe-small on the GPU: tokens/s and MFU (the peak from scmoe's
-#              built-in GPU specs, kernels/emu/gpu_spec.cpp, or --peak-tflops), vs the same model in
+#              built-in GPU specs, scmoe/kernels/emu/gpu_spec.cpp, or --peak-tflops), vs the same model in
 #              PyTorch, eager and torch.compile'd within a budget (launch/gpt2_moe_torch.py)
 #   emu        the emulator's prediction of the gemm, attention, layer and train steps: for this GPU's
 #              built-in spec, and for a profile made from this run's layer step (launch/make_profile.py)
@@ -340,7 +340,7 @@ run_step block "$raw/block.json" - "$bench" block --backend "$backend" --ranks 4
     "${block_args[@]}" -J "$raw/block.json"
 
 # The MFU's peak: --peak-tflops, else the built-in spec of this GPU's model (read back through an
-# emulated device, so the figure is the one kernels/emu/gpu_spec.cpp cites).
+# emulated device, so the figure is the one scmoe/kernels/emu/gpu_spec.cpp cites).
 gpu_name=$(head -n 1 "$raw/nvidia-smi-query.csv" | cut -d, -f2 | sed 's/^ *//; s/ *$//')
 spec_args=(spec --gpu-name "$gpu_name" --bench "$bench" --json "$raw/spec.json")
 [ -n "$peak_tflops" ] && spec_args+=(--peak-tflops "$peak_tflops")

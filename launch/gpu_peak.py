@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The dense bf16 peak of one GPU, for the MFU of launch/gpu_check.sh: --peak-tflops X, else the
-built-in spec of the GPU's model (kernels/emu/gpu_spec.cpp: a30, a800 for A100/A800, h100 for the
+built-in spec of the GPU's model (scmoe/kernels/emu/gpu_spec.cpp: a30, a800 for A100/A800, h100 for the
 H100 SXM, h200 for the H200 SXM and GH200), read back through `scmoe-bench gemm --backend emu --gpu
 <spec>` (its device line is emu::describe() of the spec), so the figure is the one the spec cites and
 nothing is copied here.
@@ -22,7 +22,7 @@ import tempfile
 
 
 def spec_name_for(gpu_name):
-    """The built-in spec (kernels/emu/gpu_spec.cpp) of a GPU that nvidia-smi names, or (None, why)."""
+    """The built-in spec (scmoe/kernels/emu/gpu_spec.cpp) of a GPU that nvidia-smi names, or (None, why)."""
     n = gpu_name.lower()
     for model in ("h100", "h200"):  # GH200 included: its GPU is the SXM part's
         if model in n:
@@ -103,7 +103,7 @@ def cmd_spec(a):
                     spec=spec,
                     peak_tflops=parsed["bf16_tflops"],
                     spec_description=parsed["description"],
-                    source=f"built-in spec '{spec}' ({parsed['description']}, kernels/emu/gpu_spec.cpp)",
+                    source=f"built-in spec '{spec}' ({parsed['description']}, scmoe/kernels/emu/gpu_spec.cpp)",
                 )
             else:
                 why = f"could not read the built-in spec '{spec}' from {a.bench} (exit {run.returncode})"

@@ -717,7 +717,7 @@ def render_md(rep):
     if rep["emulator"]:
         out += (
             "Each measured time beside the emulator's prediction (`--backend emu`): `spec`, this GPU's built-in "
-            "spec (kernels/emu/gpu_spec.cpp); `profile`, the spec with the GEMM rate this run's layer step "
+            "spec (scmoe/kernels/emu/gpu_spec.cpp); `profile`, the spec with the GEMM rate this run's layer step "
             "reached (launch/make_profile.py). Error = (predicted - measured) / measured.\n\n"
         )
         out += md_table(rep["emulator"], [

@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #if SCMOE_WITH_MPI
 #include <mpi.h>
 #endif

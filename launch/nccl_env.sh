@@ -47,7 +47,7 @@ if [ -n "${NCCL_IB_HCA:-}" ]; then export NCCL_IB_HCA; fi
 #   slot) the event waits, collect and combine before the segments after it. With one queue,
 #   those waits and combine's dependence on collect would stall the backbone segments queued
 #   behind them — exactly the compute that is meant to hide the all-to-all (our reading of the
-#   issue order in moe/layer_scheduler.cpp; not yet measured on a GPU). So we keep separate
+#   issue order in scmoe/moe/layer_scheduler.cpp; not yet measured on a GPU). So we keep separate
 #   queues: 8 (two streams per rank need only 2; NCCL may add its own). The trade-off we accept:
 #   with several queues the GPU may start a backbone GEMM before the all-to-all kernel has its
 #   SMs, delaying the transfer's start. Set CUDA_DEVICE_MAX_CONNECTIONS=1 to compare, and look at

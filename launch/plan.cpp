@@ -4,11 +4,11 @@
 #include <mutex>
 #include <sstream>
 
-#include "kernels/emu/emu_device.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/error.h"
 #include "launch/emu_choice.h"
 #include "launch/train_comms.h"
-#include "models/trainer.h"
+#include "scmoe/models/trainer.h"
 
 namespace scmoe::launch {
 

@@ -1,7 +1,7 @@
 // Design for your compute: the search behind scmoe-plan. Each candidate configuration (variant, ep,
 // chunks, capacity factor, micro-batch) trains a few steps of the real Trainer on emulated GPUs of
 // the given cluster (every rank an in-process thread, emulated NCCL between them), and is ranked by
-// its predicted throughput. Predictions, not measurements: see kernels/emu/.
+// its predicted throughput. Predictions, not measurements: see scmoe/kernels/emu/.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/topology.h"
+#include "scmoe/comm/topology.h"
 #include "launch/emu_choice.h"
-#include "models/lm_config.h"
+#include "scmoe/models/lm_config.h"
 
 namespace scmoe::launch {
 

@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "comm/topology.h"
-#include "kernels/error.h"
+#include "scmoe/comm/topology.h"
+#include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "launch/emu_choice.h"
 #include "launch/plan.h"
-#include "moe/config.h"
+#include "scmoe/moe/config.h"
 
 namespace {
 
@@ -63,7 +63,7 @@ Args parse(int argc, char** argv) {
     cxxopts::Options o("scmoe-plan",
                        "scmoe-plan: design for your compute. Trains each candidate configuration a few steps on "
                        "emulated GPUs of your cluster (--backend emu) and ranks them by predicted tokens/s.\n"
-                       "Predictions of a model (kernels/emu/, comm/topology.h), not measurements.");
+                       "Predictions of a model (scmoe/kernels/emu/, scmoe/comm/topology.h), not measurements.");
     o.set_width(110);
     std::string variants;
     for (const std::string& n : block_variant_names()) variants += (variants.empty() ? "" : ", ") + n;
@@ -72,7 +72,7 @@ Args parse(int argc, char** argv) {
     o.add_options("cluster")
         ("gpu", "The GPU: a30, a800, h100, h200 or a profile JSON (docs/emu.md)",
          cxxopts::value<std::string>()->default_value("h100"))
-        ("cluster", "A cluster preset (comm/topology.h: a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, "
+        ("cluster", "A cluster preset (scmoe/comm/topology.h: a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, "
                     "h100-ib-2x8, h200-nvlink-8; default: the GPU's 8-GPU node)", cxxopts::value<std::string>())
         ("nodes", "Nodes (overrides the preset's; more than one needs NICs)", cxxopts::value<int>())
         ("gpus-per-node", "GPUs per node (overrides the preset's)", cxxopts::value<int>())
@@ -177,7 +177,7 @@ int run(const Args& args) {
     std::cout << "# scmoe-plan: " << cases.size() << " candidate(s) on " << describe(q.cluster) << "\n"
               << "# GPU: " << make_emu_device(q.emu)->description() << "\n"
               << "# model: " << args.model_name << "\n"
-              << "# predictions of the emulator (kernels/emu/, comm/topology.h), not measurements; " << q.steps
+              << "# predictions of the emulator (scmoe/kernels/emu/, scmoe/comm/topology.h), not measurements; " << q.steps
               << " steps per candidate, the first not timed" << std::endl;
     if (std::find(q.space.variants.begin(), q.space.variants.end(), "top1") != q.space.variants.end())
         std::cout << "# note: top1 sends each token to one expert: half the expert FLOPs per token of top2, shared, "

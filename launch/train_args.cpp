@@ -5,7 +5,7 @@
 #include <cxxopts.hpp>
 #include <iostream>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "launch/local_rank.h"
 

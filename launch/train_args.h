@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "comm/emulated_link.h"
+#include "scmoe/comm/emulated_link.h"
 #include "launch/emu_choice.h"
 #include "launch/train_comms.h"
-#include "models/trainer.h"
+#include "scmoe/models/trainer.h"
 
 namespace scmoe::launch {
 

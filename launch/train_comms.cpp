@@ -4,14 +4,14 @@
 #include <string>
 #include <thread>
 
-#include "comm/emu_communicator.h"
-#include "comm/local_communicator.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
+#include "scmoe/comm/emu_communicator.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
 #if SCMOE_WITH_MPI
-#include "comm/mpi_communicator.h"
+#include "scmoe/comm/mpi_communicator.h"
 #if SCMOE_WITH_CUDA
-#include "comm/nccl_communicator.h"
+#include "scmoe/comm/nccl_communicator.h"
 #endif
 #endif
 

@@ -1,5 +1,5 @@
 // The communicators a training rank needs (world, its expert-parallel group, its expert-data-parallel
-// group; see models/parallel.h), built for in-process ranks (LocalGroup threads) or for MPI processes
+// group; see scmoe/models/parallel.h), built for in-process ranks (LocalGroup threads) or for MPI processes
 // (MPI on CPU, NCCL on CUDA), optionally behind an EmulatedLink.
 #pragma once
 
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/emulated_link.h"
-#include "models/parallel.h"
+#include "scmoe/comm/emulated_link.h"
+#include "scmoe/models/parallel.h"
 
 namespace scmoe {
 class LocalGroup;

@@ -29,12 +29,12 @@
 #include <utility>
 #include <vector>
 
-#include "comm/communicator.h"
-#include "comm/emulated_link.h"
-#include "comm/topology.h"
-#include "kernels/device.h"
-#include "kernels/emu/emu_device.h"
-#include "kernels/error.h"
+#include "scmoe/comm/communicator.h"
+#include "scmoe/comm/emulated_link.h"
+#include "scmoe/comm/topology.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
@@ -42,8 +42,8 @@
 #include "launch/train_args.h"
 #include "launch/train_comms.h"
 #include "launch/train_report.h"
-#include "models/trainer.h"
-#include "moe/trace.h"
+#include "scmoe/models/trainer.h"
+#include "scmoe/moe/trace.h"
 #if SCMOE_WITH_MPI
 #include <mpi.h>
 #endif

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "models/trainer.h"
+#include "scmoe/models/trainer.h"
 
 namespace scmoe::launch {
 

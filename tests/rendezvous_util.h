@@ -27,9 +27,9 @@
 #include <string>
 #include <utility>
 
-#include "comm/communicator.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
+#include "scmoe/comm/communicator.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe::testing {
 

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "moe/moe_layer.h"
-#include "moe/params.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/params.h"
 
 namespace scmoe::testing {
 

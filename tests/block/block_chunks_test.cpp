@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "block_test_util.h"
-#include "comm/local_communicator.h"
+#include "scmoe/comm/local_communicator.h"
 
 namespace scmoe {
 namespace {

@@ -16,9 +16,9 @@
 #include <thread>
 
 #include "block_test_util.h"
-#include "comm/emulated_link.h"
-#include "comm/local_communicator.h"
-#include "moe/trace.h"
+#include "scmoe/comm/emulated_link.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/moe/trace.h"
 #include "rendezvous_util.h"
 
 namespace scmoe {

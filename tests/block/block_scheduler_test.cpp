@@ -16,9 +16,9 @@
 #include <thread>
 
 #include "block_test_util.h"
-#include "comm/local_communicator.h"
-#include "kernels/nvtx.h"
-#include "moe/trace.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/kernels/nvtx.h"
+#include "scmoe/moe/trace.h"
 #include "rendezvous_util.h"
 
 namespace scmoe {
@@ -474,7 +474,7 @@ TEST(BlockTrace, ShowsBothStreamsAndEveryBranchOp) {
     for (const TraceEntry& e : single) EXPECT_FALSE(e.comm) << e.name << ": one rank has no all-to-all";
 }
 
-// NVTX (kernels/nvtx.h): every scheduled op and exchange of a pass opens a range named as its trace
+// NVTX (scmoe/kernels/nvtx.h): every scheduled op and exchange of a pass opens a range named as its trace
 // entry, traced or not, in the order the host issues them.
 TEST(BlockTrace, NvtxRangesCarryTheTraceNamesTracedOrNot) {
     const BlockStackConfig config = testing::small_variant("scmoe-pos2");

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_sms.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/grouped_gemm.h"
-#include "moe/layer_scheduler.h"
+#include "scmoe/comm/comm_sms.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/grouped_gemm.h"
+#include "scmoe/moe/layer_scheduler.h"
 
 namespace scmoe {
 namespace {
@@ -220,7 +220,7 @@ TEST(LayerSchedulerSmBudget, TheBudgetIsClearedWhenAnOpThrows) {
     f.moe->synchronize();
 }
 
-// R's default: comm/comm_sms.h's, from the scheduler's communicator (none here).
+// R's default: scmoe/comm/comm_sms.h's, from the scheduler's communicator (none here).
 TEST(LayerSchedulerSmBudget, RDefaultsToDefaultCommSms) {
     auto device = make_device("emu", 0, "h100");
     auto a = device->create_stream(), b = device->create_stream();

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "scmoe/comm/communicator.h"
 #include "ep_reference.h"
-#include "moe/block_stack.h"
+#include "scmoe/moe/block_stack.h"
 
 namespace scmoe::testing {
 

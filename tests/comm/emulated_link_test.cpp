@@ -3,7 +3,7 @@
 // Only the lower bound is asserted (a link is never faster than its model); how close to the model
 // the hold comes depends on the machine's load, and `scmoe-bench a2a --link` reports it (its time
 // column next to the model column).
-#include "comm/emulated_link.h"
+#include "scmoe/comm/emulated_link.h"
 
 #include <gtest/gtest.h>
 
@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "comm/local_communicator.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe {
 namespace {

@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include "comm/local_communicator.h"
+#include "scmoe/comm/local_communicator.h"
 #include "gpu/gpu_test_util.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/math.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/math.h"
 
 namespace scmoe {
 namespace {

@@ -17,10 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/local_communicator.h"
+#include "scmoe/comm/local_communicator.h"
 #include "ep_reference.h"
 #include "gpu/gpu_test_util.h"
-#include "kernels/math.h"
+#include "scmoe/kernels/math.h"
 
 namespace scmoe {
 namespace {

@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/math.h"
-#include "moe/moe_layer.h"
-#include "moe/params.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/math.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/params.h"
 #if SCMOE_WITH_CUDA
-#include "comm/nccl_communicator.h"
+#include "scmoe/comm/nccl_communicator.h"
 #endif
 
 namespace scmoe {

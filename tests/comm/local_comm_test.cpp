@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "comm/local_communicator.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe {
 namespace {

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/mpi_communicator.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
+#include "scmoe/comm/mpi_communicator.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
-// NCCL_LAUNCH_ORDER_IMPLICIT (comm/detail/nccl_launch_order.h): turned on where NCCL has it
+// NCCL_LAUNCH_ORDER_IMPLICIT (scmoe/comm/detail/nccl_launch_order.h): turned on where NCCL has it
 // (>= 2.26), never over the user's own setting, never for releases that lack it.
-#include "comm/detail/nccl_launch_order.h"
+#include "scmoe/comm/detail/nccl_launch_order.h"
 
 #include <gtest/gtest.h>
 

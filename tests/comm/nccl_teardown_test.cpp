@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/detail/nccl_teardown.h"
+#include "scmoe/comm/detail/nccl_teardown.h"
 
 namespace scmoe::comm_detail {
 namespace {

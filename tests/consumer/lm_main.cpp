@@ -1,14 +1,14 @@
 // The language model through the installed package (component scmoe::models): the tiny preset,
 // seeded, scores a text — the mean cross-entropy in nats per predicted byte. At initialisation the
 // model predicts bytes near uniformly, so the loss must lie near ln(256) = 5.545.
-#include <scmoe.h>
+#include <scmoe/scmoe.h>
 
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "models/lm.h"
+#include "scmoe/models/lm.h"
 
 int main() {
     auto device = scmoe::make_device("auto");

@@ -1,7 +1,7 @@
 // The README's embedding example, built against the installed package by the test suite
 // (packaging_find_package_consumer): one MoE layer forward and backward on whatever backend is
 // here (CPU: f32 host memory; CUDA: bf16 device memory), inputs and outputs through host f32 arrays.
-#include <scmoe.h>
+#include <scmoe/scmoe.h>
 
 #include <cmath>
 #include <cstdio>

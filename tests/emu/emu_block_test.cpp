@@ -10,10 +10,10 @@
 #include <algorithm>
 #include <thread>
 
-#include "comm/emu_communicator.h"
-#include "kernels/emu/emu_device.h"
-#include "moe/block_stack.h"
-#include "moe/trace.h"
+#include "scmoe/comm/emu_communicator.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/moe/block_stack.h"
+#include "scmoe/moe/trace.h"
 
 namespace scmoe {
 namespace {
@@ -142,7 +142,7 @@ DrainFigures drain_figures(IssueOrder order) {
 TEST(EmuDrain, ProgramOrderIdlesTheBackboneThroughTheBranchStart) {
     const DrainFigures f = drain_figures(IssueOrder::kProgram);
     EXPECT_GT(f.pre_and_send_us, 0);
-    // The count exchange alone is 8.4 + 3.4 us on NVLink (comm/topology.h).
+    // The count exchange alone is 8.4 + 3.4 us on NVLink (scmoe/comm/topology.h).
     EXPECT_GT(f.idle_in_pre_and_send_us, 8.4 + 3.4)
         << "the backbone ran through the branch's gate and dispatch: the drain at `ready` is gone";
     EXPECT_NEAR(f.idle_after_experts_us, 0, 1e-6) << "collect blocked the host again";
@@ -166,8 +166,8 @@ TEST(EmuDrain, IssuingTheBackboneAheadKeepsItBusyThroughEveryExchange) {
 // each node's InfiniBand NICs), ScMoE Pos-2 at GPT2-small shapes with 32 experts (2 per rank), 8192
 // tokens per rank, 2 pieces (expert#c on the backbone stream, receive#c on the MoE stream): the
 // configuration of docs/emu.md's figures. The emulated grouped GEMM
-// is CUTLASS's persistent sm_90 kernel (kernels/emu/emu_ops.cpp): on every SM, it leaves no room for
-// an exchange's NCCL blocks (kernels/emu/residency.h), so without the reservation the exchange
+// is CUTLASS's persistent sm_90 kernel (scmoe/kernels/emu/emu_ops.cpp): on every SM, it leaves no room for
+// an exchange's NCCL blocks (scmoe/kernels/emu/residency.h), so without the reservation the exchange
 // pieces and the expert GEMMs wait for each other; with the LayerScheduler's R = 32 (the cluster's
 // NCCL channels) the GEMMs run on 100 of 132 SMs and the exchanges beside them.
 

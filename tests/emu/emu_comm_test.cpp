@@ -8,11 +8,11 @@
 #include <thread>
 #include <vector>
 
-#include "comm/emu_communicator.h"
-#include "comm/topology.h"
+#include "scmoe/comm/emu_communicator.h"
+#include "scmoe/comm/topology.h"
 #include "emu/emu_test_util.h"
-#include "kernels/emu/emu_device.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe {
 namespace {
@@ -58,7 +58,7 @@ TEST(Topology, InterNodeTrafficSharesTheNodesNics) {
 }
 
 // A cluster of single links stands for EmulatedLink: latency + (n-1)/n of a rank's bytes / bandwidth,
-// the same formula as the link's model (comm/emulated_link.h), and no SM share.
+// the same formula as the link's model (scmoe/comm/emulated_link.h), and no SM share.
 TEST(Topology, ALinkClusterMatchesTheEmulatedLinksModel) {
     const Topology t = cluster_topology("link:gbps=10,latency_us=50,gpus=4");
     EXPECT_EQ(t.comm_sms, 0);

@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "emu/emu_test_util.h"
-#include "kernels/emu/cost_model.h"
-#include "kernels/emu/emu_device.h"
-#include "kernels/emu/emu_ops.h"
-#include "kernels/error.h"
-#include "kernels/gemm.h"
-#include "kernels/grouped_gemm.h"
-#include "kernels/layout.h"
-#include "kernels/router.h"
+#include "scmoe/kernels/emu/cost_model.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/emu/emu_ops.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/gemm.h"
+#include "scmoe/kernels/grouped_gemm.h"
+#include "scmoe/kernels/layout.h"
+#include "scmoe/kernels/router.h"
 
 namespace scmoe {
 namespace {

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "launch/emu_choice.h"
 
 namespace scmoe {

@@ -1,7 +1,7 @@
 // A GPU spec with round numbers, so expected model times can be worked out by hand.
 #pragma once
 
-#include "kernels/emu/gpu_spec.h"
+#include "scmoe/kernels/emu/gpu_spec.h"
 
 namespace scmoe::test {
 

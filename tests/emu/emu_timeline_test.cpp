@@ -6,9 +6,9 @@
 #include <thread>
 
 #include "emu/emu_test_util.h"
-#include "kernels/emu/gpu_spec.h"
-#include "kernels/emu/residency.h"
-#include "kernels/emu/timeline.h"
+#include "scmoe/kernels/emu/gpu_spec.h"
+#include "scmoe/kernels/emu/residency.h"
+#include "scmoe/kernels/emu/timeline.h"
 
 namespace scmoe {
 namespace {
@@ -229,7 +229,7 @@ TEST(EmuTimeline, ACollectiveCompletesAfterItsLastMemberArrives) {
     EXPECT_NEAR(end[1], 301 + 70, 1e-6);
 }
 
-// ---- Residency (kernels/emu/residency.h): Work that holds SMs becomes resident only where its
+// ---- Residency (scmoe/kernels/emu/residency.h): Work that holds SMs becomes resident only where its
 // blocks fit. round_spec with the per-SM limits of compute capability 9.0 (65,536 registers, 228 KB
 // of shared memory, 1 KB reserved per block, 32 blocks, 2048 threads) on its 100 SMs.
 
@@ -245,7 +245,7 @@ emu::GpuSpec sm90_round_spec() {
 }
 
 // CUTLASS's sm_90 grouped GEMM block (review 2: 384 threads x 168 registers, 215,040 B forward,
-// 232,448 B weight gradient) and the emulated NCCL channel block (comm/emu_communicator.cpp).
+// 232,448 B weight gradient) and the emulated NCCL channel block (scmoe/comm/emu_communicator.cpp).
 const emu::BlockResources kGemmForwardBlock{384, 168, 215040}, kGemmWgradBlock{384, 168, 232448};
 const emu::BlockResources kNcclBlock{512, 32, 0};
 

@@ -1,4 +1,4 @@
-// Fuzzes the JSON files of a checkpoint directory (models/checkpoint.h, models/safetensors.h): the
+// Fuzzes the JSON files of a checkpoint directory (scmoe/models/checkpoint.h, scmoe/models/safetensors.h): the
 // input is given to each reader in turn, as trainer_state.json (parse_checkpoint_state, then the
 // model config it holds: LmConfig::from_json and validate), as rank-NNNNN.json
 // (parse_checkpoint_rank_state) and as model.safetensors.index.json (read_safetensors_index). Bad
@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/error.h"
-#include "models/checkpoint.h"
-#include "models/lm_config.h"
-#include "models/safetensors.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/models/checkpoint.h"
+#include "scmoe/models/lm_config.h"
+#include "scmoe/models/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace models = scmoe::models;

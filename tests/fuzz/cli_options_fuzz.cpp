@@ -7,7 +7,7 @@
 #include <cxxopts.hpp>
 #include <string>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "tests/fuzz/fuzz_util.h"
 

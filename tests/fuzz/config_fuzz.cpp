@@ -1,5 +1,5 @@
-// Fuzzes configuration validation: MoeConfig (moe/config.h), BlockStackConfig and block_variant
-// (moe/block_stack.h) and LmConfig (models/lm_config.h), with every field decoded from the input —
+// Fuzzes configuration validation: MoeConfig (scmoe/moe/config.h), BlockStackConfig and block_variant
+// (scmoe/moe/block_stack.h) and LmConfig (scmoe/models/lm_config.h), with every field decoded from the input —
 // integers over their whole range, floats from raw bits (NaN, infinities, denormals). validate() must
 // throw scmoe::Error for bad values; for a configuration it accepts, what is derived from it (widths,
 // to_string, hash, the block stack, the JSON round trip) must work without overflow.
@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/error.h"
-#include "models/lm_config.h"
-#include "moe/block_stack.h"
-#include "moe/config.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/models/lm_config.h"
+#include "scmoe/moe/block_stack.h"
+#include "scmoe/moe/config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

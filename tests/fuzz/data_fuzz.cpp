@@ -1,4 +1,4 @@
-// Fuzzes the data reader (models/data.h): ByteDataset over 1-3 files of fuzzed content, ByteBatcher
+// Fuzzes the data reader (scmoe/models/data.h): ByteDataset over 1-3 files of fuzzed content, ByteBatcher
 // and EvalWindows with fuzzed (unbounded) configurations, positions and restored states, and
 // permute_index. Bad arguments must throw scmoe::Error; what is accepted must keep the documented
 // properties: tokens are bytes, targets are the inputs shifted by one, permute_index is in range.
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/error.h"
-#include "models/data.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/models/data.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace models = scmoe::models;

@@ -1,11 +1,11 @@
-// Fuzzes read_safetensors() (models/safetensors.h) with the input as the whole file. Bad files must
+// Fuzzes read_safetensors() (scmoe/models/safetensors.h) with the input as the whole file. Bad files must
 // throw scmoe::Error; a file it accepts must describe itself consistently (every tensor's bytes =
 // numel x element size) and survive a write / read round trip unchanged.
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/error.h"
-#include "models/safetensors.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/models/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 using scmoe::SafetensorsFile;

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "gpu_test_util.h"
-#include "kernels/adamw.h"
-#include "kernels/error.h"
-#include "models/optimizer.h"
+#include "scmoe/kernels/adamw.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/models/optimizer.h"
 
 namespace scmoe {
 namespace {

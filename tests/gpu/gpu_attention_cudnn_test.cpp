@@ -25,9 +25,9 @@
 #include <utility>
 
 #include "gpu_test_util.h"
-#include "kernels/attention.h"
-#include "kernels/error.h"
-#include "kernels/grouped_gemm.h"
+#include "scmoe/kernels/attention.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/grouped_gemm.h"
 
 namespace scmoe {
 namespace {

@@ -20,9 +20,9 @@
 #include <utility>
 
 #include "gpu_test_util.h"
-#include "kernels/attention.h"
-#include "kernels/error.h"
-#include "kernels/rmsnorm.h"
+#include "scmoe/kernels/attention.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/rmsnorm.h"
 
 namespace scmoe {
 namespace {

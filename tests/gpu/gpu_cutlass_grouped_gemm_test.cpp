@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "gpu_test_util.h"
-#include "kernels/error.h"
-#include "kernels/grouped_gemm.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/grouped_gemm.h"
 
 namespace scmoe {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe {
 namespace {

@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/emulated_link.h"
-#include "comm/local_communicator.h"
+#include "scmoe/comm/emulated_link.h"
+#include "scmoe/comm/local_communicator.h"
 #include "gpu_test_util.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe {
 namespace {

@@ -19,9 +19,9 @@
 #include <utility>
 
 #include "gpu_test_util.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/embedding.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/cross_entropy.h"
+#include "scmoe/kernels/embedding.h"
+#include "scmoe/kernels/error.h"
 #include "test_util.h"
 
 namespace scmoe {

@@ -13,9 +13,9 @@
 #include <string>
 
 #include "gpu_test_util.h"
-#include "kernels/error.h"
-#include "moe/moe_layer.h"
-#include "moe/params.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/params.h"
 
 namespace scmoe {
 namespace {

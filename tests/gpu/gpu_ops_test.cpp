@@ -17,11 +17,11 @@
 
 #include "gpu_test_util.h"
 #include "test_util.h"
-#include "kernels/activation.h"
-#include "kernels/elementwise.h"
-#include "kernels/error.h"
-#include "kernels/gemm.h"
-#include "kernels/grouped_gemm.h"
+#include "scmoe/kernels/activation.h"
+#include "scmoe/kernels/elementwise.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/gemm.h"
+#include "scmoe/kernels/grouped_gemm.h"
 
 namespace scmoe {
 namespace {

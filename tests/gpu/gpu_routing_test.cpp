@@ -11,9 +11,9 @@
 #include <string>
 
 #include "gpu_test_util.h"
-#include "kernels/layout.h"
-#include "kernels/permute.h"
-#include "kernels/router.h"
+#include "scmoe/kernels/layout.h"
+#include "scmoe/kernels/permute.h"
+#include "scmoe/kernels/router.h"
 
 namespace scmoe {
 namespace {

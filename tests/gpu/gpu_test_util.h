@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "gpu_presence.h"
-#include "kernels/device.h"
-#include "kernels/math.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/math.h"
 
 // Every GPU test starts with this: without a GPU it reports a skip; with a GPU that CUDA cannot use
 // (nvidia-smi lists one, CUDA answers with none) it fails with CUDA's reason (review L3).

@@ -438,7 +438,7 @@ def table(results, args, code_state):
 def code_state():
     try:
         head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
-        dirty = subprocess.run(["git", "-C", ROOT, "diff", "--stat", "HEAD", "--", "models/trainer.cpp",
+        dirty = subprocess.run(["git", "-C", ROOT, "diff", "--stat", "HEAD", "--", "scmoe/models/trainer.cpp",
                                 "launch/train_main.cpp", "comm", "launch/mpirun.sh"], capture_output=True,
                                text=True).stdout.strip().splitlines()
         return f"HEAD {head.strip()}" + (f" + uncommitted: {dirty[-1].strip()}" if dirty else "")

@@ -168,7 +168,7 @@ def torch_gpt2_moe(python, d):
           json.dumps(rows)[:600])
     check(all("not compiled within budget" in x["note"] for x in rows if x["status"] == "timeout"),
           "a timeout row says 'not compiled within budget'")
-    # models/lm.cpp train_flops_per_token, counted here from the shapes: 6 x the parameters a token uses
+    # scmoe/models/lm.cpp train_flops_per_token, counted here from the shapes: 6 x the parameters a token uses
     # (no position table, experts top_k times) + 6 x layers x hidden x seq.
     attn, mlp = H + 3 * H * H + H * H, H + 2 * H * F
     moe_top1 = 2 * H + H * E + 2 * H * F + 2 * H * F + H  # norms x, s; router; one expert; shared; CG

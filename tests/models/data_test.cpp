@@ -1,6 +1,6 @@
 // The byte-level data reader: exact batches from hand-checkable files, shards, seeded order,
 // state/restore, bad input, and the default corpus.
-#include "models/data.h"
+#include "scmoe/models/data.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 
 namespace fs = std::filesystem;
 using scmoe::models::ByteBatcher;

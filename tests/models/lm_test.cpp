@@ -11,9 +11,9 @@
 #include <random>
 #include <utility>
 
-#include "models/lm.h"
-#include "models/lm_config.h"
-#include "models/parallel.h"
+#include "scmoe/models/lm.h"
+#include "scmoe/models/lm_config.h"
+#include "scmoe/models/parallel.h"
 #include "test_util.h"
 #include "train_test_util.h"
 

@@ -1,6 +1,6 @@
 // The optimizer on the CPU backend: the AdamW op against a double-precision reference, the AdamW
 // class, the LR schedule, clipping and the global gradient norm.
-#include "models/optimizer.h"
+#include "scmoe/models/optimizer.h"
 
 #include <gtest/gtest.h>
 
@@ -11,10 +11,10 @@
 #include <numbers>
 #include <vector>
 
-#include "kernels/adamw.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/math.h"
+#include "scmoe/kernels/adamw.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/math.h"
 #include "test_util.h"
 
 namespace scmoe::models {

@@ -1,6 +1,6 @@
 // safetensors checkpoint files: round trips, the exact bytes of a tiny file, atomic writes, and
 // refusal of corrupted files with a message naming what is wrong.
-#include "models/safetensors.h"
+#include "scmoe/models/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe {
 namespace {

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/error.h"
+#include "scmoe/kernels/error.h"
 #include "launch/train_comms.h"
-#include "models/lm_config.h"
-#include "models/trainer.h"
+#include "scmoe/models/lm_config.h"
+#include "scmoe/models/trainer.h"
 
 namespace scmoe::testing {
 

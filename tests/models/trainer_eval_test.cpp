@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "models/trainer.h"
+#include "scmoe/models/trainer.h"
 #include "train_test_util.h"
 
 namespace scmoe::models {

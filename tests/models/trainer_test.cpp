@@ -4,7 +4,7 @@
 // Evaluation: the held-out loss is the LM's mean CE over the defined windows, the same on any
 // number of ranks, free of gate noise, leaves training bitwise unchanged, and falls as the model
 // trains; the default corpus's held-out split is never trained on.
-#include "models/trainer.h"
+#include "scmoe/models/trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -19,13 +19,13 @@
 #include <span>
 #include <thread>
 
-#include "comm/local_communicator.h"
-#include "kernels/adamw.h"
-#include "kernels/math.h"
-#include "models/checkpoint.h"
-#include "models/optimizer.h"
-#include "moe/moe_layer.h"
-#include "moe/trace.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/kernels/adamw.h"
+#include "scmoe/kernels/math.h"
+#include "scmoe/models/checkpoint.h"
+#include "scmoe/models/optimizer.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/trace.h"
 #include "rendezvous_util.h"
 #include "train_test_util.h"
 

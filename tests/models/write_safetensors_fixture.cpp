@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "models/safetensors.h"
+#include "scmoe/models/safetensors.h"
 
 namespace {
 

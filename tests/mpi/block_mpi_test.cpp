@@ -11,7 +11,7 @@
 #include <string>
 
 #include "block_test_util.h"
-#include "comm/mpi_communicator.h"
+#include "scmoe/comm/mpi_communicator.h"
 #include "mpi_cases.h"
 
 namespace {

@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <exception>
 
-#include "comm/mpi_communicator.h"
+#include "scmoe/comm/mpi_communicator.h"
 #include "ep_reference.h"
 #include "mpi_cases.h"
 

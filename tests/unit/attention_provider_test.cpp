@@ -1,6 +1,6 @@
 // The host-side logic of the cuDNN attention provider, checked on the CPU (no cuDNN, no GPU):
 //   - the strided [batch, heads, seq, dim] views cuDNN gets over qkv, out, grad_qkv and lse: each
-//     element lands where kernels/attention.h puts it, q/k/v tile qkv exactly once, the 16-byte
+//     element lands where scmoe/kernels/attention.h puts it, q/k/v tile qkv exactly once, the 16-byte
 //     alignment cuDNN needs holds, and attention computed naively *through the views* reproduces
 //     the CPU op (a stride swap or a wrong offset fails it);
 //   - the graph-cache key: every field separates keys, pointers do not;
@@ -15,11 +15,11 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/cuda/cudnn_attention_plan.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/math.h"
+#include "scmoe/kernels/attention.h"
+#include "scmoe/kernels/cuda/cudnn_attention_plan.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/math.h"
 #include "test_util.h"
 
 namespace scmoe {
@@ -41,7 +41,7 @@ struct Shape {
     std::int64_t batch, seq, heads, head_dim;
 };
 
-// Where kernels/attention.h puts element e of head h, token (b, i): part 0 = q, 1 = k, 2 = v.
+// Where scmoe/kernels/attention.h puts element e of head h, token (b, i): part 0 = q, 1 = k, 2 = v.
 std::int64_t qkv_index(const Shape& s, std::int64_t part, std::int64_t b, std::int64_t h, std::int64_t i,
                        std::int64_t e) {
     return (b * s.seq + i) * 3 * s.heads * s.head_dim + part * s.heads * s.head_dim + h * s.head_dim + e;

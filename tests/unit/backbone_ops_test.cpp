@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/rmsnorm.h"
+#include "scmoe/kernels/attention.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/rmsnorm.h"
 #include "test_util.h"
 
 namespace scmoe {

@@ -1,16 +1,16 @@
-// R, the SMs compute leaves free for an exchange (comm/comm_sms.h): where it comes from, in order,
+// R, the SMs compute leaves free for an exchange (scmoe/comm/comm_sms.h): where it comes from, in order,
 // and what is refused.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 
-#include "comm/comm_sms.h"
-#include "comm/emu_communicator.h"
-#include "comm/emulated_link.h"
-#include "comm/local_communicator.h"
-#include "comm/topology.h"
-#include "kernels/error.h"
+#include "scmoe/comm/comm_sms.h"
+#include "scmoe/comm/emu_communicator.h"
+#include "scmoe/comm/emulated_link.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/comm/topology.h"
+#include "scmoe/kernels/error.h"
 
 namespace scmoe {
 namespace {

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "gpu_presence.h"
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/workspace.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/workspace.h"
 #include "rendezvous_util.h"
 
 namespace scmoe {

@@ -6,9 +6,9 @@
 #include <climits>
 #include <string>
 
-#include "kernels/device.h"
-#include "kernels/error.h"
-#include "kernels/grouped_gemm.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/grouped_gemm.h"
 #include "test_util.h"
 
 namespace scmoe {

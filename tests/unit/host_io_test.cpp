@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/error.h"
-#include "kernels/host_io.h"
-#include "kernels/math.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/host_io.h"
+#include "scmoe/kernels/math.h"
 
 namespace scmoe {
 namespace {

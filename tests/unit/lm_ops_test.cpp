@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cross_entropy.h"
-#include "kernels/device.h"
-#include "kernels/embedding.h"
-#include "kernels/error.h"
+#include "scmoe/kernels/cross_entropy.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/kernels/embedding.h"
+#include "scmoe/kernels/error.h"
 #include "test_util.h"
 
 namespace scmoe {

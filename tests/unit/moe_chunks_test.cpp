@@ -12,7 +12,7 @@
 #include <memory>
 #include <thread>
 
-#include "comm/local_communicator.h"
+#include "scmoe/comm/local_communicator.h"
 #include "ep_reference.h"
 
 namespace scmoe {

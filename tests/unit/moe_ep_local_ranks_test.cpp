@@ -8,8 +8,8 @@
 #include <exception>
 #include <thread>
 
-#include "comm/local_communicator.h"
-#include "kernels/layout.h"
+#include "scmoe/comm/local_communicator.h"
+#include "scmoe/kernels/layout.h"
 #include "ep_reference.h"
 
 namespace scmoe {

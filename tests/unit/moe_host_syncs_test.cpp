@@ -1,4 +1,4 @@
-// Host syncs per MoE layer per training step (kernels/host_syncs.h counts every Stream and Event
+// Host syncs per MoE layer per training step (scmoe/kernels/host_syncs.h counts every Stream and Event
 // synchronize of the calling thread), on the CPU backend and on emulated GPUs, where the emulated
 // NCCL blocks the host exactly where NcclCommunicator does. README, "Host syncs", lists the counts.
 #include <gtest/gtest.h>
@@ -7,10 +7,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/emu_communicator.h"
-#include "kernels/host_syncs.h"
-#include "moe/moe_layer.h"
-#include "moe/params.h"
+#include "scmoe/comm/emu_communicator.h"
+#include "scmoe/kernels/host_syncs.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/params.h"
 
 namespace scmoe {
 namespace {

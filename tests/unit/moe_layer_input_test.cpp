@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "kernels/emu/emu_device.h"
-#include "kernels/error.h"
-#include "kernels/workspace.h"
-#include "moe/params.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/workspace.h"
+#include "scmoe/moe/params.h"
 #include "test_util.h"
 
 namespace scmoe {

@@ -1,7 +1,7 @@
 // CPU ops against naive loops written here: GEMM in every transpose, grouped GEMM of every kind
 // over balanced, skewed and empty groups, activations against finite differences, permute /
 // combine and their backward, bf16 conversion, and a whole MoE layer forward against a reference
-// written from the equations in moe/moe_layer.h.
+// written from the equations in scmoe/moe/moe_layer.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,11 +9,11 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/activation.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/grouped_gemm.h"
-#include "kernels/math.h"
+#include "scmoe/kernels/activation.h"
+#include "scmoe/kernels/elementwise.h"
+#include "scmoe/kernels/gemm.h"
+#include "scmoe/kernels/grouped_gemm.h"
+#include "scmoe/kernels/math.h"
 #include "test_util.h"
 
 namespace scmoe {

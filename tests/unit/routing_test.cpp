@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/error.h"
-#include "kernels/layout.h"
-#include "kernels/math.h"
-#include "kernels/router.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/layout.h"
+#include "scmoe/kernels/math.h"
+#include "scmoe/kernels/router.h"
 #include "test_util.h"
 
 namespace scmoe {
@@ -293,7 +293,7 @@ TEST(NoisyGate, EvalModeAddsNoNoiseAndKeepsTheStep) {
 }
 
 // The CPU router adds exactly noise_std * normal_sample(noise_key(seed, stream, step), t * E + e),
-// the per-element math the CUDA router shares (kernels/math.h).
+// the per-element math the CUDA router shares (scmoe/kernels/math.h).
 TEST(NoisyGate, CpuRouterAddsTheSharedNoiseMath) {
     const std::int64_t T = 5;
     const int E = 4, K = 2;

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/device.h"
-#include "moe/moe_layer.h"
-#include "moe/params.h"
+#include "scmoe/kernels/device.h"
+#include "scmoe/moe/moe_layer.h"
+#include "scmoe/moe/params.h"
 
 namespace scmoe {
 namespace {

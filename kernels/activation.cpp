@@ -1,7 +1,0 @@
-#include "kernels/activation.h"
-
-namespace scmoe {
-
-const char* activation_name(Activation a) { return a == Activation::kSwiGLU ? "swiglu" : "gelu"; }
-
-}  // namespace scmoe

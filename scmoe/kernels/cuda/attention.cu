@@ -1,0 +1,269 @@
+// Causal attention forward and backward: one warp per row, lanes over head_dim (kPer elements
+// each, head_dim <= 32 * kPer), fp32 accumulation in registers.
+//   forward:  warp per query row, online softmax over keys 0..i; writes out and lse.
+//   backward: warp per query row i for dQ, warp per key row j for dK and dV (queries j..seq-1);
+//             both recompute P_ij = exp(s_ij - lse_i) and use D_i = dO_i . O_i.
+// NOTES: no atomics and no shared accumulators: every output element is summed by one lane in
+// key (or query) order, and dot products are warp butterflies whose value every lane shares, so
+// results are bitwise reproducible run to run.
+//
+// The entry points below pick the provider (scmoe/kernels/attention.h, cudnn_attention_plan.h): cuDNN's
+// fused flash attention for bf16 when built with it, these kernels otherwise and as the reference.
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <type_traits>
+
+#include "scmoe/kernels/cuda/check.cuh"
+#include "scmoe/kernels/cuda/cuda_ops.h"
+#include "scmoe/kernels/cuda/cudnn_attention_plan.h"
+#include "scmoe/kernels/math.h"
+#if SCMOE_WITH_CUDNN
+#include "scmoe/kernels/cuda/cudnn_attention.h"
+#endif
+
+namespace scmoe::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+struct Shape {
+    long long batch, seq, heads, head_dim;
+    float scale;
+    // Offsets (elements) of row i of sequence b, head h: in qkv (q part; k = +hd, v = +2hd) and in out.
+    __device__ long long qkv_row(long long b, long long i, long long h) const {
+        return (b * seq + i) * 3 * heads * head_dim + h * head_dim;
+    }
+    __device__ long long out_row(long long b, long long i, long long h) const {
+        return (b * seq + i) * heads * head_dim + h * head_dim;
+    }
+    __device__ long long qkv_stride() const { return 3 * heads * head_dim; }
+    __device__ long long hd() const { return heads * head_dim; }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// The warp's row: (b, h, i) with i fastest. False when the warp is past the last row.
+__device__ __forceinline__ bool warp_row(const Shape& sh, long long& b, long long& h, long long& i) {
+    const long long w = blockIdx.x * static_cast<long long>(kWarpsPerBlock) + threadIdx.x / 32;
+    if (w >= sh.batch * sh.heads * sh.seq) return false;
+    i = w % sh.seq;
+    h = (w / sh.seq) % sh.heads;
+    b = w / (sh.seq * sh.heads);
+    return true;
+}
+
+template <class T, int kPer>
+__device__ __forceinline__ void load_row(const T* p, long long head_dim, int lane, float (&r)[kPer]) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+        const long long d = lane + 32LL * e;
+        r[e] = d < head_dim ? load_f32(p + d) : 0.0f;
+    }
+}
+
+template <class T, int kPer>
+__device__ __forceinline__ void store_row(T* p, long long head_dim, int lane, const float (&r)[kPer], float mul) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+        const long long d = lane + 32LL * e;
+        if (d < head_dim) store_f32(p + d, r[e] * mul);
+    }
+}
+
+template <int kPer>
+__device__ __forceinline__ float lane_dot(const float (&a)[kPer], const float (&b)[kPer]) {
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) s += a[e] * b[e];
+    return s;
+}
+
+template <class T, int kPer>
+__global__ void attention_forward_kernel(Shape sh, const T* qkv, T* out, float* lse) {
+    long long b, h, i;
+    if (!warp_row(sh, b, h, i)) return;
+    const int lane = threadIdx.x % 32;
+    const long long ld = sh.qkv_stride();
+    float q[kPer], acc[kPer], kv[kPer];
+    load_row(qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, q);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) acc[e] = 0.0f;
+    const T* k0 = qkv + sh.qkv_row(b, 0, h) + sh.hd();
+    const T* v0 = k0 + sh.hd();
+    float mx = -INFINITY, sum = 0.0f;
+    for (long long j = 0; j <= i; ++j) {
+        load_row(k0 + j * ld, sh.head_dim, lane, kv);
+        const float s = warp_sum(lane_dot(q, kv)) * sh.scale;
+        const float new_mx = fmaxf(mx, s);
+        const float correction = expf(mx - new_mx);  // 0 on the first key (mx = -inf)
+        const float p = expf(s - new_mx);
+        sum = sum * correction + p;
+        load_row(v0 + j * ld, sh.head_dim, lane, kv);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) acc[e] = acc[e] * correction + p * kv[e];
+        mx = new_mx;
+    }
+    store_row(out + sh.out_row(b, i, h), sh.head_dim, lane, acc, 1.0f / sum);
+    if (lane == 0 && lse) lse[(b * sh.heads + h) * sh.seq + i] = mx + logf(sum);
+}
+
+// dQ_i = scale * sum_{j <= i} P_ij (dP_ij - D_i) k_j, with dP_ij = dO_i . v_j.
+template <class T, int kPer>
+__global__ void attention_grad_q_kernel(Shape sh, const T* qkv, const T* out, const float* lse, const T* grad_out,
+                                        T* grad_qkv) {
+    long long b, h, i;
+    if (!warp_row(sh, b, h, i)) return;
+    const int lane = threadIdx.x % 32;
+    const long long ld = sh.qkv_stride();
+    float q[kPer], go[kPer], dq[kPer], kv[kPer];
+    load_row(qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, q);
+    load_row(grad_out + sh.out_row(b, i, h), sh.head_dim, lane, go);
+    load_row(out + sh.out_row(b, i, h), sh.head_dim, lane, kv);
+    const float delta = warp_sum(lane_dot(go, kv));
+    const float lse_i = lse[(b * sh.heads + h) * sh.seq + i];
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) dq[e] = 0.0f;
+    const T* k0 = qkv + sh.qkv_row(b, 0, h) + sh.hd();
+    const T* v0 = k0 + sh.hd();
+    for (long long j = 0; j <= i; ++j) {
+        load_row(v0 + j * ld, sh.head_dim, lane, kv);
+        const float dp = warp_sum(lane_dot(go, kv));
+        load_row(k0 + j * ld, sh.head_dim, lane, kv);
+        const float p = math::attention_prob(warp_sum(lane_dot(q, kv)) * sh.scale, lse_i);
+        const float ds = p * (dp - delta);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) dq[e] += ds * kv[e];
+    }
+    store_row(grad_qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, dq, sh.scale);
+}
+
+// For key row j: dV_j = sum_{i >= j} P_ij dO_i, dK_j = scale * sum_{i >= j} P_ij (dP_ij - D_i) q_i.
+template <class T, int kPer>
+__global__ void attention_grad_kv_kernel(Shape sh, const T* qkv, const T* out, const float* lse, const T* grad_out,
+                                         T* grad_qkv) {
+    long long b, h, j;
+    if (!warp_row(sh, b, h, j)) return;
+    const int lane = threadIdx.x % 32;
+    float k[kPer], v[kPer], dk[kPer], dv[kPer], q[kPer], go[kPer], o[kPer];
+    const long long kj = sh.qkv_row(b, j, h) + sh.hd();
+    load_row(qkv + kj, sh.head_dim, lane, k);
+    load_row(qkv + kj + sh.hd(), sh.head_dim, lane, v);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) dk[e] = dv[e] = 0.0f;
+    const float* lse_row = lse + (b * sh.heads + h) * sh.seq;
+    for (long long i = j; i < sh.seq; ++i) {
+        load_row(qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, q);
+        load_row(grad_out + sh.out_row(b, i, h), sh.head_dim, lane, go);
+        load_row(out + sh.out_row(b, i, h), sh.head_dim, lane, o);
+        const float s = warp_sum(lane_dot(q, k)) * sh.scale;
+        const float dp = warp_sum(lane_dot(go, v));
+        const float delta = warp_sum(lane_dot(go, o));
+        const float p = math::attention_prob(s, lse_row[i]);
+        const float ds = p * (dp - delta);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+            dv[e] += p * go[e];
+            dk[e] += ds * q[e];
+        }
+    }
+    store_row(grad_qkv + kj, sh.head_dim, lane, dk, sh.scale);
+    store_row(grad_qkv + kj + sh.hd(), sh.head_dim, lane, dv, 1.0f);
+}
+
+// Calls fn(std::integral_constant<int, kPer>) with the smallest kPer in {1, 2, 4, 8} covering head_dim.
+template <class Fn>
+void dispatch_per_lane(std::int64_t head_dim, Fn&& fn) {
+    if (head_dim <= 32) return fn(std::integral_constant<int, 1>{});
+    if (head_dim <= 64) return fn(std::integral_constant<int, 2>{});
+    if (head_dim <= 128) return fn(std::integral_constant<int, 4>{});
+    if (head_dim <= 256) return fn(std::integral_constant<int, 8>{});
+    SCMOE_FAIL("attention: head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
+}
+
+Shape shape_of(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim) {
+    return {batch, seq, heads, head_dim, math::attention_scale(head_dim)};
+}
+
+unsigned int row_blocks(const Shape& sh) {
+    const long long rows = sh.batch * sh.heads * sh.seq;
+    const long long blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    SCMOE_CHECK(blocks <= 0x7fffffffLL, "attention: batch*heads*seq = " << rows << " rows exceed one CUDA grid");
+    return static_cast<unsigned int>(blocks);
+}
+
+bool all_aligned(std::initializer_list<const void*> pointers) {
+    for (const void* p : pointers)
+        if (!is_aligned(p, kCudnnAttentionAlignmentBytes)) return false;
+    return true;
+}
+
+AttentionPathChoice choose_path(const char* op, AttentionProvider provider, DType dtype, std::int64_t head_dim,
+                                bool aligned) {
+    return choose_attention_path(op, effective_attention_provider(provider, std::getenv("SCMOE_ATTENTION_PROVIDER")),
+                                 dtype, head_dim, aligned, attention_cudnn_built());
+}
+
+void own_attention_forward(const AttentionArgs& a, cudaStream_t s) {
+    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim);
+    dispatch_float_dtype(a.dtype, "attention_forward", [&](auto tag) {
+        using T = decltype(tag);
+        dispatch_per_lane(a.head_dim, [&](auto per) {
+            constexpr int kPer = decltype(per)::value;
+            attention_forward_kernel<T, kPer><<<row_blocks(sh), kWarpsPerBlock * 32, 0, s>>>(
+                sh, static_cast<const T*>(a.qkv), static_cast<T*>(a.out), a.lse);
+            SCMOE_CUDA_CHECK_LAUNCH("attention_forward_kernel");
+        });
+    });
+}
+
+void own_attention_backward(const AttentionBackwardArgs& a, cudaStream_t s) {
+    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim);
+    dispatch_float_dtype(a.dtype, "attention_backward", [&](auto tag) {
+        using T = decltype(tag);
+        const auto* qkv = static_cast<const T*>(a.qkv);
+        const auto* out = static_cast<const T*>(a.out);
+        const auto* go = static_cast<const T*>(a.grad_out);
+        auto* gq = static_cast<T*>(a.grad_qkv);
+        dispatch_per_lane(a.head_dim, [&](auto per) {
+            constexpr int kPer = decltype(per)::value;
+            attention_grad_q_kernel<T, kPer>
+                <<<row_blocks(sh), kWarpsPerBlock * 32, 0, s>>>(sh, qkv, out, a.lse, go, gq);
+            SCMOE_CUDA_CHECK_LAUNCH("attention_grad_q_kernel");
+            attention_grad_kv_kernel<T, kPer>
+                <<<row_blocks(sh), kWarpsPerBlock * 32, 0, s>>>(sh, qkv, out, a.lse, go, gq);
+            SCMOE_CUDA_CHECK_LAUNCH("attention_grad_kv_kernel");
+        });
+    });
+}
+
+}  // namespace
+
+void attention_forward(const AttentionArgs& a, AttentionProvider provider, void* stream) {
+    cudaStream_t s = as_stream(stream);
+    StreamDeviceGuard guard(s);
+    const AttentionPathChoice choice =
+        choose_path("attention_forward", provider, a.dtype, a.head_dim, all_aligned({a.qkv, a.out, a.lse}));
+#if SCMOE_WITH_CUDNN
+    if (choice.path == AttentionPath::kCudnn && cudnn_attention_forward(a, s, choice.cudnn_required)) return;
+#endif
+    own_attention_forward(a, s);
+    detail::note_attention_call(false, false, false, 0);
+}
+
+void attention_backward(const AttentionBackwardArgs& a, AttentionProvider provider, void* stream) {
+    cudaStream_t s = as_stream(stream);
+    StreamDeviceGuard guard(s);
+    const AttentionPathChoice choice = choose_path("attention_backward", provider, a.dtype, a.head_dim,
+                                                   all_aligned({a.qkv, a.out, a.lse, a.grad_out, a.grad_qkv}));
+#if SCMOE_WITH_CUDNN
+    if (choice.path == AttentionPath::kCudnn && cudnn_attention_backward(a, s, choice.cudnn_required)) return;
+#endif
+    own_attention_backward(a, s);
+    detail::note_attention_call(false, true, false, 0);
+}
+
+}  // namespace scmoe::cuda

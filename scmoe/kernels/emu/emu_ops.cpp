@@ -1,0 +1,127 @@
+#include "scmoe/kernels/emu/emu_ops.h"
+
+#include <algorithm>
+
+#include "scmoe/kernels/cpu/cpu_ops.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/math.h"
+
+namespace scmoe::emu {
+namespace {
+
+void timed(const char* name, const OpCost& cost, Stream& stream) { as_emu(stream).launch(name, cost); }
+
+// Rows of a chunk [*first_row, *num_rows) or [0, rows) when the bounds are not on the device.
+std::int64_t rows_in_use(std::int64_t rows, const std::int32_t* num_rows, const std::int32_t* first_row) {
+    const std::int64_t end = num_rows ? *num_rows : rows;
+    const std::int64_t begin = first_row ? *first_row : 0;
+    return std::max<std::int64_t>(0, end - begin);
+}
+
+std::int64_t sum(const std::int32_t* counts, std::int64_t n) {
+    std::int64_t total = 0;
+    for (std::int64_t i = 0; i < n; ++i) total += counts[i];
+    return total;
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& a, Stream& s) { timed("gemm", op_cost(a), s); }
+
+// The emulated grouped GEMM stands for cutlass-grouped, the provider auto picks on sm_80..sm_90.
+// On sm_90 that is CUTLASS's TMA + WGMMA kernel, persistent (one block per SM of its grid, min(SMs,
+// GroupedGemmArgs::sm_limit)); its block, as ptxas reports it for scmoe's template arguments (review
+// 2, /work/shared/reviews/gpu-review-2.md, "Measured here": sm_90a, -O3 -DNDEBUG): 384 threads, 168
+// registers per thread, 215,040 B of shared memory for kForward and kGradInput and 232,448 B for
+// kGradWeight (the 227 KB per-block maximum). Below sm_90 it is modeled as an ordinary kernel: the
+// CUTLASS 2.x kernel's registers were not measured, so whether a comm block fits beside it is not
+// known.
+KernelShape grouped_gemm_shape(const GroupedGemmArgs& a, const GpuSpec& spec) {
+    KernelShape shape;
+    shape.sm_limit = a.sm_limit;
+    shape.persistent = spec.compute_capability == 90;
+    shape.block = {384, 168, a.kind == GroupedGemmKind::kGradWeight ? 232448 : 215040};
+    return shape;
+}
+
+void grouped_gemm(const GroupedGemmArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    es.launch_shaped_at_start("grouped_gemm", [a] {
+        if (a.rows_per_group > 0 || !a.group_offsets)
+            return op_cost(a, a.rows_per_group > 0 ? a.rows_per_group * a.num_groups : a.max_rows, a.num_groups);
+        int nonempty = 0;
+        for (int g = 0; g < a.num_groups; ++g) nonempty += a.group_offsets[g + 1] > a.group_offsets[g];
+        return op_cost(a, a.group_offsets[a.num_groups] - a.group_offsets[0], nonempty);
+    }, grouped_gemm_shape(a, es.device().spec()));
+}
+
+// The choices come from the device's RoutingModel, keyed by the layer's noise stream (the rank)
+// and a per-device call count, so ranks and steps draw different choices; the losses are zero.
+void router_forward(const RouterForwardArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    const RoutingModel* model = &es.device().routing();
+    const std::uint64_t key = math::noise_key(a.noise_stream, es.device().next_router_draw(), a.noise_seed);
+    es.launch("router_forward", op_cost(a), [a, model, key] {
+        draw_choices(*model, key, a.tokens, a.num_experts, a.top_k, a.expert_index, a.expert_fraction);
+        if (a.losses) a.losses[0] = a.losses[1] = 0.0f;
+    });
+}
+
+void router_backward(const RouterBackwardArgs& a, Stream& s) { timed("router_backward", op_cost(a), s); }
+
+void compute_layout(const LayoutArgs& a, Stream& s) {
+    as_emu(s).launch("compute_layout", op_cost(a), [a] { cpu::compute_layout(a); });
+}
+
+void permute(const PermuteArgs& a, Stream& s) { timed("permute", op_cost(a), s); }
+void permute_backward(const PermuteBackwardArgs& a, Stream& s) { timed("permute_backward", op_cost(a), s); }
+void combine(const CombineArgs& a, Stream& s) { timed("combine", op_cost(a), s); }
+void combine_backward(const CombineBackwardArgs& a, Stream& s) { timed("combine_backward", op_cost(a), s); }
+
+void activation_forward(const ActivationArgs& a, Stream& s) {
+    as_emu(s).launch_sized_at_start("activation_forward",
+                                    [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
+}
+void activation_backward(const ActivationBackwardArgs& a, Stream& s) {
+    as_emu(s).launch_sized_at_start("activation_backward",
+                                    [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
+}
+
+void gated_add(const GatedAddArgs& a, Stream& s) { timed("gated_add", op_cost(a), s); }
+void gated_add_backward(const GatedAddBackwardArgs& a, Stream& s) { timed("gated_add_backward", op_cost(a), s); }
+
+// Payloads are never written, so nothing is non-finite.
+void count_nonfinite(const void*, std::int64_t n, DType dtype, std::int64_t* count, std::int64_t* first_index,
+                     Stream& s) {
+    as_emu(s).launch("count_nonfinite", count_nonfinite_cost(n, dtype), [count, first_index] {
+        *count = 0;
+        *first_index = -1;
+    });
+}
+
+void convert(const void*, DType src_dtype, void*, DType dst_dtype, std::int64_t n, Stream& s) {
+    timed("convert", convert_cost(src_dtype, dst_dtype, n), s);
+}
+
+void regroup(const RegroupArgs& a, Stream& s) {
+    as_emu(s).launch_sized_at_start("regroup",
+                                    [a] { return op_cost(a, sum(a.counts, std::int64_t{a.num_sources} * a.num_local_experts)); });
+}
+
+void copy_row_segments(const RowSegmentsArgs& a, Stream& s) {
+    as_emu(s).launch_sized_at_start("copy_row_segments", [a] { return op_cost(a, sum(a.counts, a.num_segments)); });
+}
+
+void rmsnorm_forward(const RmsNormArgs& a, Stream& s) { timed("rmsnorm_forward", op_cost(a), s); }
+void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) { timed("rmsnorm_backward", op_cost(a), s); }
+void attention_forward(const AttentionArgs& a, Stream& s) { timed("attention_forward", op_cost(a), s); }
+void attention_backward(const AttentionBackwardArgs& a, Stream& s) { timed("attention_backward", op_cost(a), s); }
+void adamw_step(const AdamWArgs& a, Stream& s) { timed("adamw_step", op_cost(a), s); }
+void sum_of_squares(const float*, std::int64_t n, float*, void*, Stream& s) {
+    timed("sum_of_squares", sum_of_squares_cost(n), s);
+}
+void embedding_forward(const EmbeddingArgs& a, Stream& s) { timed("embedding_forward", op_cost(a), s); }
+void embedding_backward(const EmbeddingBackwardArgs& a, Stream& s) { timed("embedding_backward", op_cost(a), s); }
+void cross_entropy(const CrossEntropyArgs& a, Stream& s) { timed("cross_entropy", op_cost(a), s); }
+
+}  // namespace scmoe::emu

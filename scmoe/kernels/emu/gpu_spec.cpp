@@ -1,0 +1,126 @@
+#include "scmoe/kernels/emu/gpu_spec.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <string>
+
+#include "scmoe/kernels/error.h"
+
+namespace scmoe::emu {
+namespace {
+
+constexpr std::uint64_t kGiB = 1ull << 30;
+
+// One GPU from its datasheet peaks (dense bf16 and fp32 TFLOP/s, HBM GB/s, capacity, SMs, PCIe GB/s
+// per direction) and its achieved large-GEMM efficiency. Shared by every built-in spec:
+//   bandwidth_efficiency 0.90: STREAM-like kernels reach 87-93% of HBM peak on A100 and H100;
+//   launch_us 2.5: 10,000 back-to-back tiny kernels ran at 2.4-2.6 us per kernel on A100 and H200
+//     with ordinary launches (the host's launch rate bounds them);
+//   kernel_gap_us 1.3: the same kernels inside a CUDA Graph (no host launch cost) ran at ~1.3 us each;
+//   host_task_us 26: cudaLaunchHostFunc round trip measured by Meta's torchcomms;
+//   sync_us 3: an estimate (no published figure; a small kernel plus synchronize took 4.7-7.1 us).
+// Quotes for all of them in docs/emu-sources.md.
+GpuSpec spec(std::string name, std::string description, double bf16_tflops, double fp32_tflops, double hbm_gbps,
+             std::uint64_t memory_bytes, int sms, double host_link_gbps, double gemm_efficiency,
+             std::vector<std::string> sources) {
+    GpuSpec s;
+    s.name = std::move(name);
+    s.description = std::move(description);
+    s.bf16_tflops = bf16_tflops;
+    s.fp32_tflops = fp32_tflops;
+    s.hbm_gbps = hbm_gbps;
+    s.memory_bytes = memory_bytes;
+    s.sms = sms;
+    s.host_link_gbps = host_link_gbps;
+    s.gemm_efficiency = gemm_efficiency;
+    s.bandwidth_efficiency = 0.90;
+    s.launch_us = 2.5;
+    s.kernel_gap_us = 1.3;
+    s.host_task_us = 26.0;
+    s.sync_us = 3.0;
+    s.sources = std::move(sources);
+    s.sources.push_back("efficiencies and fixed costs: docs/emu-sources.md, items 1-3 and 5 (sync_us is an estimate)");
+    return s;
+}
+
+// The per-SM limits of a compute capability, from the CUDA C++ Programming Guide: "Technical
+// Specifications per Compute Capability" (8.0 and 9.0: 64K 32-bit registers, 32 resident blocks and
+// 2048 resident threads per SM; at most 164 KB (8.0) and 228 KB (9.0) of shared memory per SM) and
+// the shared memory sections of "Compute Capability 8.x" / "Compute Capability 9.0" (1 KB of an
+// SM's shared memory is reserved for system use for each resident block); the NVIDIA A100 and H100
+// Tensor Core GPU Architecture whitepapers and the Ampere / Hopper Tuning Guides give the same
+// per-SM register file (65,536 x 32-bit) and shared memory capacity (up to 164 KB on A100, 228 KB
+// on H100). How the limits decide residency: scmoe/kernels/emu/residency.h.
+GpuSpec with_sm_limits(GpuSpec s, int compute_capability) {
+    s.compute_capability = compute_capability;
+    s.registers_per_sm = 65536;
+    s.shared_bytes_per_sm = (compute_capability >= 90 ? 228 : 164) * 1024;
+    s.shared_bytes_reserved_per_block = 1024;
+    s.blocks_per_sm = 32;
+    s.threads_per_sm = 2048;
+    s.sources.push_back("per-SM limits (registers, shared memory, blocks, threads) of compute capability " +
+                        std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10) +
+                        ": CUDA C++ Programming Guide, Technical Specifications per Compute Capability; 1 KB of shared "
+                        "memory reserved per block: its Compute Capability 8.x / 9.0 shared memory sections");
+    return s;
+}
+
+std::vector<GpuSpec> make_specs() {
+    // PCIe per direction: Gen4 x16 64 GB/s and Gen5 x16 128 GB/s both directions together.
+    return {
+        // gemm_efficiency as the A100 (same GA100 architecture): no A30 measurement found.
+        with_sm_limits(spec("a30", "NVIDIA A30 PCIe 24GB", 165, 10.3, 933, 24 * kGiB, 56, 32, 0.87,
+             {"NVIDIA A30 Tensor Core GPU datasheet (BF16 165 TFLOPS dense, FP32 10.3 TFLOPS, 24GB HBM2, 933 GB/s, "
+              "PCIe Gen4 64GB/s)",
+              "56 SMs: NVIDIA A30 product brief / GA100 configuration (docs/emu-sources.md)"}), 80),
+        // gemm_efficiency: the best measured large bf16 matmul on A100 SXM, 86.9% of peak.
+        with_sm_limits(spec("a800", "NVIDIA A800 SXM4 80GB", 312, 19.5, 2039, 80 * kGiB, 108, 32, 0.87,
+             {"NVIDIA A800 Tensor Core GPU datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, 80GB HBM2e, "
+              "2039 GB/s, NVLink 400GB/s, PCIe Gen4 64GB/s)",
+              "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A800 is the A100 with NVLink limited to "
+              "400 GB/s)"}), 80),
+        // gemm_efficiency: the best measured large bf16 matmul on H100 SXM, 80.3% of peak.
+        with_sm_limits(spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
+             {"NVIDIA H100 Tensor Core GPU datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, FP32 67 "
+              "TFLOPS, 80GB, 3.35TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
+              "132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"}), 90),
+        // gemm_efficiency as the H100 (the same compute, measured the same).
+        with_sm_limits(spec("h200", "NVIDIA H200 SXM 141GB", 989, 67, 4800, 141ull * 1000 * 1000 * 1000, 132, 64, 0.80,
+             {"NVIDIA H200 Tensor Core GPU product page/datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, "
+              "FP32 67 TFLOPS, 141GB HBM3e, 4.8TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
+              "132 SMs: the H200 is the GH100 of the H100 SXM5 with HBM3e (docs/emu-sources.md)"}), 90),
+    };
+}
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+    return out;
+}
+
+}  // namespace
+
+const std::vector<GpuSpec>& builtin_gpu_specs() {
+    static const std::vector<GpuSpec> specs = make_specs();
+    return specs;
+}
+
+const GpuSpec& builtin_gpu_spec(std::string_view name) {
+    const std::string want = lower(name);
+    std::string names;
+    for (const GpuSpec& s : builtin_gpu_specs()) {
+        if (s.name == want) return s;
+        names += (names.empty() ? "" : ", ") + s.name;
+    }
+    SCMOE_FAIL("unknown emulated GPU '" << name << "': built-in specs are " << names);
+}
+
+std::string describe(const GpuSpec& s) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s: %d SMs, %.4g TFLOP/s bf16, %.4g GB/s, %.1f GiB", s.description.c_str(), s.sms,
+                  s.bf16_tflops, s.hbm_gbps, static_cast<double>(s.memory_bytes) / static_cast<double>(kGiB));
+    return buf;
+}
+
+}  // namespace scmoe::emu

@@ -1,0 +1,60 @@
+// GpuSpec: what the emulated GPU (scmoe/kernels/emu/) knows about a GPU model. Every number of a built-in
+// spec cites its source in gpu_spec.cpp; docs/emu-sources.md quotes them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "scmoe/kernels/dtype.h"
+
+namespace scmoe::emu {
+
+struct GpuSpec {
+    std::string name;         // short name for --gpu: "h100"
+    std::string description;  // "NVIDIA H100 SXM5 80GB"
+
+    // Peaks from the vendor's datasheet.
+    double bf16_tflops = 0;       // dense (no sparsity) BF16 tensor-core FLOP/s, in TFLOP/s
+    double fp32_tflops = 0;       // CUDA-core FP32, in TFLOP/s
+    double hbm_gbps = 0;          // device-memory bandwidth, GB/s (1e9 B/s)
+    std::uint64_t memory_bytes = 0;  // capacity cudaMalloc can hand out
+    int sms = 0;                  // streaming multiprocessors
+    int threads_per_sm = 2048;    // resident threads per SM (compute capability 8.0 / 9.0)
+    double host_link_gbps = 0;    // host <-> device copies (PCIe, one direction), GB/s
+
+    // What one SM holds for its resident blocks (scmoe/kernels/emu/residency.h): a block becomes resident
+    // only where its registers, shared memory, threads and block slot fit. 0 = unknown: that
+    // resource limits nothing (a profile of a CPU; a profile without a "base" GPU).
+    int compute_capability = 0;        // 90 for sm_90: which of scmoe's kernels the GPU runs
+    int registers_per_sm = 0;          // 32-bit registers
+    int shared_bytes_per_sm = 0;       // shared memory an SM's blocks can take together
+    int shared_bytes_reserved_per_block = 0;  // taken by the system from that for every resident block
+    int blocks_per_sm = 0;             // resident blocks
+
+    // Achieved fractions of the peaks (efficiency ceilings; the curve by shape is in cost_model.h).
+    double gemm_efficiency = 0;       // large bf16 GEMM / bf16_tflops
+    double bandwidth_efficiency = 0;  // streaming kernel / hbm_gbps
+
+    // Fixed costs, in microseconds.
+    double launch_us = 0;     // host time one kernel launch (cudaLaunchKernel) costs the issuing thread
+    double kernel_gap_us = 0; // device time between back-to-back kernels of a stream
+    double host_task_us = 0;  // callback thread time per cudaLaunchHostFunc task
+    double sync_us = 0;       // host time from a stream's completion to cudaStreamSynchronize returning
+
+    // The dtype activations and weights are stored in (Device::compute_dtype): bf16 as on the CUDA
+    // backend; f32 for a profile of a CPU, whose backend computes in f32.
+    DType compute_dtype = DType::kBF16;
+
+    std::vector<std::string> sources;  // citations for the numbers above
+};
+
+// The built-in specs: a30, a800, h100, h200.
+const std::vector<GpuSpec>& builtin_gpu_specs();
+// A built-in spec by name (case-insensitive); throws Error listing the names otherwise.
+const GpuSpec& builtin_gpu_spec(std::string_view name);
+// One line: "NVIDIA H100 SXM5 80GB: 132 SMs, 989 TFLOP/s bf16, 3350 GB/s, 80.0 GiB".
+std::string describe(const GpuSpec& spec);
+
+}  // namespace scmoe::emu
