@@ -31,7 +31,7 @@ void gemm(const GemmArgs& a, Stream& s) { timed("gemm", op_cost(a), s); }
 // The emulated grouped GEMM stands for cutlass-grouped, the provider auto picks on sm_80..sm_90.
 // On sm_90 that is CUTLASS's TMA + WGMMA kernel, persistent (one block per SM of its grid, min(SMs,
 // GroupedGemmArgs::sm_limit)); its block, as ptxas reports it for scmoe's template arguments (review
-// 2, /work/shared/reviews/gpu-review-2.md, "Measured here": sm_90a, -O3 -DNDEBUG): 384 threads, 168
+// 2, "Measured here", quoted in docs/emu-sources.md: sm_90a, -O3 -DNDEBUG): 384 threads, 168
 // registers per thread, 215,040 B of shared memory for kForward and kGradInput and 232,448 B for
 // kGradWeight (the 227 KB per-block maximum). Below sm_90 it is modeled as an ordinary kernel: the
 // CUTLASS 2.x kernel's registers were not measured, so whether a comm block fits beside it is not
