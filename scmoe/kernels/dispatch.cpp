@@ -41,6 +41,8 @@ void gemm(const GemmArgs& a, Stream& s) { run_on(s, [a] { cpu::gemm(a); }, SCMOE
 void grouped_gemm(const GroupedGemmArgs& args, Stream& s, [[maybe_unused]] GroupedGemmProvider p) {
     GroupedGemmArgs a = args;
     a.sm_limit = grouped_gemm_sm_limit(args, s);
+    SCMOE_CHECK(!a.accumulate || a.kind == GroupedGemmKind::kGradWeight,
+                "grouped GEMM: accumulate adds into weight gradients; it applies to kGradWeight only");
     SCMOE_CHECK(s.backend() != Backend::kCpu || p == GroupedGemmProvider::kAuto || p == GroupedGemmProvider::kLoop,
                 "grouped GEMM provider " << grouped_gemm_provider_name(p, s.backend())
                                          << " needs the CUDA backend; the CPU backend has auto and loop");

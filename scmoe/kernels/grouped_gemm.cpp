@@ -107,6 +107,10 @@ std::string cutlass_grouped_gemm_unsupported(const GroupedGemmArgs& a, const Gro
     } else if (a.num_groups > kCutlassGroupedMaxGroups) {
         why << "grouped gemm provider cutlass-grouped takes at most " << kCutlassGroupedMaxGroups << " groups, got "
             << a.num_groups << kInstead;
+    } else if (a.accumulate) {
+        why << "grouped gemm provider cutlass-grouped overwrites C; accumulating weight gradients (accumulate) needs "
+               "another provider"
+            << kInstead;
     } else if (a.sm_limit < 0) {
         why << "grouped gemm provider cutlass-grouped: sm_limit " << a.sm_limit << " is negative (0: every SM)";
     }

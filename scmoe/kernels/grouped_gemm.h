@@ -7,6 +7,7 @@
 //   kForward:    C[rows_g, n] = A[rows_g, k] * B[g][k, n]         B: [groups, k, n]
 //   kGradInput:  C[rows_g, k] = A[rows_g, n] * B[g][k, n]^T       (A = dOut, B = forward weights)
 //   kGradWeight: C[g][k, n]   = A[rows_g, k]^T * B[rows_g, n]      C: [groups, k, n]; empty group -> 0
+//                (accumulate: C[g] += A^T * B, an empty group's C[g] unchanged)
 //
 // Rows outside every group (capacity padding past total_rows) are not written by kForward and
 // kGradInput.
@@ -61,6 +62,9 @@ struct GroupedGemmArgs {
     void* c = nullptr;
     DType ab_dtype = DType::kF32;
     DType c_dtype = DType::kF32;
+    // kGradWeight only: add into C instead of overwriting it (gradient accumulation over
+    // micro-batches). Every provider but cutlass-grouped takes it; auto then picks another.
+    bool accumulate = false;
     // cutlass-grouped: the most SMs its persistent grid takes (0: every SM). A persistent kernel holds
     // its SMs for its whole run, so a kernel meant to run beside it (an exchange's NCCL kernels) can
     // only start on SMs it leaves free. The other providers ignore it (cublas-loop and cublas-batched
@@ -136,7 +140,8 @@ inline OpCost op_cost(const GroupedGemmArgs& a, std::int64_t rows, int nonempty_
         case GroupedGemmKind::kForward: c.bytes = ab * (r * k + weights) + cs * r * n; break;
         case GroupedGemmKind::kGradInput: c.bytes = ab * (r * n + weights) + cs * r * k; break;
         case GroupedGemmKind::kGradWeight:
-            c.bytes = ab * (r * k + r * n) + cs * static_cast<double>(a.num_groups) * k * n;
+            // Written once; read once more when accumulating.
+            c.bytes = ab * (r * k + r * n) + (a.accumulate ? 2.0 : 1.0) * cs * static_cast<double>(a.num_groups) * k * n;
             break;
     }
     const std::int64_t per_group = nonempty_groups > 0 ? (rows + nonempty_groups - 1) / nonempty_groups : 0;

@@ -105,6 +105,14 @@ public:
     GroupedGemmProvider grouped_gemm_provider() const { return provider_; }
     // Training mode adds gate noise (noise_std > 0); eval mode does not. Default: training.
     void set_training(bool training) { training_ = training; }
+    // Gradient accumulation over micro-batches. Off (default): backward writes the parameter
+    // gradients (MoeGrads). On: it adds into them, every stage that produces one (the experts',
+    // gate's, shared expert's and CG-1 gate's), so a trainer zeroes the gradients once, runs
+    // forward + backward per micro-batch, then steps. Input gradients (grad_x, grad_shortcut) are
+    // per pass and always written. In dropless mode (and without the router losses, whose terms
+    // are per batch) two accumulated micro-batches give the gradients of one batch holding both.
+    void set_grad_accumulation(bool accumulate) { accumulate_grads_ = accumulate; }
+    bool grad_accumulation() const { return accumulate_grads_; }
     // The key of the gate noise: a training forward adds noise_std * N(0, 1) drawn from
     // (config.noise_seed, stream, step, token, expert) (scmoe/kernels/router.h), reproducible bit for bit
     // from those five on every backend. This call sets the step of the next training forward and the
@@ -158,7 +166,8 @@ public:
     void dispatch_backward_chunk(int chunk, int chunks, Stream& stream);
 
     // ---- backward ----
-    // grad_y: [tokens, hidden]. Gradients are written (not accumulated) into grads (f32) and grad_x.
+    // grad_y: [tokens, hidden]. Gradients are written into grads (f32; added to them with
+    // set_grad_accumulation(true)) and grad_x.
     // With a separate shortcut, its gradient goes to grad_shortcut (defined) and grad_x gets only
     // the shared-expert part (zeros without one; grad_x may then be undefined); with no shortcut,
     // grad_shortcut must be undefined and grad_x gets the whole input gradient. Anything else throws
@@ -241,6 +250,7 @@ private:
     std::unique_ptr<NonfiniteChecks> nonfinite_;  // check_finite's reads at the next sync
     GroupedGemmProvider provider_ = GroupedGemmProvider::kAuto;
     bool training_ = true;
+    bool accumulate_grads_ = false;  // set_grad_accumulation
     std::uint64_t noise_step_ = 0, noise_stream_ = 0;  // noise_stream_ = ep_rank_ at construction
     std::vector<std::int32_t> forced_index_;
     std::vector<float> forced_weight_;

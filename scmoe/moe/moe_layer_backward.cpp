@@ -80,6 +80,10 @@ void MoeLayer::experts_backward_range(const MoeParams& params, const MoeGrads& g
     Buffers& b = *buf_;
     const int El = num_local_experts();
     const std::int64_t Re = expert_rows(), H = config_.hidden, F = config_.ffn, I = config_.expert_inner_width();
+    // cutlass-grouped overwrites its output: accumulated weight gradients take the provider auto
+    // picks without it.
+    const GroupedGemmProvider wgrad_provider =
+        accumulate_grads_ && provider_ == GroupedGemmProvider::kCutlassGrouped ? GroupedGemmProvider::kAuto : provider_;
     GroupedGemmArgs g = expert_gemm_args(b);
     g.num_groups = end - first;
     g.group_offsets += first;
@@ -99,7 +103,9 @@ void MoeLayer::experts_backward_range(const MoeParams& params, const MoeGrads& g
     g.b = b.grad_ye;
     g.c = expert_slice(grads.expert_w2, first, El);
     g.c_dtype = DType::kF32;
-    grouped_gemm(g, stream, provider_);
+    g.accumulate = accumulate_grads_;
+    grouped_gemm(g, stream, wgrad_provider);
+    g.accumulate = false;
 
     ActivationBackwardArgs act{config_.activation, Re, F, config_.dtype, b.h, b.grad_act, b.grad_h,
                                expert_rows_in_use(b)};
@@ -117,7 +123,9 @@ void MoeLayer::experts_backward_range(const MoeParams& params, const MoeGrads& g
     g.b = b.grad_h;
     g.c = expert_slice(grads.expert_w1, first, El);
     g.c_dtype = DType::kF32;
-    grouped_gemm(g, stream, provider_);
+    g.accumulate = accumulate_grads_;
+    grouped_gemm(g, stream, wgrad_provider);
+    g.accumulate = false;
     g.kind = GroupedGemmKind::kGradInput;
     g.a = b.grad_h;
     g.b = expert_slice(params.expert_w1, first, El);
@@ -163,7 +171,9 @@ void MoeLayer::route_backward(const MoeParams& params, const MoeGrads& grads, Te
     router_backward(r, stream);
     const DType dt = config_.dtype;
     // logits = s . Wg  ->  dWg = s^T . grad_logits,  grad_s += grad_logits . Wg^T
-    gemm({true, false, H, E, T, 1.0f, 0.0f, shortcut_.data, b.grad_logits, grads.gate_w.data, dt, DType::kF32}, stream);
+    const float grad_beta = accumulate_grads_ ? 1.0f : 0.0f;  // weight gradients: written or accumulated
+    gemm({true, false, H, E, T, 1.0f, grad_beta, shortcut_.data, b.grad_logits, grads.gate_w.data, dt, DType::kF32},
+         stream);
     gemm({false, true, T, H, E, 1.0f, 1.0f, b.grad_logits, params.gate_w.data, grad_s.data, dt, dt}, stream);
 }
 
@@ -175,22 +185,26 @@ void MoeLayer::shared_expert_backward(const Tensor& grad_y, const MoeParams& par
     const std::int64_t T = tokens_, H = config_.hidden, Fs = config_.shared_ffn_width();
     const std::int64_t Is = activation_input_width(config_.activation, Fs);
     const DType dt = config_.dtype;
-    const float beta = accumulate ? 1.0f : 0.0f;
+    const float beta = accumulate ? 1.0f : 0.0f;              // grad_x: written or added to
+    const float grad_beta = accumulate_grads_ ? 1.0f : 0.0f;  // weight gradients: written or accumulated
     gated_add_backward({T, H, dt, config_.coefficient_gate ? b.cg_logit : nullptr, b.shared_out, grad_y.data,
                         b.grad_shared_out, b.grad_cg_logit},
                        stream);
     // out = act . W2s
     gemm({false, true, T, Fs, H, 1.0f, 0.0f, b.grad_shared_out, params.shared_w2.data, b.grad_shared_act, dt, dt},
          stream);
-    gemm({true, false, Fs, H, T, 1.0f, 0.0f, b.shared_act, b.grad_shared_out, grads.shared_w2.data, dt, DType::kF32},
+    gemm({true, false, Fs, H, T, 1.0f, grad_beta, b.shared_act, b.grad_shared_out, grads.shared_w2.data, dt,
+          DType::kF32},
          stream);
     activation_backward({config_.activation, T, Fs, dt, b.shared_h, b.grad_shared_act, b.grad_shared_h}, stream);
     // h = x . W1s
-    gemm({true, false, H, Is, T, 1.0f, 0.0f, x_.data, b.grad_shared_h, grads.shared_w1.data, dt, DType::kF32}, stream);
+    gemm({true, false, H, Is, T, 1.0f, grad_beta, x_.data, b.grad_shared_h, grads.shared_w1.data, dt, DType::kF32},
+         stream);
     gemm({false, true, T, H, Is, 1.0f, beta, b.grad_shared_h, params.shared_w1.data, grad_x.data, dt, dt}, stream);
     if (config_.coefficient_gate) {
         // cg_logit = x . w_cg
-        gemm({true, false, H, 1, T, 1.0f, 0.0f, x_.data, b.grad_cg_logit, grads.cg_w.data, dt, DType::kF32}, stream);
+        gemm({true, false, H, 1, T, 1.0f, grad_beta, x_.data, b.grad_cg_logit, grads.cg_w.data, dt, DType::kF32},
+             stream);
         gemm({false, true, T, H, 1, 1.0f, 1.0f, b.grad_cg_logit, params.cg_w.data, grad_x.data, dt, dt}, stream);
     }
 }

@@ -8,6 +8,7 @@
 // and the backward's grad buffers, each to 8 significant bits).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -188,6 +189,23 @@ TEST_P(GpuMoeLayer, ForwardBackwardMatchesCpuAndRepeatsBitwise) {
     expect_bitwise_equal(again.grad_x, got.grad_x, "grad_x (second run)");
     expect_bitwise_equal(again.grad_s, got.grad_s, "grad_shortcut (second run)");
     expect_bitwise_equal(again.grads, got.grads, "weight grads (second run)");
+
+    // Gradient accumulation: a third pass adds the same gradients into those the second wrote, so
+    // they double (up to the fp32 rounding of the GEMM adding into C in its own order:
+    // |acc - 2g| <= 1e-5 |2g| + 1e-6 max|2g|). cutlass-grouped overwrites C, so the layer runs the
+    // accumulating weight gradients on auto's other choice there.
+    gpu.layer.set_grad_accumulation(true);
+    const LayerOutputs acc = gpu.run(b);
+    expect_bitwise_equal(acc.grad_x, got.grad_x, "grad_x (accumulating: input gradients are written)");
+    float max_g = 0.0f;
+    for (float v : got.grads) max_g = std::max(max_g, 2.0f * std::abs(v));
+    int bad = 0;
+    for (std::size_t i = 0; i < got.grads.size(); ++i) {
+        const float want2 = 2.0f * got.grads[i];
+        if (!(std::abs(acc.grads[i] - want2) <= 1e-5f * std::abs(want2) + 1e-6f * max_g) && bad++ < 3)
+            ADD_FAILURE() << "accumulated weight grad " << i << ": " << acc.grads[i] << ", want " << want2;
+    }
+    EXPECT_EQ(bad, 0) << "accumulated weight gradients that are not twice one pass's";
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <string>
+#include <vector>
 
 #include "scmoe/kernels/device.h"
 #include "scmoe/kernels/error.h"
@@ -176,6 +177,18 @@ TEST(GroupedGemmProvider, AutoFallsBackForArgumentsCutlassRefuses) {
     EXPECT_EQ(resolve_grouped_gemm_provider(a, P::kAuto, cuda(9, 0)), P::kCublasStridedBatched);
 }
 
+// Gradient accumulation: cutlass-grouped overwrites C, so auto runs accumulating weight gradients
+// on the provider it would pick without CUTLASS.
+TEST(GroupedGemmProvider, AccumulatingWeightGradientsAvoidCutlass) {
+    for (std::int64_t rows_per_group : {0, 64}) {
+        GroupedGemmArgs a = supported_args(K::kGradWeight, rows_per_group);
+        a.accumulate = true;
+        expect_refused(a, cuda(9, 0), "accumulate");
+        EXPECT_EQ(resolve_grouped_gemm_provider(a, P::kAuto, cuda(9, 0)),
+                  rows_per_group > 0 ? P::kCublasStridedBatched : P::kDeviceGrouped);
+    }
+}
+
 TEST(GroupedGemmProvider, AutoIsTheLoopOffCuda) {
     for (Backend backend : {Backend::kCpu, Backend::kEmu}) {
         GroupedGemmTarget t;
@@ -220,6 +233,45 @@ TEST(GroupedGemmProvider, CpuStreamRefusesCutlassGrouped) {
     GroupedGemmArgs a;
     a.num_groups = 1;
     EXPECT_THROW(grouped_gemm(a, *cpu.stream, P::kCutlassGrouped), Error);
+}
+
+// accumulate: C[g] += A^T B for every group with rows; an empty group's C[g] is left as it was.
+// Without it the same call overwrites, an empty group with zeros. Forward GEMMs refuse it.
+TEST(GroupedGemmProvider, CpuWeightGradientAccumulatesAndLeavesEmptyGroups) {
+    testing::Cpu cpu;
+    constexpr std::int64_t k = 3, n = 2;
+    const std::vector<std::int32_t> offsets{0, 2, 2, 5};  // group 1 is empty
+    std::vector<float> x = testing::random_floats(5 * k, 1), dy = testing::random_floats(5 * n, 2);
+    const std::vector<float> before = testing::random_floats(3 * k * n, 3);
+    GroupedGemmArgs a;
+    a.kind = K::kGradWeight;
+    a.num_groups = 3;
+    a.k = k;
+    a.n = n;
+    a.max_rows = 5;
+    a.group_offsets = offsets.data();
+    a.a = x.data();
+    a.b = dy.data();
+    std::vector<float> written = before, accumulated = before;
+    a.c = written.data();
+    grouped_gemm(a, *cpu.stream);
+    a.c = accumulated.data();
+    a.accumulate = true;
+    grouped_gemm(a, *cpu.stream);
+    cpu.stream->synchronize();
+    for (int g = 0; g < 3; ++g)
+        for (std::int64_t i = 0; i < k * n; ++i) {
+            const std::size_t at = testing::sz(g * k * n + i);
+            if (g == 1) {
+                EXPECT_EQ(written[at], 0.0f);
+                EXPECT_EQ(accumulated[at], before[at]);
+            } else {
+                EXPECT_NEAR(accumulated[at], before[at] + written[at], 1e-6f);
+                EXPECT_NE(written[at], 0.0f);
+            }
+        }
+    a.kind = K::kForward;
+    EXPECT_THROW(grouped_gemm(a, *cpu.stream), Error);
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ void grouped_gemm(const GroupedGemmArgs& a) {
                       c_ptr + row0 * a.k};
                 break;
             case GroupedGemmKind::kGradWeight:  // [rows, k]^T x [rows, n]
-                ga = {true, false, a.k, a.n, rows, 1.0f, 0.0f, a_ptr + row0 * a.k, b_ptr + row0 * a.n,
+                ga = {true, false, a.k, a.n, rows, 1.0f, a.accumulate ? 1.0f : 0.0f, a_ptr + row0 * a.k, b_ptr + row0 * a.n,
                       c_ptr + g * a.k * a.n};
                 break;
         }

@@ -46,6 +46,7 @@ RowMajorGemm group_gemm(const GroupedGemmArgs& a, std::int64_t g, std::int64_t r
             r.a = A + static_cast<std::size_t>(row0 * a.k) * ab;
             r.b = B + static_cast<std::size_t>(row0 * a.n) * ab;
             r.c = C + static_cast<std::size_t>(g * a.k * a.n) * cs;
+            r.beta = a.accumulate ? 1.0f : 0.0f;
             break;
     }
     return r;
@@ -64,7 +65,8 @@ void loop_provider(const GroupedGemmArgs& a, cudaStream_t stream) {
         SCMOE_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= a.max_rows,
                     "grouped gemm: group " << g << " rows [" << row0 << ", " << row0 + rows << ") outside max_rows "
                                            << a.max_rows);
-        // Empty groups: kGradWeight writes zeros (k == 0 GEMM), the others write nothing (m == 0).
+        // Empty groups: kGradWeight writes zeros (k == 0 GEMM; with accumulate C = 1 * C), the others
+        // write nothing (m == 0).
         run_row_major_gemm(group_gemm(a, g, row0, rows), cublas_handle(res), stream);
     }
 }

@@ -39,6 +39,7 @@ struct Params {
     const std::int32_t* offsets = nullptr;
     int num_groups = 0;
     long long k = 0, n = 0, max_rows = 0;
+    bool accumulate = false;  // kGradWeight: C += A^T B (C is f32 there)
 };
 
 // 16-byte global->shared copy, zero-filled when !valid (src is then not read).
@@ -262,7 +263,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(Params p) {
             for (int e = lane; e < 256; e += 32) {
                 const long long gm = m0 + wm * kWarpM + i * 16 + e / 16;
                 const long long gn = n0 + wn * kWarpN + j * 16 + e % 16;
-                if (gm < M && gn < n_out) store_f32(C + gm * ldc + gn, staging[e]);
+                if (gm < M && gn < n_out) {
+                    float v = staging[e];
+                    if (p.accumulate) v += load_f32(C + gm * ldc + gn);
+                    store_f32(C + gm * ldc + gn, v);
+                }
             }
             __syncwarp();
         }
@@ -305,8 +310,8 @@ void device_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     SCMOE_CHECK(a.c_dtype == DType::kBF16 || a.c_dtype == DType::kF32,
                 "grouped gemm provider device-grouped writes bf16 or f32, got " << dtype_name(a.c_dtype));
     if (a.num_groups == 0 || a.k == 0 || a.n == 0) {
-        // Nothing to compute; kGradWeight still owes zeros for every group.
-        if (a.kind == GroupedGemmKind::kGradWeight && a.k * a.n > 0) {
+        // Nothing to compute; kGradWeight still owes zeros for every group (none when accumulating).
+        if (a.kind == GroupedGemmKind::kGradWeight && a.k * a.n > 0 && !a.accumulate) {
             SCMOE_CUDA_CHECK(cudaMemsetAsync(
                 a.c, 0, static_cast<std::size_t>(a.num_groups * a.k * a.n) * dtype_size(a.c_dtype), stream));
         }
@@ -321,6 +326,7 @@ void device_grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     p.k = a.k;
     p.n = a.n;
     p.max_rows = a.max_rows;
+    p.accumulate = a.accumulate;
 
     // Upper bound on the tiles: ragged groups add at most one partial row tile each.
     long long tiles;
