@@ -139,6 +139,9 @@ public:
     // Streaming multiprocessors of the device (CUDA: cudaDevAttrMultiProcessorCount; emu: its spec's);
     // 0 on the CPU backend, which has none (its streams ignore SM budgets).
     virtual int sm_count() const { return 0; }
+    // The device's index among its backend's devices (CUDA: the ordinal make_device got, as
+    // cudaSetDevice takes it); 0 on the CPU and emu backends, which have one.
+    virtual int ordinal() const { return 0; }
 
 protected:
     virtual std::unique_ptr<Stream> make_stream(StreamPriority priority) = 0;

@@ -331,6 +331,7 @@ class CudaDevice final : public Device {
     }
     DType compute_dtype() const override { return DType::kBF16; }
     int sm_count() const override { return props_.multiProcessorCount; }
+    int ordinal() const override { return index_; }
 
     void* allocate(std::size_t bytes) override {
         if (bytes == 0) return nullptr;
