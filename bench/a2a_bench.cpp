@@ -66,6 +66,7 @@ cxxopts::Options a2a_options() {
          cxxopts::value<std::string>());
     // clang-format on
     add_link_options(options, "a2a");
+    add_nccl_tests_guards(options);
     return options;
 }
 
@@ -73,10 +74,7 @@ A2aArgs read_a2a_args(const cxxopts::ParseResult& r) {
     A2aArgs a;
     const std::int64_t begin = parse_size(r["minbytes"].as<std::string>(), "--minbytes");
     const std::int64_t end = parse_size(r["maxbytes"].as<std::string>(), "--maxbytes");
-    const std::int64_t factor = r["stepfactor"].as<std::int64_t>();
-    if (end < begin) throw UsageError("-e/--maxbytes must be >= -b/--minbytes");
-    if (factor < 2) throw UsageError("-f/--stepfactor must be >= 2");
-    a.sizes = size_sweep(begin, end, factor);
+    a.sizes = size_sweep(begin, end, r["stepfactor"].as<std::int64_t>());
     a.ranks = r["ranks"].as<int>();
     if (a.ranks < 1) throw UsageError("--ranks must be >= 1");
     a.mpi = r.count("mpi") > 0 || launch::launched_by_mpirun();

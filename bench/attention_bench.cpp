@@ -39,13 +39,15 @@ cxxopts::Options attention_options() {
         ("seq", "Sequence lengths, comma list (K suffix)", cxxopts::value<std::string>()->default_value("1024"))
         ("heads", "Attention heads", cxxopts::value<std::int64_t>()->default_value("12"))
         ("head-dim", "Head dimensions, comma list", cxxopts::value<std::string>()->default_value("64"))
-        ("p,provider", "Providers, comma list: auto (cuDNN for bf16 where it runs, else own; "
-                       "SCMOE_ATTENTION_PROVIDER), own (scmoe's kernel), cudnn (CUDA, bf16)",
+        ("provider", "Providers, comma list: auto (cuDNN for bf16 where it runs, else own; "
+                     "SCMOE_ATTENTION_PROVIDER), own (scmoe's kernel), cudnn (CUDA, bf16)",
          cxxopts::value<std::string>()->default_value("auto"))
-        ("dtype", "Element type: auto (the device's compute dtype: f32 on cpu, bf16 on cuda), f32 or bf16",
+        ("d,dtype", "Element type: auto (the device's compute dtype: f32 on cpu, bf16 on cuda), f32 or bf16 "
+                    "(nccl-tests' float and bfloat16 too)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("seed", "Seed of the random inputs", cxxopts::value<std::uint64_t>()->default_value("1234"));
     // clang-format on
+    add_nccl_tests_guards(options);
     return options;
 }
 

@@ -30,7 +30,72 @@ void add_common_options(cxxopts::Options& options) {
     // clang-format on
 }
 
+namespace {
+
+// nccl-tests' short flags (NVIDIA/nccl-tests src/common.cu, longopts) that scmoe-bench does not have:
+// the letter, nccl-tests' long name and meaning, and what to use here instead (empty: nothing).
+struct NcclTestsOnlyFlag {
+    const char* letter;
+    const char* nccl_name;
+    const char* meaning;
+    const char* instead;
+};
+
+constexpr NcclTestsOnlyFlag kNcclTestsOnlyFlags[] = {
+    {"t", "nthreads", "threads per process",
+     "scmoe-bench runs one rank per thread: --ranks N (a2a, block), --ep N (layer) or mpirun; token counts are "
+     "-s/--tokens or the -b/-e/-f sweep"},
+    {"g", "ngpus", "GPUs per thread", "every rank drives one device"},
+    {"i", "stepbytes", "a linear size step", "sweeps here are geometric: -f"},
+    {"m", "agg_iters", "operations aggregated per iteration", ""},
+    {"N", "run_cycles", "repeats of the whole run", ""},
+    {"p", "parallel_init", "initialising the threads in parallel", "the providers are --provider"},
+    {"o", "op", "the reduction operation", "no subcommand reduces"},
+    {"d", "datatype", "the element type", "--dtype where a subcommand has a choice (gemm, attention)"},
+    {"r", "root", "the root rank", ""},
+    {"z", "blocking", "blocking collectives", ""},
+    {"y", "stream_null", "the NULL stream", ""},
+    {"T", "timeout", "a timeout in seconds", "the SCMOE_COMM_TIMEOUT_S environment variable"},
+    {"G", "cudagraph", "CUDA graph launches", ""},
+    {"C", "report_cputime", "CPU time instead of GPU time", ""},
+    {"S", "report_timestamps", "timestamps in the report", ""},
+    {"a", "average", "whose time a row reports", "rows report the slowest rank's time (nccl-tests -a 3)"},
+    {"R", "local_register", "buffer registration", ""},
+    {"x", "cta_policy", "NCCL's CTA policy", ""},
+    {"D", "device_implementation", "a device-side implementation", ""},
+    {"V", "device_cta_count", "the device implementation's CTA count", ""},
+    {"M", "memory", "a memory usage report", ""},
+    {"u", "unalign", "misaligned buffers", ""},
+    {"I", "per_iter_timing", "per-iteration timing", ""},
+    {"K", "per_iter_skip", "samples left out of -I's statistics", ""},
+};
+
+// A guard's own long name: read_common_options asks for it, as asking for the letter would find a
+// subcommand's own option of that letter.
+std::string guard_name(const NcclTestsOnlyFlag& f) { return std::string("nccl-tests-") + f.nccl_name; }
+
+}  // namespace
+
+void add_nccl_tests_guards(cxxopts::Options& options) {
+    for (const NcclTestsOnlyFlag& f : kNcclTestsOnlyFlags) {
+        try {
+            options.add_options("nccl-tests")(std::string(f.letter) + "," + guard_name(f),
+                                              std::string("nccl-tests' --") + f.nccl_name,
+                                              cxxopts::value<std::string>());
+        } catch (const cxxopts::exceptions::option_already_exists&) {
+            // The subcommand has this letter with nccl-tests' meaning (-d: --dtype); cxxopts adds the
+            // short name first, so nothing of the guard was added.
+        }
+    }
+}
+
 CommonArgs read_common_options(const cxxopts::ParseResult& result) {
+    for (const NcclTestsOnlyFlag& f : kNcclTestsOnlyFlags) {
+        if (!result.count(guard_name(f))) continue;
+        const std::string instead = *f.instead ? std::string("; ") + f.instead : std::string();
+        throw UsageError(std::string("-") + f.letter + " is nccl-tests' --" + f.nccl_name + " (" + f.meaning +
+                         "), which scmoe-bench does not have" + instead);
+    }
     CommonArgs a;
     a.backend = result["backend"].as<std::string>();
     if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda" && a.backend != "emu")
@@ -135,10 +200,12 @@ std::vector<std::int64_t> parse_size_list(const std::string& text, const char* f
 }
 
 std::vector<std::int64_t> size_sweep(std::int64_t begin, std::int64_t end, std::int64_t factor) {
-    if (end < begin) throw UsageError("-e/--max-tokens must be >= -b/--min-tokens");
-    if (factor < 2) throw UsageError("-f/--step-factor must be >= 2");
-    std::vector<std::int64_t> sizes;
-    for (std::int64_t s = begin; s <= end; s *= factor) sizes.push_back(s);
+    if (end < begin)
+        throw UsageError("-e " + std::to_string(end) + " is below -b " + std::to_string(begin) +
+                         ": the sweep's last size must be >= its first");
+    if (factor < 2) throw UsageError("-f " + std::to_string(factor) + ": the sweep's factor must be >= 2");
+    std::vector<std::int64_t> sizes{begin};
+    while (sizes.back() <= end / factor) sizes.push_back(sizes.back() * factor);
     return sizes;
 }
 
@@ -146,7 +213,7 @@ void add_token_options(cxxopts::Options& options, const std::string& group, cons
                        const std::string& what) {
     // clang-format off
     options.add_options(group)
-        ("t,tokens", what + ": a comma list, K/M suffixes allowed (e.g. 1K,4K)",
+        ("s,tokens", what + ": a comma list, K/M suffixes allowed (e.g. 1K,4K)",
          cxxopts::value<std::string>()->default_value(default_tokens))
         ("b,min-tokens", "Sweep instead of --tokens: first token count", cxxopts::value<std::string>())
         ("e,max-tokens", "Sweep: last token count (default: --min-tokens)", cxxopts::value<std::string>())
@@ -251,12 +318,12 @@ double time_us(Device& device, Stream& stream, int warmup, int iters, const std:
 
 DType resolve_dtype(const std::string& name, const Device& device) {
     if (name == "auto") return device.compute_dtype();
-    if (name == "f32") return DType::kF32;
-    if (name == "bf16") {
+    if (name == "f32" || name == "float") return DType::kF32;
+    if (name == "bf16" || name == "bfloat16") {
         if (device.backend() == Backend::kCpu) throw UsageError("--dtype bf16: the cpu backend computes in f32 only");
         return DType::kBF16;
     }
-    throw UsageError("--dtype " + name + ": expected auto, f32 or bf16");
+    throw UsageError("--dtype " + name + ": expected auto, f32 (float) or bf16 (bfloat16)");
 }
 
 std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol) {

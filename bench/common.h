@@ -43,8 +43,14 @@ inline constexpr int kDefaultItersEmu = 3;  // emulated time is deterministic: a
 
 // Adds -h --backend --gpu --routing -n -w -c -J to `options` (group "common").
 void add_common_options(cxxopts::Options& options);
+// Adds, after a subcommand's own options, the nccl-tests short flags that scmoe-bench lacks (-t -g -i
+// -m -N -p -o -d -r -z -y -T -G -C -S -a -R -x -D -V -M -u -I -K; any the subcommand gives a meaning
+// of its own is left to it), unlisted in --help, so that read_common_options can refuse them by their
+// nccl-tests meaning instead of taking them for something else.
+void add_nccl_tests_guards(cxxopts::Options& options);
 // Reads them back; iters stays 0 when -n was not given (resolve_iters picks the backend default).
-// On emu the check is off (an emulated GPU computes nothing to check).
+// On emu the check is off (an emulated GPU computes nothing to check). Throws UsageError on a
+// guarded nccl-tests flag, naming what it means there and what to use here.
 CommonArgs read_common_options(const cxxopts::ParseResult& result);
 // The device the arguments name (an emulated GPU with its routing model for emu).
 std::unique_ptr<Device> make_bench_device(const CommonArgs& args);
@@ -57,11 +63,13 @@ std::int64_t parse_size(const std::string& text, const char* flag);
 std::vector<std::int64_t> parse_size_list(const std::string& text, const char* flag);
 // Comma list of words, empty items dropped.
 std::vector<std::string> split_list(const std::string& text);
-// nccl-tests style sweep: begin, begin*factor, ... while <= end (factor > 1), or just begin.
+// nccl-tests style sweep: begin, begin*factor, ... while <= end. Throws UsageError unless
+// end >= begin and factor >= 2 (the messages name -b, -e and -f).
 std::vector<std::int64_t> size_sweep(std::int64_t begin, std::int64_t end, std::int64_t factor);
 
-// Adds the token-count flags: -t/--tokens (comma list, K/M suffixes) and the nccl-tests sweep
+// Adds the token-count flags: -s/--tokens (comma list, K/M suffixes) and the nccl-tests sweep
 // -b/--min-tokens, -e/--max-tokens, -f/--step-factor (used instead of --tokens when -b is given).
+// Not -t: nccl-tests' -t is its thread count (add_nccl_tests_guards refuses it).
 // `what` starts the --tokens help text.
 void add_token_options(cxxopts::Options& options, const std::string& group, const std::string& default_tokens,
                        const std::string& what = "Tokens per case");
@@ -89,7 +97,8 @@ double time_us(Device& device, Stream& stream, int warmup, int iters, const std:
 // TFLOP/s of `flops` done in `us` microseconds (0 for a zero time).
 inline double tflops(double flops, double us) { return us > 0.0 ? flops / (us * 1e-6) / 1e12 : 0.0; }
 
-// --dtype auto | f32 | bf16: auto is the device's compute dtype; bf16 is refused on the CPU backend.
+// -d/--dtype auto | f32 | bf16 (also nccl-tests' names float and bfloat16): auto is the device's compute
+// dtype; bf16 is refused on the CPU backend.
 DType resolve_dtype(const std::string& name, const Device& device);
 // Elements of `got` farther than tol * max(|ref|, rms(ref)) from `ref` (NaN counts as wrong). The
 // rms floor keeps outputs that cancel to near zero from failing on rounding alone.

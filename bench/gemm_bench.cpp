@@ -46,13 +46,15 @@ cxxopts::Options gemm_options() {
         ("loads", "Expert loads, comma list: balanced (rows/E each), zipf (share of expert e ~ 1/(e+1)^s)",
          cxxopts::value<std::string>()->default_value("balanced,zipf"))
         ("zipf", "Zipf exponent s of the zipf load", cxxopts::value<double>()->default_value("1.2"))
-        ("p,provider", "Grouped GEMM providers, comma list: auto, loop, cublas-batched (CUDA, balanced loads only), "
-                       "device-grouped (CUDA), cutlass-grouped (CUDA built with CUTLASS; bf16, hidden and ffn "
-                       "multiples of 8)", cxxopts::value<std::string>()->default_value("auto"))
-        ("dtype", "Element type: auto (the device's compute dtype: f32 on cpu, bf16 on cuda), f32 or bf16",
+        ("provider", "Grouped GEMM providers, comma list: auto, loop, cublas-batched (CUDA, balanced loads only), "
+                     "device-grouped (CUDA), cutlass-grouped (CUDA built with CUTLASS; bf16, hidden and ffn "
+                     "multiples of 8)", cxxopts::value<std::string>()->default_value("auto"))
+        ("d,dtype", "Element type: auto (the device's compute dtype: f32 on cpu, bf16 on cuda), f32 or bf16 "
+                    "(nccl-tests' float and bfloat16 too)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("seed", "Seed of the random inputs", cxxopts::value<std::uint64_t>()->default_value("1234"));
     // clang-format on
+    add_nccl_tests_guards(options);
     return options;
 }
 

@@ -45,9 +45,9 @@ cxxopts::Options layer_options() {
         ("shared-expert", "Add the dense shared expert on x")
         ("shared-ffn", "Shared expert FFN width (0 = --ffn)", cxxopts::value<std::int64_t>()->default_value("0"))
         ("cg", "CG-1 coefficient gate on the shared expert (implies --shared-expert)")
-        ("p,provider", "Grouped GEMM provider of the experts: auto, loop, cublas-batched, device-grouped, "
-                       "cutlass-grouped "
-                       "(default: SCMOE_GROUPED_GEMM_PROVIDER, else auto)", cxxopts::value<std::string>())
+        ("provider", "Grouped GEMM provider of the experts: auto, loop, cublas-batched, device-grouped, "
+                     "cutlass-grouped "
+                     "(default: SCMOE_GROUPED_GEMM_PROVIDER, else auto)", cxxopts::value<std::string>())
         ("check-finite", "The layer's own NaN/Inf input checks (MoeConfig.check_finite): 0 or 1",
          cxxopts::value<int>()->default_value("1"))
         ("seed", "Seed of the random inputs and parameters", cxxopts::value<std::uint64_t>()->default_value("1234"))
@@ -56,6 +56,7 @@ cxxopts::Options layer_options() {
                "one rank per process). Default 1, or the mpirun world size", cxxopts::value<int>());
     // clang-format on
     add_link_options(options, "layer");
+    add_nccl_tests_guards(options);
     return options;
 }
 

@@ -23,8 +23,11 @@ void print_usage(std::ostream& os) {
                                 "  a2a     all_to_all_v bandwidth over a size sweep, in-process ranks or mpirun\n"
                                 "  block   ScMoE block variants side by side: overlap, exposed comm, speedup vs top-2\n"
                                 "  attention  causal attention fwd, bwd, fwd+bwd per provider (cudnn, own), TFLOP/s\n\n"
-                                "'scmoe-bench <subcommand> --help' lists a subcommand's options. Exit status: 0 ok, "
-                                "1 wrong results, 2 bad command line, 3 runtime error.");
+                                "'scmoe-bench <subcommand> --help' lists a subcommand's options. A letter means what "
+                                "it means in nccl-tests (-b -e -f sweeps, -n -w -c -d -J) or nccl-tests lacks it; "
+                                "nccl-tests' other letters are refused (-t is its thread count: token counts are "
+                                "-s/--tokens). Exit status: 0 ok, 1 wrong results, 2 bad command line, 3 runtime "
+                                "error.");
     common.set_width(110);
     common.custom_help("[options]");
     scmoe::bench::add_common_options(common);

@@ -47,7 +47,7 @@ IMPLS = ("auto", "eager", "grouped_mm", "batched_mm")
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="moe_layer_torch.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-t", "--tokens", default="2048",
+    p.add_argument("-s", "--tokens", default="2048",
                    help="tokens per case, comma list, K/M suffixes (default 2048, as scmoe-bench layer)")
     p.add_argument("--hidden", type=int, default=1024, help="model width H (default 1024)")
     p.add_argument("--ffn", type=int, default=2048, help="expert FFN width F (default 2048)")
