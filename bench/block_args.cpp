@@ -15,6 +15,7 @@ cxxopts::Options block_options() {
                        "ScMoE block configurations side by side: forward and train-step time, exposed comm, slot K, "
                        "speedup vs top-2");
     add_common_options(o);
+    add_token_options(o, "block", "512", "Tokens per rank per step, each a multiple of --seq (one set of rows each)");
     std::string names;
     for (const std::string& n : block_variant_names()) names += (names.empty() ? "" : ",") + n;
     o.add_options("block")
@@ -24,7 +25,6 @@ cxxopts::Options block_options() {
          cxxopts::value<int>()->default_value("1"))
         ("comm-share", "calibrate the emulated link so the a2a takes this fraction of the top-2 MoE layer time "
          "(0.60 ~ 8xA30 PCIe, 0.15 ~ 8xA800 NVLink); 0 = off", cxxopts::value<double>()->default_value("0"))
-        ("tokens", "tokens per rank per step (a multiple of --seq)", cxxopts::value<std::int64_t>()->default_value("512"))
         ("hidden", "model width", cxxopts::value<std::int64_t>()->default_value("256"))
         ("ffn", "dense MLP and expert FFN width", cxxopts::value<std::int64_t>()->default_value("512"))
         ("experts", "routed experts (a multiple of the ranks)", cxxopts::value<int>()->default_value("8"))
@@ -53,6 +53,7 @@ cxxopts::Options block_options() {
          "a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, h200-nvlink-8; default: the --gpu's 8-GPU node)",
          cxxopts::value<std::string>());
     add_link_options(o, "block");
+    add_nccl_tests_guards(o);
     return o;
 }
 
@@ -71,7 +72,7 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
     a.comm_share = r["comm-share"].as<double>();
     if (a.comm_share < 0 || a.comm_share >= 1) throw UsageError("--comm-share must be in [0, 1)");
     if (a.comm_share > 0 && a.link) throw UsageError("--comm-share sets the emulated link itself: drop --link*");
-    a.tokens = r["tokens"].as<std::int64_t>();
+    a.tokens = read_token_options(r);
     a.hidden = r["hidden"].as<std::int64_t>();
     a.ffn = r["ffn"].as<std::int64_t>();
     a.experts = r["experts"].as<int>();
@@ -125,7 +126,11 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
     if (a.ranks > 0 && a.experts % a.ranks == 0 && a.chunks > a.experts / a.ranks)
         throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most the " + std::to_string(a.experts / a.ranks) +
                          " local experts per rank (--experts / ranks)");
-    if (a.tokens <= 0 || a.seq <= 0 || a.tokens % a.seq) throw UsageError("--tokens must be a positive multiple of --seq");
+    if (a.seq <= 0) throw UsageError("--seq must be positive");
+    for (const std::int64_t t : a.tokens)
+        if (t % a.seq)
+            throw UsageError("tokens " + std::to_string(t) + ": every token count (--tokens or -b/-e/-f) must be a "
+                             "multiple of --seq " + std::to_string(a.seq));
     if (a.experts % a.ranks) throw UsageError("--experts must be a multiple of the number of ranks");
     if (r.count("cluster")) a.cluster = r["cluster"].as<std::string>();
     return a;

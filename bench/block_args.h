@@ -23,7 +23,8 @@ struct BlockArgs {
     bool mpi = false;
     std::optional<LinkModel> link;
     double comm_share = 0;  // 0 = off
-    std::int64_t tokens = 0, hidden = 0, ffn = 0, heads = 0, seq = 0;
+    std::vector<std::int64_t> tokens;  // per rank per step: --tokens, or the -b/-e/-f sweep (one row set each)
+    std::int64_t hidden = 0, ffn = 0, heads = 0, seq = 0;
     int experts = 0, blocks = 4;
     bool train = true;
     bool coefficient_gate = true;

@@ -2,10 +2,11 @@
 // every-block layout), each run by the LayerScheduler with its overlap, on N expert-parallel ranks
 // (in-process threads, or processes under mpirun) behind an optional emulated link.
 //
-// Per variant: forward time, train-step (forward + backward) time, the backbone compute and a2a
-// times measured op by op during calibration (serially, a synchronize after every op), the chosen
-// expert slots K and pipeline chunks (--chunks: auto or forced), the speedup vs top-2, and three
-// measures of the communication left on the critical path:
+// One row per token count per rank (--tokens, or the -b/-e/-f sweep) and variant: forward time,
+// train-step (forward + backward) time, the backbone compute and a2a times measured op by op during
+// calibration (serially, a synchronize after every op), the chosen expert slots K and pipeline chunks
+// (--chunks: auto or forced), the speedup vs top-2 at the same token count, and three measures of the
+// communication left on the critical path:
 //   exposed        from traces of -n further steps (each after a barrier): the time in which an
 //                  all-to-all runs and no compute runs on a rank (summarize_overlap) / its step span;
 //   beyond_serial  max(0, step - (serial - a2a)) / step: the step beyond its compute measured op by
@@ -13,8 +14,8 @@
 //   link_cost      max(0, step - the same step with the emulated link off) / step.
 // The variants' timed steps are interleaved, each started after a barrier. Times are the slowest
 // rank's mean; exposed is the mean over the ranks, exposed_max the largest rank's share.
-// --comm-share X first measures the top-2 MoE layer on this machine and sets the link bandwidth so
-// its a2a takes the fraction X of the MoE layer time.
+// --comm-share X first measures the top-2 MoE layer on this machine (at the first token count) and
+// sets the link bandwidth so its a2a takes the fraction X of the MoE layer time; a sweep keeps that link.
 // Check (#wrong): outputs (and input gradients with --mode train) of overlap on vs off, bitwise.
 #include <unistd.h>
 
@@ -65,9 +66,15 @@ struct VariantResult {
 };
 
 struct RankOutput {
-    std::vector<VariantResult> results;
-    std::vector<std::string> notes;  // rank 0: link calibration, chosen schedules, emulator figures
+    std::vector<VariantResult> results;  // [token count][variant]: index t * variants + v
+    std::vector<std::string> notes;      // rank 0: link calibration, chosen schedules, emulator figures
 };
+
+std::string comma_list(const std::vector<std::int64_t>& values) {
+    std::string text;
+    for (const std::int64_t v : values) text += (text.empty() ? "" : ",") + std::to_string(v);
+    return text;
+}
 
 // Element-wise mean over the ranks of `comm` (device memory for the collective).
 std::vector<double> mean_over_ranks(Communicator* comm, Device& device, Stream& stream, const std::vector<double>& v) {
@@ -147,15 +154,15 @@ double ms_of(const Schedule& s, double Schedule::Branch::*field) {
     return t;
 }
 
-// The link for --comm-share: the top-2 MoE layer's compute per step measured without a link, the
-// all-to-all payload per step from an EmulatedLink's model at a huge bandwidth, then the bandwidth
-// at which the a2a takes `share` of compute + a2a.
-LinkModel calibrate_link(const BlockArgs& a, Device& device, Stream& stream, Communicator* comm, int rank,
-                         std::vector<std::string>& notes) {
+// The link for --comm-share: the top-2 MoE layer's compute per step of `tokens` tokens measured
+// without a link, the all-to-all payload per step from an EmulatedLink's model at a huge bandwidth,
+// then the bandwidth at which the a2a takes `share` of compute + a2a.
+LinkModel calibrate_link(const BlockArgs& a, std::int64_t tokens, Device& device, Stream& stream, Communicator* comm,
+                         int rank, std::vector<std::string>& notes) {
     const BlockStackConfig c = variant_config(a, "top2", device.compute_dtype());
     double moe_compute_ms = 0, huge_us = 0;
     {
-        RankStack rs(c, device, stream, a.tokens, comm, rank);
+        RankStack rs(c, device, stream, tokens, comm, rank);
         rs.stack->calibrate(rs.t(rs.x), rs.t(rs.gy), 2);
         for (const Schedule* s : {&rs.stack->forward_schedule(), &rs.stack->backward_schedule()}) {
             if (s == &rs.stack->backward_schedule() && !a.train) break;
@@ -166,7 +173,7 @@ LinkModel calibrate_link(const BlockArgs& a, Device& device, Stream& stream, Com
     if (comm) {
         const LinkModel huge{"huge", 1e6, 0.0};
         EmulatedLink probe(*comm, huge);
-        RankStack rs(c, device, stream, a.tokens, &probe, rank);
+        RankStack rs(c, device, stream, tokens, &probe, rank);
         probe.reset_counters();
         rs.step(a.train, false);
         huge_us = probe.counters(LinkOp::kAllToAllV).modelled_us;
@@ -177,24 +184,41 @@ LinkModel calibrate_link(const BlockArgs& a, Device& device, Stream& stream, Com
     LinkModel link{"comm-share", 1e6 * agreed[1] / (1000.0 * target_ms), 0.0};
     char line[256];
     std::snprintf(line, sizeof line,
-                  "comm-share %.2f: top-2 MoE compute %.3f ms per %s step (mean over ranks) -> a2a target %.3f ms -> "
-                  "emulated link %.3f GB/s, latency %.1f us",
-                  a.comm_share, agreed[0], a.train ? "train" : "forward", target_ms, link.gbps, link.latency_us);
+                  "comm-share %.2f: top-2 MoE compute %.3f ms per %s step of %lld tokens (mean over ranks) -> a2a "
+                  "target %.3f ms -> emulated link %.3f GB/s, latency %.1f us%s",
+                  a.comm_share, agreed[0], a.train ? "train" : "forward", static_cast<long long>(tokens), target_ms,
+                  link.gbps, link.latency_us, a.tokens.size() > 1 ? " (kept for every token count)" : "");
     notes.push_back(line);
     return link;
 }
 
-RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* comm, int rank) {
-    std::unique_ptr<Device> device = make_bench_device(common);
-    auto stream = device->create_stream();
-    RankOutput out;
-    std::optional<LinkModel> link = a.link;
-    if (a.comm_share > 0) link = calibrate_link(a, *device, *stream, comm, rank, out.notes);
-    std::unique_ptr<EmulatedLink> wrapped;
-    if (comm && link) wrapped = std::make_unique<EmulatedLink>(*comm, *link);
-    Communicator* ep = wrapped ? wrapped.get() : comm;
+// What one rank's measurements of one token count share: the device, the communicator behind the
+// link, and the link itself (switched off and back for link_cost).
+struct RankContext {
+    const BlockArgs& a;
+    const CommonArgs& common;
+    Device& device;
+    Stream& stream;
+    Communicator* ep;       // the communicator the stacks use (behind `wrapped` when there is a link)
+    EmulatedLink* wrapped;  // null: no link
+    std::optional<LinkModel> link;
+    int rank;
+};
+
+// Every variant at `tokens` tokens per rank: appends one result per variant to out.results, and on
+// rank 0 the chosen schedules to out.notes.
+void run_token_count(const RankContext& ctx, std::int64_t tokens, bool first, RankOutput& out) {
+    const BlockArgs& a = ctx.a;
+    const CommonArgs& common = ctx.common;
+    Device& device = ctx.device;
+    Stream& stream = ctx.stream;
+    Communicator* ep = ctx.ep;
+    EmulatedLink* wrapped = ctx.wrapped;
+    const int rank = ctx.rank;
+    const bool sweep = a.tokens.size() > 1;
+    const std::string prefix = sweep ? "tokens " + std::to_string(tokens) + ", " : "";
     auto barrier = [&] {
-        if (ep) ep->barrier(*stream), stream->synchronize();
+        if (ep) ep->barrier(stream), stream.synchronize();
     };
     // Every variant's stack, calibrated (slots and chunks chosen) one after the other.
     const std::size_t nv = a.variants.size();
@@ -202,13 +226,13 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
     std::vector<VariantResult> results(nv);
     for (std::size_t v = 0; v < nv; ++v) {
         const std::string& name = a.variants[v];
-        const BlockStackConfig c = variant_config(a, name, device->compute_dtype());
+        const BlockStackConfig c = variant_config(a, name, device.compute_dtype());
         stacks.push_back(
-            std::make_unique<RankStack>(c, *device, *stream, a.tokens, ep, rank, a.chunks, a.issue_order, a.comm_sms));
+            std::make_unique<RankStack>(c, device, stream, tokens, ep, rank, a.chunks, a.issue_order, a.comm_sms));
         RankStack& rs = *stacks.back();
         rs.stack->calibrate(rs.t(rs.x), rs.t(rs.gy), 2);
-        if (rank == 0 && v == 0) {
-            const int sms = device->sm_count(), r = rs.stack->comm_sms();
+        if (rank == 0 && v == 0 && first) {
+            const int sms = device.sm_count(), r = rs.stack->comm_sms();
             const std::string source = a.comm_sms >= 0 ? "--comm-sms" : default_comm_sms(ep).source;
             out.notes.push_back(
                 "SMs for the exchange: R = " + std::to_string(r) + " (" + source + "); backbone ops beside an exchange " +
@@ -220,7 +244,7 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
             for (std::size_t p = 0, q; p < text.size(); p = q + 1) {
                 q = text.find('\n', p);
                 if (q == std::string::npos) q = text.size();
-                out.notes.push_back(name + ": " + text.substr(p, q - p));
+                out.notes.push_back(prefix + name + ": " + text.substr(p, q - p));
             }
         }
         VariantResult& r = results[v];
@@ -247,7 +271,7 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
         for (int i = 0; i < common.iters; ++i)
             for (std::size_t v = 0; v < nv; ++v) {
                 barrier();
-                results[v].*field += elapsed_ms(*device, [&] { stacks[v]->step(train, true); }) / common.iters;
+                results[v].*field += elapsed_ms(device, [&] { stacks[v]->step(train, true); }) / common.iters;
             }
     };
     timed(false, &VariantResult::fwd_ms);
@@ -257,11 +281,11 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
         wrapped->set_model({"off", 1e9, 0.0});
         timed(false, &VariantResult::fwd_nolink_ms);
         if (a.train) timed(true, &VariantResult::train_nolink_ms);
-        wrapped->set_model(*link);
+        wrapped->set_model(*ctx.link);
     }
     // Exposed communication from traced steps (interleaved the same way); the first one of each
     // variant is its --trace file.
-    Tracer trace(*device, rank);
+    Tracer trace(device, rank);
     trace.set_pass(a.train ? "train step" : "forward");
     for (int i = 0; i < common.iters; ++i)
         for (std::size_t v = 0; v < nv; ++v) {
@@ -274,7 +298,8 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
             results[v].traced_us += o.span_us;
             results[v].backbone_idle_us += lane_idle_us(trace.entries(), "backbone") / common.iters;
             if (i == 0 && !a.trace.empty())
-                trace.write(a.trace + "." + a.variants[v] + ".rank" + std::to_string(rank) + ".json");
+                trace.write(a.trace + (sweep ? ".tokens" + std::to_string(tokens) : "") + "." + a.variants[v] +
+                            ".rank" + std::to_string(rank) + ".json");
         }
     if (common.check) {
         for (std::size_t v = 0; v < nv; ++v) {
@@ -293,6 +318,21 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
             }
         }
     }
+    out.results.insert(out.results.end(), results.begin(), results.end());
+}
+
+RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* comm, int rank) {
+    std::unique_ptr<Device> device = make_bench_device(common);
+    auto stream = device->create_stream();
+    RankOutput out;
+    // One link for the whole sweep (--comm-share calibrates it at the first token count): the rows of
+    // a sweep then compare the token counts over the same interconnect.
+    std::optional<LinkModel> link = a.link;
+    if (a.comm_share > 0) link = calibrate_link(a, a.tokens.front(), *device, *stream, comm, rank, out.notes);
+    std::unique_ptr<EmulatedLink> wrapped;
+    if (comm && link) wrapped = std::make_unique<EmulatedLink>(*comm, *link);
+    const RankContext ctx{a, common, *device, *stream, wrapped ? wrapped.get() : comm, wrapped.get(), link, rank};
+    for (std::size_t t = 0; t < a.tokens.size(); ++t) run_token_count(ctx, a.tokens[t], t == 0, out);
     if (device->backend() == Backend::kEmu && rank == 0) {
         emu::EmuDevice& e = emu::as_emu(*device);
         const emu::MemoryStats m = e.memory();
@@ -306,12 +346,12 @@ RankOutput run_rank(const BlockArgs& a, const CommonArgs& common, Communicator* 
                       t.late_us, static_cast<unsigned long long>(t.residency_waits), t.residency_wait_us);
         out.notes.push_back(line);
     }
-    out.results = std::move(results);
     return out;
 }
 
-// The table from every rank's results: times are the slowest rank's, #wrong the sum.
-int report_results(Report& report, const BlockArgs& a, const std::vector<RankOutput>& ranks) {
+// The table from every rank's results, one row per token count and variant: times are the slowest
+// rank's, #wrong the sum (empty when `checked` is false).
+int report_results(Report& report, const BlockArgs& a, bool checked, const std::vector<RankOutput>& ranks) {
     for (const std::string& n : ranks.front().notes) report.note(n);
     report.note("a2a/moe = a2a / (serial - backbone): the all-to-alls' share of the MoE layers' time, op by op "
                 "(the ScMoE paper's Fig. 1 measure)");
@@ -326,7 +366,8 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                 (a.chunks == 0 ? std::string("auto") : std::to_string(a.chunks)) + ")");
     report.note("check: outputs" + std::string(a.train ? " and input gradients" : "") +
                 " with overlap on vs off, bitwise (wrong = differing elements, all ranks)");
-    report.begin_table({{"variant", "variant", "", 16, 0},
+    report.begin_table({{"tokens", "tokens", "", 7, 0},
+                        {"variant", "variant", "", 16, 0},
                         {"fwd_us", "fwd_time", "(us)", 10, 1},
                         {"train_us", "train_time", "(us)", 10, 1},
                         {"backbone_us", "backbone", "(us)", 10, 1},
@@ -342,51 +383,55 @@ int report_results(Report& report, const BlockArgs& a, const std::vector<RankOut
                         {"speedup_vs_top2_fwd", "fwd_speedup", "(x)", 11, 3},
                         {"speedup_vs_top2_train", "train_speedup", "(x)", 13, 3},
                         {"wrong", "#wrong", "", 6, 0}});
-    const std::size_t nv = a.variants.size();
-    std::vector<VariantResult> worst(nv);
-    std::vector<double> exposed_mean(nv), exposed_max(nv);  // over the ranks
-    for (std::size_t v = 0; v < nv; ++v) {
-        VariantResult& w = worst[v];
-        double wrong = 0;
-        for (const RankOutput& r : ranks) {
-            const VariantResult& x = r.results[v];
-            w.fwd_ms = std::max(w.fwd_ms, x.fwd_ms);
-            w.train_ms = std::max(w.train_ms, x.train_ms);
-            w.backbone_ms = std::max(w.backbone_ms, x.backbone_ms);
-            w.a2a_ms = std::max(w.a2a_ms, x.a2a_ms);
-            w.serial_ms = std::max(w.serial_ms, x.serial_ms);
-            w.fwd_nolink_ms = std::max(w.fwd_nolink_ms, x.fwd_nolink_ms);
-            w.train_nolink_ms = std::max(w.train_nolink_ms, x.train_nolink_ms);
-            w.backbone_idle_us = std::max(w.backbone_idle_us, x.backbone_idle_us);
-            exposed_mean[v] += x.exposed_pct() / static_cast<double>(ranks.size());
-            exposed_max[v] = std::max(exposed_max[v], x.exposed_pct());
-            wrong += x.wrong;
+    const std::size_t nv = a.variants.size(), nt = a.tokens.size();
+    for (std::size_t t = 0; t < nt; ++t) {
+        std::vector<VariantResult> worst(nv);
+        std::vector<double> exposed_mean(nv), exposed_max(nv);  // over the ranks
+        for (std::size_t v = 0; v < nv; ++v) {
+            VariantResult& w = worst[v];
+            double wrong = 0;
+            for (const RankOutput& r : ranks) {
+                const VariantResult& x = r.results[t * nv + v];
+                w.fwd_ms = std::max(w.fwd_ms, x.fwd_ms);
+                w.train_ms = std::max(w.train_ms, x.train_ms);
+                w.backbone_ms = std::max(w.backbone_ms, x.backbone_ms);
+                w.a2a_ms = std::max(w.a2a_ms, x.a2a_ms);
+                w.serial_ms = std::max(w.serial_ms, x.serial_ms);
+                w.fwd_nolink_ms = std::max(w.fwd_nolink_ms, x.fwd_nolink_ms);
+                w.train_nolink_ms = std::max(w.train_nolink_ms, x.train_nolink_ms);
+                w.backbone_idle_us = std::max(w.backbone_idle_us, x.backbone_idle_us);
+                exposed_mean[v] += x.exposed_pct() / static_cast<double>(ranks.size());
+                exposed_max[v] = std::max(exposed_max[v], x.exposed_pct());
+                wrong += x.wrong;
+            }
+            const VariantResult& first = ranks.front().results[t * nv + v];
+            w.slot = first.slot;
+            w.fwd_chunks = first.fwd_chunks;
+            w.bwd_chunks = first.bwd_chunks;
+            w.wrong = wrong;
         }
-        w.slot = ranks.front().results[v].slot;
-        w.fwd_chunks = ranks.front().results[v].fwd_chunks;
-        w.bwd_chunks = ranks.front().results[v].bwd_chunks;
-        w.wrong = wrong;
-    }
-    const auto top2 = std::find(a.variants.begin(), a.variants.end(), "top2");
-    const VariantResult* base = top2 == a.variants.end() ? nullptr : &worst[static_cast<std::size_t>(top2 - a.variants.begin())];
-    for (std::size_t v = 0; v < nv; ++v) {
-        const VariantResult& w = worst[v];
-        const double step = a.train ? w.train_ms : w.fwd_ms;
-        const double beyond_serial = std::max(0.0, step - (w.serial_ms - w.a2a_ms)) / step * 100.0;
-        const double nolink = a.train ? w.train_nolink_ms : w.fwd_nolink_ms;
-        const Cell link_cost = nolink > 0 ? Cell(std::max(0.0, step - nolink) / step * 100.0) : Cell();
-        report.add_row({a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
-                        1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms,
-                        w.serial_ms - w.backbone_ms > 0 ? Cell(100.0 * w.a2a_ms / (w.serial_ms - w.backbone_ms)) : Cell(),
-                        exposed_mean[v], exposed_max[v], w.backbone_idle_us, beyond_serial,
-                        link_cost,
-                        w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
-                        w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +
-                                                (a.train ? "/" + std::to_string(static_cast<int>(w.bwd_chunks)) : ""))
-                                         : Cell(),
-                        base ? Cell(base->fwd_ms / w.fwd_ms) : Cell(),
-                        base && a.train ? Cell(base->train_ms / w.train_ms) : Cell(),
-                        static_cast<std::int64_t>(w.wrong)});
+        const auto top2 = std::find(a.variants.begin(), a.variants.end(), "top2");
+        const VariantResult* base =
+            top2 == a.variants.end() ? nullptr : &worst[static_cast<std::size_t>(top2 - a.variants.begin())];
+        for (std::size_t v = 0; v < nv; ++v) {
+            const VariantResult& w = worst[v];
+            const double step = a.train ? w.train_ms : w.fwd_ms;
+            const double beyond_serial = std::max(0.0, step - (w.serial_ms - w.a2a_ms)) / step * 100.0;
+            const double nolink = a.train ? w.train_nolink_ms : w.fwd_nolink_ms;
+            const Cell link_cost = nolink > 0 ? Cell(std::max(0.0, step - nolink) / step * 100.0) : Cell();
+            report.add_row(
+                {a.tokens[t], a.variants[v], 1000.0 * w.fwd_ms, a.train ? Cell(1000.0 * w.train_ms) : Cell(),
+                 1000.0 * w.backbone_ms, 1000.0 * w.a2a_ms,
+                 w.serial_ms - w.backbone_ms > 0 ? Cell(100.0 * w.a2a_ms / (w.serial_ms - w.backbone_ms)) : Cell(),
+                 exposed_mean[v], exposed_max[v], w.backbone_idle_us, beyond_serial, link_cost,
+                 w.slot >= 0 ? Cell(static_cast<std::int64_t>(w.slot)) : Cell(),
+                 w.fwd_chunks > 0 ? Cell(std::to_string(static_cast<int>(w.fwd_chunks)) +
+                                         (a.train ? "/" + std::to_string(static_cast<int>(w.bwd_chunks)) : ""))
+                                  : Cell(),
+                 base ? Cell(base->fwd_ms / w.fwd_ms) : Cell(),
+                 base && a.train ? Cell(base->train_ms / w.train_ms) : Cell(),
+                 checked ? Cell(static_cast<std::int64_t>(w.wrong)) : Cell()});
+        }
     }
     return report.finish({});
 }
@@ -400,7 +445,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
                 (emulated ? "EmuCommunicator on " + describe(cluster_topology(a.cluster)) : "LocalCommunicator") +
                 "), pid " + std::to_string(getpid()) +
                 (a.link ? ", EmulatedLink " + describe_link_model(*a.link) : std::string()) + "; tokens " +
-                std::to_string(a.tokens) + " per rank");
+                comma_list(a.tokens) + " per rank");
     if (emulated)
         report.note("emu: times are the emulator's predictions for " + device->description() +
                     ", not measurements; nothing is computed, so there is no check");
@@ -430,7 +475,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     for (int r = 0; r < a.ranks; ++r)
         if (!errors[static_cast<std::size_t>(r)].empty())
             throw Error("rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
-    return report_results(report, a, outputs);
+    return report_results(report, a, common.check, outputs);
 }
 
 #if SCMOE_WITH_MPI
@@ -448,17 +493,18 @@ int run_mpi(CommonArgs common, const BlockArgs& a, const std::string& command) {
         report.print_preamble();
         for (const std::string& line : mpi_rank_lines(a.link)) report.note(line);
         RankOutput mine = run_rank(a, common, &comm, me);
-        const int k = VariantResult::kPacked * static_cast<int>(a.variants.size());
+        const std::size_t rows = a.tokens.size() * a.variants.size();  // results per rank
+        const int k = VariantResult::kPacked * static_cast<int>(rows);
         std::vector<double> packed(static_cast<std::size_t>(k)), all(static_cast<std::size_t>(k * n));
         for (std::size_t v = 0; v < mine.results.size(); ++v) mine.results[v].pack(packed.data() + v * VariantResult::kPacked);
         MPI_Allgather(packed.data(), k, MPI_DOUBLE, all.data(), k, MPI_DOUBLE, MPI_COMM_WORLD);
         std::vector<RankOutput> outputs(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r)
-            for (std::size_t v = 0; v < a.variants.size(); ++v)
+            for (std::size_t i = 0; i < rows; ++i)
                 outputs[static_cast<std::size_t>(r)].results.push_back(
-                    VariantResult::unpack(all.data() + r * k + static_cast<int>(v) * VariantResult::kPacked));
+                    VariantResult::unpack(all.data() + r * k + static_cast<int>(i) * VariantResult::kPacked));
         outputs[0].notes = mine.notes;  // rank 0's notes are the ones printed
-        status = report_results(report, a, outputs);
+        status = report_results(report, a, common.check, outputs);
     } catch (const std::exception& e) {
         std::cerr << "scmoe-bench block: rank " << me << ": error: " << e.what() << "\n" << std::flush;
         MPI_Abort(MPI_COMM_WORLD, kExitError);

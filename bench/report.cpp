@@ -165,7 +165,10 @@ void Report::add_row(std::vector<Cell> cells) {
         row[columns_[i].key] = cell_json(cell);
     }
     if (!cells.empty()) {
-        if (const auto* wrong = std::get_if<std::int64_t>(&cells.back())) total_wrong_ += *wrong;
+        if (const auto* wrong = std::get_if<std::int64_t>(&cells.back())) {
+            total_wrong_ += *wrong;
+            ++checked_rows_;
+        }
     }
     rows_.push_back(std::move(row));
     os_ << format_row(texts, false) << "\n" << std::flush;
@@ -173,10 +176,25 @@ void Report::add_row(std::vector<Cell> cells) {
 
 int Report::finish(const std::vector<std::pair<std::string, std::string>>& summary) {
     const bool ok = total_wrong_ == 0;
+    const bool checked = checked_rows_ > 0;
+    const std::int64_t num_rows = static_cast<std::int64_t>(rows_.size());
     std::size_t label_width = std::string("Out of bounds values").size();
     for (const auto& line : summary) label_width = std::max(label_width, line.first.size());
-    os_ << "# " << std::left << std::setw(static_cast<int>(label_width)) << "Out of bounds values"
-        << " : " << total_wrong_ << " " << (ok ? "OK" : "FAILED") << "\n";
+    os_ << std::left;
+    if (checked) {
+        os_ << "# " << std::setw(static_cast<int>(label_width)) << "Out of bounds values"
+            << " : " << total_wrong_ << " " << (ok ? "OK" : "FAILED") << "\n";
+        if (checked_rows_ < num_rows)
+            os_ << "# " << std::setw(static_cast<int>(label_width)) << "Rows not checked"
+                << " : " << num_rows - checked_rows_ << " of " << num_rows << "\n";
+    } else {
+        // Nothing was compared, so there is no count to print: "0 OK" would claim a check that did not run.
+        const char* why = !common_.check
+                              ? (device_.backend() == Backend::kEmu ? "--backend emu: nothing is computed" : "-c 0")
+                          : num_rows == 0 ? "no rows"
+                                          : "no row has a check";
+        os_ << "# Results not checked (" << why << ")\n";
+    }
     for (const auto& [label, value] : summary)
         os_ << "# " << std::setw(static_cast<int>(label_width)) << label << " : " << value << "\n";
     os_ << std::right << "#\n" << std::flush;
@@ -198,7 +216,7 @@ int Report::finish(const std::vector<std::pair<std::string, std::string>>& summa
         j["rows"] = rows_;
         j["summary"] = nlohmann::ordered_json::object();
         for (const auto& [label, value] : summary) j["summary"][label] = value;
-        j["wrong"] = total_wrong_;
+        j["wrong"] = checked ? nlohmann::ordered_json(total_wrong_) : nlohmann::ordered_json(nullptr);
         std::ofstream out(common_.json_path);
         out << j.dump(2) << "\n";
         if (!out) throw std::runtime_error("cannot write the JSON report to '" + common_.json_path + "'");

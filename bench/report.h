@@ -47,11 +47,13 @@ class Report {
     void note(const std::string& text);
     // Fixes the columns and prints the header and units rows.
     void begin_table(std::vector<Column> columns);
-    // Prints one data row immediately. The last column must be #wrong: an integer, or an empty cell
-    // when the check is off.
+    // Prints one data row immediately. The last column must be #wrong: an integer for a checked row,
+    // an empty cell for a row nothing checked (the check off, or nothing to check in that case).
     void add_row(std::vector<Cell> cells);
-    // Prints the footer (out-of-bounds count, then `summary` lines such as "Avg ratio"), writes the
-    // JSON file when asked, and returns the exit status: kExitWrong if any row has wrong > 0.
+    // Prints the footer and returns the exit status (kExitWrong if any row has wrong > 0). The footer:
+    // "# Out of bounds values : N OK|FAILED" only when some row was checked ("# Rows not checked : K of
+    // M" after it when some were not), else "# Results not checked (why)"; then the `summary` lines such
+    // as "Avg ratio". Writes the JSON file when asked ("wrong": N, or null when no row was checked).
     int finish(const std::vector<std::pair<std::string, std::string>>& summary);
 
     std::int64_t total_wrong() const { return total_wrong_; }
@@ -71,6 +73,7 @@ class Report {
     nlohmann::ordered_json rows_ = nlohmann::ordered_json::array();
     std::vector<std::string> notes_;
     std::int64_t total_wrong_ = 0;
+    std::int64_t checked_rows_ = 0;  // rows whose #wrong is a count
 };
 
 }  // namespace scmoe::bench

@@ -118,6 +118,7 @@ LAYER_COLUMNS = [
     ("wrong", "#wrong"),
 ]
 BLOCK_COLUMNS = [
+    ("tokens", "tokens"),
     ("variant", "variant"),
     ("fwd_us", "fwd µs"),
     ("train_us", "train µs"),
