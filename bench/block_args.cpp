@@ -47,7 +47,8 @@ cxxopts::Options block_options() {
         ("issue-order", "how each pass issues its ops from the host: ahead (the backbone's segments before each "
          "exchange that blocks the host) or program (the plan's order: the backbone drains at every exchange on a GPU, "
          "review L1; to measure that drain)", cxxopts::value<std::string>()->default_value("ahead"))
-        ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json",
+        ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json "
+         "(FILE.tokens<T>.<variant>.rank<r>.json with several token counts)",
          cxxopts::value<std::string>()->default_value(""))
         ("cluster", "emu: the emulated cluster the in-process ranks form (scmoe/comm/topology.h presets: a30-pcie-8, "
          "a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, h200-nvlink-8; default: the --gpu's 8-GPU node)",
