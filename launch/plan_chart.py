@@ -2,6 +2,8 @@
 """Draws scmoe-plan results: the best predicted step time of each variant, one group of bars per
 cluster (one scmoe-plan -J file each). Needs matplotlib (pip install matplotlib).
 
+Usage: plan_chart.py OUT.png PLAN.json [PLAN.json ...]   (PLAN.json: scmoe-plan -J output)
+
     python3 launch/plan_chart.py chart.png a30.json h100.json
 """
 import json

@@ -1,11 +1,16 @@
 // The README's embedding example, built against the installed package by the test suite
 // (packaging_find_package_consumer): one MoE layer forward and backward on whatever backend is
 // here (CPU: f32 host memory; CUDA: bf16 device memory), inputs and outputs through host f32 arrays.
+// The consumer sets no C++ standard (scmoe::scmoe requires C++20) and has its own kernels/ and moe/
+// folders on its include path, which scmoe's headers must not pick up.
 #include <scmoe/scmoe.h>
 
 #include <cmath>
 #include <cstdio>
 #include <vector>
+
+#include "kernels/activation.h"  // the consumer's own, not scmoe's (scmoe/kernels/activation.h)
+#include "moe/config.h"          // likewise
 
 int main() {
     // [readme-example]
@@ -46,7 +51,9 @@ int main() {
     for (float v : out) out_norm += static_cast<double>(v) * v;
     for (float v : grad_x) grad_norm += static_cast<double>(v) * v;
     const scmoe::MoeStats stats = layer.stats(*stream);
-    if (!std::isfinite(out_norm) || !std::isfinite(grad_norm) || out_norm == 0 || grad_norm == 0) {
+    static_assert(consumer::kExperts == 4);
+    if (consumer::relu(-1.0f) != 0.0f || !std::isfinite(out_norm) || !std::isfinite(grad_norm) || out_norm == 0 ||
+        grad_norm == 0) {
         std::printf("scmoe consumer FAILED: |y|^2 = %g, |dx|^2 = %g\n", out_norm, grad_norm);
         return 1;
     }
