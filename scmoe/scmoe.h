@@ -5,7 +5,7 @@
 // test docs_umbrella_claims compiles every name below against this header alone):
 //   devices              `make_device()` `Device` `Stream` `Event`
 //   tensors              `Tensor` `DType` `DeviceTensor` `copy_from_host()` `copy_to_host()`
-//   the MoE layer        `MoeConfig` `MoeParams` `MoeParamStore` `MoeLayer`
+//   the MoE layer        `MoeConfig` `MoeParams` `MoeParamStore` `MoeLayer` `GradGroup` `all_reduce_moe_grads()`
 //   blocks, scheduler    `BlockStackConfig` `block_variant()` `BlockStack` `LayerScheduler` `SchedulePlan` `Tracer`
 //   communicators        `Communicator` `LocalGroup` `LocalCommunicator` `EmulatedLink` `EmuGroup` `Topology`
 //   errors               `Error`
@@ -30,6 +30,7 @@
 #include "scmoe/kernels/tensor.h"
 #include "scmoe/moe/block_stack.h"
 #include "scmoe/moe/config.h"
+#include "scmoe/moe/grad_reduction.h"
 #include "scmoe/moe/layer_scheduler.h"
 #include "scmoe/moe/moe_layer.h"
 #include "scmoe/moe/params.h"

@@ -84,7 +84,7 @@ LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_
             const auto offset = static_cast<std::int64_t>((static_cast<const char*>(t->data) -
                                                            static_cast<const char*>(p.data())) /
                                                           static_cast<std::ptrdiff_t>(dtype_size(dt)));
-            const bool expert = moe_specs[i].name == "expert_w1" || moe_specs[i].name == "expert_w2";
+            const bool expert = moe_specs[i].reduce_over == GradGroup::kExpertReplicas;
             group.tensors.push_back(
                 {prefix + "." + moe_specs[i].name, moe_specs[i].shape, offset, expert, expert ? ep_rank * local_experts : 0});
         }

@@ -117,10 +117,23 @@ void MoeLayer::check_config_across_ranks() {
     std::int32_t* host_words = host_->config_hashes;
     const std::int32_t hash_words[2] = {static_cast<std::int32_t>(mine & 0xffffffffu),
                                         static_cast<std::int32_t>(mine >> 32)};
-    stream->copy(words + 2 * ep_rank_, hash_words, sizeof(hash_words));
-    ep_->all_gather(words + 2 * ep_rank_, 2, words, DType::kI32, *stream);
-    stream->copy(host_words, words, static_cast<std::size_t>(2 * P) * sizeof(std::int32_t));
-    stream->synchronize();
+    // A collective inside a constructor: a rank whose peers never construct theirs waits here. The
+    // common cause is constructing several ranks' layers from one thread (the first constructor
+    // waits for the second, which that thread never reaches): say so, naming the constructor.
+    try {
+        stream->copy(words + 2 * ep_rank_, hash_words, sizeof(hash_words));
+        ep_->all_gather(words + 2 * ep_rank_, 2, words, DType::kI32, *stream);
+        stream->copy(host_words, words, static_cast<std::size_t>(2 * P) * sizeof(std::int32_t));
+        stream->synchronize();
+    } catch (const Error& e) {
+        SCMOE_FAIL("MoeLayer constructor on expert-parallel rank "
+                   << ep_rank_ << " of " << P << " (" << ep_->name()
+                   << "): its config check, a collective over the expert-parallel group, failed. Every rank "
+                      "constructs its layer, each from its own thread (or process): constructing several ranks' "
+                      "layers from one thread waits in the first constructor for the others until the "
+                      "communicator's timeout. The communicator said: "
+                   << e.what());
+    }
     std::string table;
     bool same = true;
     for (int p = 0; p < P; ++p) {

@@ -8,6 +8,10 @@
 
 namespace scmoe {
 
+const char* grad_group_name(GradGroup g) {
+    return g == GradGroup::kExpertReplicas ? "expert-replicas" : "data-parallel";
+}
+
 std::int64_t ParamSpec::numel() const {
     if (shape.empty()) return 0;
     std::int64_t n = 1;
@@ -23,8 +27,8 @@ std::vector<ParamSpec> moe_param_specs(const MoeConfig& c, int ep_size) {
     using Shape = std::vector<std::int64_t>;
     return {
         {"gate_w", Shape{H, c.num_experts}},
-        {"expert_w1", Shape{E, H, I}},
-        {"expert_w2", Shape{E, F, H}},
+        {"expert_w1", Shape{E, H, I}, GradGroup::kExpertReplicas},
+        {"expert_w2", Shape{E, F, H}, GradGroup::kExpertReplicas},
         {"shared_w1", c.shared_expert ? Shape{H, Is} : Shape{}},
         {"shared_w2", c.shared_expert ? Shape{Fs, H} : Shape{}},
         {"cg_w", c.coefficient_gate ? Shape{H, 1} : Shape{}},

@@ -31,9 +31,21 @@ struct MoeParams {
 };
 using MoeGrads = MoeParams;
 
+// The group a parameter's gradient is summed over when several ranks train one model, data x
+// expert parallel: world = dp x ep ranks, ep-rank groups of ep ranks each holding one replica of
+// the model with its experts split over the group (all_reduce_moe_grads, scmoe/moe/grad_reduction.h).
+enum class GradGroup {
+    kDataParallel,    // replicated on every rank (gate_w, shared_w1/w2, cg_w): summed over all world ranks
+    kExpertReplicas,  // this rank's slice of the experts (expert_w1/w2): summed over the dp ranks that
+                      // hold the same slice (same ep rank), since the ep group already routed every
+                      // token of the replica to its expert
+};
+const char* grad_group_name(GradGroup g);  // "data-parallel", "expert-replicas"
+
 struct ParamSpec {
     std::string name;                 // "gate_w", ...
     std::vector<std::int64_t> shape;  // empty when the config does not use this parameter
+    GradGroup reduce_over = GradGroup::kDataParallel;  // which ranks its gradient is summed over
     std::int64_t numel() const;
 };
 
