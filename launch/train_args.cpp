@@ -8,6 +8,7 @@
 #include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "launch/local_rank.h"
+#include "launch/stop_signals.h"
 
 namespace scmoe::launch {
 
@@ -87,6 +88,11 @@ Args parse(int argc, const char* const* argv) {
          cxxopts::value<std::int64_t>()->default_value("0"))
         ("peak-tflops", "Peak dense TFLOP/s of one device, for the MFU in the summary (e.g. 989 for H100 SXM bf16)",
          cxxopts::value<double>()->default_value("0"))
+        ("stop-signals", "Signals that stop the run cleanly, comma separated (SIGTERM, SIGINT, SIGHUP, SIGQUIT, "
+                         "SIGUSR1, SIGUSR2, SIGXCPU; 'none'): every rank finishes the current step, the run saves "
+                         "a checkpoint (with --checkpoint-dir) and exits with status 4, naming the signal; a second "
+                         "one exits at once, keeping the last complete checkpoint",
+         cxxopts::value<std::string>()->default_value(kDefaultStopSignals))
         ("quiet", "Only the summary")
         ("h,help", "Print this help");
     // clang-format on
@@ -206,6 +212,11 @@ Args parse(int argc, const char* const* argv) {
     a.stop_at = r["stop-at"].as<std::int64_t>();
     a.log_every = r.count("log-every") ? r["log-every"].as<std::int64_t>() : std::max<std::int64_t>(1, t.steps / 20);
     a.quiet = r.count("quiet") > 0;
+    try {
+        a.stop_signals = parse_stop_signals(r["stop-signals"].as<std::string>());
+    } catch (const std::invalid_argument& e) {
+        throw UsageError(e.what());
+    }
     a.peak_tflops = r["peak-tflops"].as<double>();
     if (a.checkpoint_every < 0 || a.stop_at < 0 || a.log_every <= 0) throw UsageError("negative step counts");
     if ((a.checkpoint_every > 0 || a.stop_at > 0) && a.checkpoint_dir.empty() && a.checkpoint_every > 0)

@@ -40,6 +40,7 @@ struct Args {
     int infer_passes = 0;  // 0: no inference timing
     int chunks = 0;        // the a2a / expert pipeline's pieces: 0 = auto
     bool quiet = false;
+    std::vector<int> stop_signals;  // --stop-signals (launch/stop_signals.h); empty: none
     double peak_tflops = 0;
 };
 

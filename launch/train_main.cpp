@@ -5,7 +5,9 @@
 // --eval-data reports the held-out loss every --eval-every steps and after the last; --eval-only
 // evaluates a checkpoint without training. Lines, metrics and the summary: launch/train_report.h.
 //
-// Exit status: 0 ok, 2 bad command line, 3 runtime error (a rank's error is printed with its rank).
+// Exit status: 0 ok, 2 bad command line, 3 runtime error (a rank's error is printed with its rank),
+// 4 stopped by a stop signal (--stop-signals, launch/stop_signals.h): every rank finished the
+// step, agreed, saved a checkpoint (with --checkpoint-dir) and exited; --resume auto continues.
 // Under mpirun a rank's error ends the job with MPI_Abort. SCMOE_FAULT_GRAD injects a non-finite
 // gradient, SCMOE_FAULT_THROW a host-side error mid-step (testing; fault_from_env below).
 #include <unistd.h>
@@ -39,6 +41,7 @@
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
 #include "launch/startup_watchdog.h"
+#include "launch/stop_signals.h"
 #include "launch/train_args.h"
 #include "launch/train_comms.h"
 #include "launch/train_report.h"
@@ -52,6 +55,9 @@ namespace scmoe::launch {
 namespace {
 
 constexpr int kExitUsage = 2, kExitError = 3;
+
+// The stop signal every rank agreed on (0: none): set by train_variant, read by the launchers.
+std::atomic<int> g_stopped_by{0};
 
 // SCMOE_FAULT_GRAD=STEP:RANK and SCMOE_FAULT_THROW=STEP:RANK (testing, models::StepFault): rank
 // RANK's gradients at step STEP overflow to non-finite values (every rank must then stop at STEP
@@ -160,6 +166,8 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
     // The final loss: the mean over the last tenth of the steps run here (at least one), summed as
     // they come (a long run keeps no per-step history).
     const std::int64_t tail = std::max<std::int64_t>(1, (last - first_step) / 10);
+    std::int64_t saved_step = -1;  // the step of the last checkpoint this loop wrote, and its directory
+    std::string saved_dir;
     double tail_loss_sum = 0;
     std::int64_t tail_steps = 0;
     while (trainer.steps_done() < last) {
@@ -198,10 +206,31 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
             ((args.checkpoint_every > 0 && m.step % args.checkpoint_every == 0) || m.step == last)) {
             const std::string dir = trainer.save(args.checkpoint_dir, args.keep);
             say("# checkpoint " + dir);
+            saved_step = m.step;
+            saved_dir = dir;
+        }
+        // A stop signal, seen by any rank by now (during the step, an evaluation or a save), stops
+        // every rank here, after the same step: save it (unless just saved) and end the run.
+        if (m.step < last) {
+            if (const int signal = trainer.agree_stop(requested_stop_signal())) {
+                if (!args.checkpoint_dir.empty() && saved_step != m.step)
+                    saved_dir = trainer.save(args.checkpoint_dir, args.keep);
+                if (lead) {
+                    std::lock_guard<std::mutex> lock(print_mutex);
+                    std::cerr << "scmoe-train: " << stop_signal_name(signal) << ": finished step " << m.step << ", "
+                              << (args.checkpoint_dir.empty() ? "nothing saved (no --checkpoint-dir)"
+                                                              : "saved " + saved_dir)
+                              << ", exiting with status " << kExitStopped
+                              << (args.checkpoint_dir.empty() ? "" : " (resume: the same command with --resume auto)")
+                              << std::endl;
+                }
+                g_stopped_by = signal;
+                break;
+            }
         }
     }
     if (tracer) tracer->write(args.trace + ".rank" + std::to_string(layout.rank) + ".json");
-    if (args.infer_passes > 0) sum.forward_ms = trainer.time_forward(args.infer_passes);
+    if (args.infer_passes > 0 && !g_stopped_by) sum.forward_ms = trainer.time_forward(args.infer_passes);
     sum.steps = trainer.steps_done();
     if (tail_steps > 0) sum.final_loss = tail_loss_sum / static_cast<double>(tail_steps);
     if (timed > 0) {
@@ -238,6 +267,8 @@ std::unique_ptr<Device> make_train_device(const Args& args, int index) {
 }
 
 int run_in_process(const Args& args) {
+    // Process-wide: whichever thread takes the signal, every rank reads the request.
+    install_stop_signals(args.stop_signals, "scmoe-train");
     const int world = args.ranks, ep = args.ep > 0 ? args.ep : world;
     models::ParallelLayout{world, 0, ep}.validate();
     const std::string backend = device_choice(args);
@@ -282,8 +313,12 @@ int run_in_process(const Args& args) {
                       << std::defaultfloat << std::endl;
         }
         runs.push_back(results[0]);
+        if (g_stopped_by) return kExitStopped;  // its line is printed; the summary would be of a part
     }
     if (!args.eval_only) print_summary(runs, args.peak_tflops);
+    if (const int late = requested_stop_signal())
+        std::cerr << "scmoe-train: " << stop_signal_name(late) << " came after the last step: the run is complete"
+                  << std::endl;
     return 0;
 }
 
@@ -294,6 +329,10 @@ int run_mpi(const Args& launch_args) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     Args args = launch_args;
+    // mpirun forwards SIGUSR1 and SIGUSR2 to every rank; SIGTERM and SIGINT to mpirun end the job
+    // (TERM, then KILL after its odls_base_sigkill_timeout): send those to the ranks themselves, as
+    // Slurm does. A rank that alone is signalled still stops every rank (Trainer::agree_stop).
+    install_stop_signals(args.stop_signals, "scmoe-train: rank " + std::to_string(rank));
     // Reports the error on stderr, one line starting "scmoe-train: rank R:", and ends the job the
     // way the launcher expects: MPI_Abort, which makes mpirun kill every rank, also those blocked
     // in a collective or stopped, and return kExitError. Does not return.
@@ -348,13 +387,17 @@ int run_mpi(const Args& launch_args) {
             watchdog.disarm();  // from here every collective has its own timeout
             runs.push_back(run_variant(args, variant, variant == args.variants.front(), *device, layout, comms.comms(),
                                        print_mutex, abort_job));
+            if (g_stopped_by) break;
         }
-        if (rank == 0 && !args.eval_only) print_summary(runs, args.peak_tflops);
+        if (rank == 0 && !args.eval_only && !g_stopped_by) print_summary(runs, args.peak_tflops);
+        if (const int late = requested_stop_signal(); late && !g_stopped_by)
+            std::cerr << "scmoe-train: rank " << rank << ": " << stop_signal_name(late)
+                      << " came after the last step: the run is complete" << std::endl;
     } catch (const std::exception& e) {
         abort_job(e);
     }
     MPI_Finalize();
-    return 0;
+    return g_stopped_by ? kExitStopped : 0;
 }
 #endif
 

@@ -1,12 +1,21 @@
 #include "scmoe/models/checkpoint.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -49,31 +58,148 @@ std::string read_text(const std::string& path) {
     return s.str();
 }
 
-void write_text(const std::string& path, const std::string& text) { write_file_atomically(path, text.data(), text.size()); }
-
-// Every rank learns whether all ranks succeeded: a sum of failure flags over the world.
-bool all_ok(Communicator* world, bool ok, Device& device, Stream& stream) {
-    if (!world || world->size() == 1) return ok;
-    DeviceBuffer scratch(device, sizeof(std::int32_t));
-    std::int32_t failures = ok ? 0 : 1;
-    all_reduce_sum_host(*world, &failures, 1, scratch.data(), stream);
-    return failures == 0;
+void write_text(const std::string& path, const std::string& text) {
+    write_file_atomically(path, text.data(), text.size());
 }
 
-// Runs `fn`; then every rank agrees: a local error is rethrown, a peer's becomes a named error.
+constexpr const char* kManifestFormat = "scmoe-checkpoint-manifest-v1";
+constexpr const char* kManifestName = "manifest.json";
+constexpr const char* kStateName = "trainer_state.json";
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kRunIdKey = "scmoe.run_id";
+constexpr const char* kSaveIdKey = "scmoe.save_id";
+
+// Every rank's `mine` (up to kSlot - 1 bytes) in rank order: the all-gather of fixed slots.
+std::vector<std::string> gather_strings(Communicator* world, const std::string& mine, Device& device, Stream& stream) {
+    if (!world || world->size() == 1) return {mine};
+    constexpr std::size_t kSlot = 4096;  // bytes per rank, a multiple of 4 (sent as i32 words)
+    const auto n = static_cast<std::size_t>(world->size());
+    DeviceBuffer buffer(device, kSlot * n);
+    std::vector<char> own(kSlot, 0), all(kSlot * n);
+    std::memcpy(own.data(), mine.data(), std::min(mine.size(), kSlot - 1));
+    char* slots = static_cast<char*>(buffer.data());
+    char* own_slot = slots + kSlot * static_cast<std::size_t>(world->rank());
+    stream.copy(own_slot, own.data(), kSlot);
+    world->all_gather(own_slot, static_cast<std::int64_t>(kSlot / 4), slots, DType::kI32, stream);
+    stream.copy(all.data(), slots, all.size());
+    stream.synchronize();
+    std::vector<std::string> out(n);
+    for (std::size_t r = 0; r < n; ++r)
+        out[r] = std::string(all.data() + r * kSlot, strnlen(all.data() + r * kSlot, kSlot));
+    return out;
+}
+
+// Runs `fn`; then every rank agrees: a local error is rethrown, a peer's becomes an error naming
+// that rank and its cause (every rank's cause is gathered, so none says only "see its error").
 template <class Fn>
 void collectively(const CheckpointTarget& t, const std::string& what, Fn&& fn) {
     std::exception_ptr error;
+    std::string cause;
     try {
         fn();
     } catch (const CommError&) {
         throw;  // a failed collective is not agreed on (see Trainer::step)
+    } catch (const std::exception& e) {
+        error = std::current_exception();
+        cause = e.what();
     } catch (...) {
         error = std::current_exception();
+        cause = "an unknown exception";
     }
-    const bool ok = all_ok(t.world, !error, t.model.device(), t.model.stream());
+    // "!" marks a failure, so an empty cause still counts.
+    const std::vector<std::string> causes =
+        gather_strings(t.world, error ? "!" + cause : std::string(), t.model.device(), t.model.stream());
     if (error) std::rethrow_exception(error);
-    SCMOE_CHECK(ok, what << ": failed on another rank (see its error)");
+    std::string first, others;
+    for (std::size_t r = 0; r < causes.size(); ++r) {
+        if (causes[r].empty()) continue;
+        if (first.empty())
+            first = "failed on rank " + std::to_string(r) + ": " + causes[r].substr(1);
+        else
+            others += (others.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (!first.empty()) SCMOE_FAIL(what << ": " << first << (others.empty() ? "" : " (and on rank(s) " + others + ")"));
+}
+
+// Size and CRC-32 of a file's bytes, read in pieces.
+CheckpointManifest::File file_sum(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    SCMOE_CHECK(in, path << ": cannot open: " << std::strerror(errno));
+    CheckpointManifest::File f;
+    std::vector<char> buf(1 << 20);
+    while (in) {
+        in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+        const std::streamsize got = in.gcount();
+        if (got <= 0) break;
+        f.crc32 = crc32_update(f.crc32, buf.data(), static_cast<std::size_t>(got));
+        f.bytes += got;
+    }
+    SCMOE_CHECK(in.eof(), path << ": read failed");
+    return f;
+}
+
+std::string hex32(std::uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08x", v);
+    return buf;
+}
+
+// 16 hex digits from the OS's entropy, the clock and the pid: distinct for every run and save.
+std::string new_id() {
+    std::random_device rd;
+    std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+    v ^=
+        static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull;
+    v ^= static_cast<std::uint64_t>(::getpid()) << 17;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
+void fsync_dir(const fs::path& dir) {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    SCMOE_CHECK(fd >= 0, dir.string() << ": open (to fsync the directory): " << std::strerror(errno));
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    SCMOE_CHECK(rc == 0, dir.string() << ": fsync (directory): " << std::strerror(err));
+}
+
+// "step-00000100" -> 100; -1 for any other name (step-N.tmp, latest, ...).
+std::int64_t step_of_dir_name(const std::string& n) {
+    if (n.size() != 13 || n.rfind("step-", 0) != 0) return -1;
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(n.data() + 5, n.data() + n.size(), v);
+    return ec == std::errc() && end == n.data() + n.size() ? v : -1;
+}
+
+// The step directories of `root`, newest first.
+std::vector<std::pair<std::int64_t, fs::path>> step_dirs(const fs::path& root) {
+    std::vector<std::pair<std::int64_t, fs::path>> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+        const std::int64_t s = step_of_dir_name(e.path().filename().string());
+        if (s >= 0 && e.is_directory()) out.emplace_back(s, e.path());
+    }
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    return out;
+}
+
+// The data fingerprint: every training file's name, size and CRC-32 of its bytes (one read).
+std::string data_fingerprint(const std::vector<std::string>& paths) {
+    ordered_json files = ordered_json::array();
+    for (const std::string& p : paths) {
+        const CheckpointManifest::File f = file_sum(p);
+        files.push_back({{"path", p}, {"bytes", f.bytes}, {"crc32", hex32(f.crc32)}});
+    }
+    return files.dump();
+}
+
+std::string settings_json(const CheckpointRun* run) {
+    ordered_json j = ordered_json::object();
+    if (run)
+        for (const auto& [k, v] : run->settings) j[k] = ordered_json::parse(v);
+    return j.dump();
 }
 
 struct HostState {
@@ -110,17 +236,26 @@ std::string describe_config_difference(const std::string& ours, const std::strin
 
 }  // namespace
 
+const std::vector<std::string>& checkpoint_setting_names() {
+    static const std::vector<std::string> names = {"lr",    "min-lr", "warmup", "steps", "weight-decay", "beta1",
+                                                   "beta2", "eps",    "clip",   "batch", "data"};
+    return names;
+}
+
 CheckpointState parse_checkpoint_state(const std::string& text, const std::string& dir) {
     CheckpointState st;
     try {
         const ordered_json j = ordered_json::parse(text);
-        SCMOE_CHECK(j.at("format").get<std::string>() == kFormat, "format " << j.at("format") << ", expected " << kFormat);
+        SCMOE_CHECK(j.at("format").get<std::string>() == kFormat,
+                    "format " << j.at("format") << ", expected " << kFormat);
         st.step = detail::json_integer<std::int64_t>(j.at("step"));
         st.world = detail::json_integer<int>(j.at("world"));
         st.ep = detail::json_integer<int>(j.at("ep"));
         st.config = j.at("config").dump();
+        if (j.contains("run_id")) st.run_id = j.at("run_id").get<std::string>();
+        if (j.contains("save_id")) st.save_id = j.at("save_id").get<std::string>();
     } catch (const nlohmann::json::exception& e) {
-        SCMOE_FAIL((fs::path(dir) / "trainer_state.json").string() << ": corrupted checkpoint state: " << e.what());
+        SCMOE_FAIL((fs::path(dir) / kStateName).string() << ": corrupted checkpoint state: " << e.what());
     } catch (const Error& e) {
         SCMOE_FAIL(dir << ": " << e.what());
     }
@@ -142,6 +277,209 @@ ByteBatcherState parse_checkpoint_rank_state(const std::string& text, const std:
     return data;
 }
 
+CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& dir) {
+    CheckpointManifest m;
+    const std::string where = (fs::path(dir) / kManifestName).string() + ": corrupted checkpoint manifest: ";
+    try {
+        const ordered_json j = ordered_json::parse(text);
+        SCMOE_CHECK(j.at("format").get<std::string>() == kManifestFormat,
+                    "format " << j.at("format") << ", expected " << kManifestFormat);
+        m.run_id = j.at("run_id").get<std::string>();
+        m.save_id = j.at("save_id").get<std::string>();
+        SCMOE_CHECK(!m.run_id.empty() && !m.save_id.empty(), "an empty run_id or save_id");
+        m.step = detail::json_integer<std::int64_t>(j.at("step"));
+        SCMOE_CHECK(j.at("settings").is_object(), "settings is not an object");
+        m.settings = j.at("settings").dump();
+        m.data = j.at("data").dump();
+        const ordered_json& files = j.at("files");
+        SCMOE_CHECK(files.is_object() && !files.empty(), "files is not a non-empty object");
+        for (auto it = files.begin(); it != files.end(); ++it) {
+            const std::string& name = it.key();
+            SCMOE_CHECK(!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos,
+                        "file name '" << name << "' is not a plain file name");
+            CheckpointManifest::File f;
+            f.bytes = detail::json_integer<std::int64_t>(it.value().at("bytes"));
+            SCMOE_CHECK(f.bytes >= 0, name << ": bytes " << f.bytes << " < 0");
+            const std::string crc = it.value().at("crc32").get<std::string>();
+            std::uint32_t v = 0;
+            const auto [end, ec] = std::from_chars(crc.data(), crc.data() + crc.size(), v, 16);
+            SCMOE_CHECK(crc.size() == 8 && ec == std::errc() && end == crc.data() + crc.size(),
+                        name << ": crc32 '" << crc << "' is not 8 hex digits");
+            f.crc32 = v;
+            m.files[name] = f;
+        }
+    } catch (const nlohmann::json::exception& e) {
+        SCMOE_FAIL(where << e.what());
+    } catch (const Error& e) {
+        SCMOE_FAIL(where << e.what());
+    }
+    return m;
+}
+
+bool has_checkpoint(const std::string& path) {
+    const fs::path p = path;
+    std::error_code ec;
+    if (fs::exists(p / "latest", ec) || fs::exists(p / kManifestName, ec) || fs::exists(p / kStateName, ec))
+        return true;
+    return fs::is_directory(p, ec) && !step_dirs(p).empty();
+}
+
+namespace {
+
+std::string describe_file(const CheckpointManifest::File& f) {
+    return std::to_string(f.bytes) + " bytes, CRC-32 " + hex32(f.crc32);
+}
+
+// The manifest's entry for `name`, compared with the bytes `name` has (their sum `got`).
+void check_sum(const fs::path& dir, const CheckpointManifest& m, const std::string& name,
+               const CheckpointManifest::File& got) {
+    const auto it = m.files.find(name);
+    SCMOE_CHECK(it != m.files.end(), (dir / name).string() << ": not in manifest.json: refusing to resume");
+    SCMOE_CHECK(it->second.bytes == got.bytes && it->second.crc32 == got.crc32,
+                (dir / name).string() << ": checksum mismatch: manifest.json has " << describe_file(it->second)
+                                      << ", the file " << describe_file(got)
+                                      << " (corrupted, or a file of another checkpoint): refusing to resume");
+}
+
+CheckpointManifest::File text_sum(const std::string& text) {
+    return {static_cast<std::int64_t>(text.size()), crc32_update(0, text.data(), text.size())};
+}
+
+// The run and save ids a file carries, compared with the manifest's.
+void check_ids(const fs::path& file, const CheckpointManifest& m, const std::string& run_id,
+               const std::string& save_id) {
+    SCMOE_CHECK(run_id == m.run_id && save_id == m.save_id,
+                file.string() << ": run id '" << run_id << "', save id '" << save_id << "'; manifest.json: run id '"
+                              << m.run_id << "', save id '" << m.save_id
+                              << "' (a file of another run or another save of this step): refusing to resume");
+}
+
+std::string meta_value(const SafetensorsFile& f, const char* key) {
+    const auto it = f.metadata.find(key);
+    return it == f.metadata.end() ? std::string("(none)") : it->second;
+}
+
+std::string read_manifest_text(const fs::path& dir) {
+    const fs::path p = dir / kManifestName;
+    SCMOE_CHECK(fs::exists(p), dir.string() << ": no manifest.json (an incomplete checkpoint, or one written before "
+                                               "checkpoints had manifests): refusing to resume without checksums");
+    return read_text(p.string());
+}
+
+// Every file of `dir`'s manifest has its size and CRC: "" or why not (rank 0's fallback search).
+std::string verify_complete(const fs::path& dir) {
+    try {
+        const CheckpointManifest m = parse_checkpoint_manifest(read_manifest_text(dir), dir.string());
+        for (const auto& [name, f] : m.files) {
+            SCMOE_CHECK(fs::exists(dir / name), (dir / name).string() << ": missing");
+            check_sum(dir, m, name, file_sum((dir / name).string()));
+        }
+        return "";
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+}
+
+// Rank 0: the step directory `path` names; a root's `latest` when it names a step with a manifest,
+// else the newest step that verifies (with a note saying so).
+fs::path resolve_step_dir(const std::string& path, std::vector<std::string>& notes) {
+    const fs::path p = path;
+    if (fs::exists(p / kManifestName) || fs::exists(p / kStateName)) return p;
+    const fs::path latest = p / "latest";
+    std::string why;
+    if (fs::exists(latest)) {
+        std::string name;
+        try {
+            name = read_text(latest.string());
+        } catch (const std::exception& e) {
+            why = e.what();
+        }
+        while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+        if (!why.empty()) {
+        } else if (step_of_dir_name(name) < 0) {
+            why = latest.string() + ": corrupted checkpoint pointer '" + name + "'";
+        } else if (!fs::exists(p / name / kManifestName)) {
+            why = latest.string() + " names " + name + ", which " +
+                  (fs::exists(p / name) ? "has no manifest.json (incomplete)" : "does not exist");
+        } else {
+            return p / name;
+        }
+    } else {
+        why = latest.string() + " is missing";
+    }
+    const auto dirs = step_dirs(p);
+    SCMOE_CHECK(!dirs.empty(), "no checkpoint at " << path << " (" << why << ", and there is no step directory)");
+    std::string rejected;
+    for (const auto& [step, dir] : dirs) {
+        const std::string bad = verify_complete(dir);
+        if (bad.empty()) {
+            notes.push_back(why + ": resuming from the newest complete, verified step, " + dir.string());
+            return dir;
+        }
+        rejected += "\n  " + bad;
+    }
+    SCMOE_FAIL("no checkpoint at " << path << " verifies (" << why << "); its step directories:" << rejected);
+}
+
+// The data fingerprints' difference in words, or "" when the contents agree (paths may differ).
+std::string describe_data_difference(const std::string& theirs, const std::string& ours) {
+    const ordered_json a = ordered_json::parse(theirs), b = ordered_json::parse(ours);
+    auto content = [](const ordered_json& j) {
+        std::vector<std::pair<std::int64_t, std::string>> c;
+        if (j.is_array())
+            for (const auto& f : j) c.emplace_back(f.value("bytes", std::int64_t{-1}), f.value("crc32", std::string()));
+        return c;
+    };
+    if (a.is_array() && content(a) == content(b)) return "";
+    auto words = [](const ordered_json& j) {
+        if (!j.is_array()) return std::string("(not recorded)");
+        std::string w;
+        for (std::size_t i = 0; i < j.size(); ++i) {
+            if (i == 3) return w + " and " + std::to_string(j.size() - 3) + " more";
+            w += (i ? ", " : "") + j[i].value("path", std::string("?")) + " (" +
+                 std::to_string(j[i].value("bytes", std::int64_t{-1})) + " bytes, CRC-32 " +
+                 j[i].value("crc32", std::string("?")) + ")";
+        }
+        return w;
+    };
+    return words(a) + " in the checkpoint, " + words(b) + " in this run";
+}
+
+// Compares the checkpoint's settings (and on rank 0 its data) with the run's: refused unless allowed.
+void compare_run(const fs::path& dir, const CheckpointManifest& m, CheckpointRun& run, bool lead,
+                 const std::vector<std::string>& allow, std::vector<std::string>& notes) {
+    const ordered_json theirs = ordered_json::parse(m.settings), ours = ordered_json::parse(settings_json(&run));
+    std::vector<std::pair<std::string, std::string>> diffs;  // name, what differs
+    std::vector<std::string> keys;
+    for (auto it = ours.begin(); it != ours.end(); ++it) keys.push_back(it.key());
+    for (auto it = theirs.begin(); it != theirs.end(); ++it)
+        if (!ours.contains(it.key())) keys.push_back(it.key());
+    for (const std::string& k : keys) {
+        const std::string a = theirs.contains(k) ? theirs[k].dump() : "(missing)";
+        const std::string b = ours.contains(k) ? ours[k].dump() : "(missing)";
+        if (a != b) diffs.emplace_back(k, k + " " + a + " in the checkpoint, " + b + " in this run");
+    }
+    if (lead) {
+        if (run.data_fingerprint.empty()) run.data_fingerprint = data_fingerprint(run.data);
+        const std::string d = describe_data_difference(m.data, run.data_fingerprint);
+        if (!d.empty()) diffs.emplace_back("data", "data: " + d);
+    }
+    std::string refused, names;
+    for (const auto& [name, what] : diffs) {
+        if (std::find(allow.begin(), allow.end(), name) != allow.end()) {
+            notes.push_back("allowed change (--allow-change " + name + "): " + what);
+        } else {
+            refused += (refused.empty() ? "" : "; ") + what;
+            names += (names.empty() ? "" : ",") + name;
+        }
+    }
+    SCMOE_CHECK(refused.empty(), dir.string() << ": the training settings differ: " << refused
+                                              << ": refusing to resume (to change them on purpose: --allow-change "
+                                              << names << ")");
+}
+
+}  // namespace
+
 std::string save_checkpoint(const std::string& root, CheckpointTarget t, int keep) {
     SCMOE_CHECK(t.optimizers.size() == t.model.param_groups().size(),
                 "save_checkpoint: " << t.optimizers.size() << " optimizers for " << t.model.param_groups().size()
@@ -149,15 +487,22 @@ std::string save_checkpoint(const std::string& root, CheckpointTarget t, int kee
     const ParallelLayout& L = t.layout;
     const std::string name = step_dir_name(t.step);
     const fs::path final_dir = fs::path(root) / name, tmp_dir = fs::path(root) / (name + ".tmp");
+    const std::string what = "save_checkpoint " + final_dir.string();
     t.model.blocks().synchronize();
-    collectively(t, "save_checkpoint " + final_dir.string(), [&] {
+    std::string ids;  // rank 0's "<run id> <save id>"
+    collectively(t, what, [&] {
         if (L.rank != 0) return;
         fs::create_directories(root);
         fs::remove_all(tmp_dir);
         fs::create_directory(tmp_dir);
+        ids = (t.run && !t.run->run_id.empty() ? t.run->run_id : new_id()) + " " + new_id();
     });
+    ids = gather_strings(t.world, ids, t.model.device(), t.model.stream())[0];
+    const std::string run_id = ids.substr(0, ids.find(' ')), save_id = ids.substr(ids.find(' ') + 1);
+    if (t.run) t.run->run_id = run_id;
 
-    collectively(t, "save_checkpoint " + final_dir.string(), [&] {
+    std::string sums;  // this rank's files: "<name> <bytes> <crc32 hex>\n" each
+    collectively(t, what, [&] {
         const auto& groups = t.model.param_groups();
         std::vector<HostState> host(groups.size());
         Stream& s = t.model.stream();
@@ -191,114 +536,217 @@ std::string save_checkpoint(const std::string& root, CheckpointTarget t, int kee
                 }
             }
         }
-        const std::map<std::string, std::string> meta = {{"format", kFormat},
-                                                         {"step", std::to_string(t.step)},
-                                                         {"world", std::to_string(L.world)},
-                                                         {"ep", std::to_string(L.ep)},
-                                                         {"config", t.model.config().to_json()}};
-        if (L.rank == 0) write_safetensors((tmp_dir / "dense.safetensors").string(), dense, meta);
-        if (L.ep_group() == 0) write_safetensors((tmp_dir / expert_file_name(L.ep_rank(), L.ep)).string(), experts, meta);
+        const std::map<std::string, std::string> meta = {
+            {"format", kFormat},          {"step", std::to_string(t.step)},       {"world", std::to_string(L.world)},
+            {"ep", std::to_string(L.ep)}, {"config", t.model.config().to_json()}, {kRunIdKey, run_id},
+            {kSaveIdKey, save_id}};
+        std::vector<std::string> written;
+        if (L.rank == 0) {
+            write_safetensors((tmp_dir / "dense.safetensors").string(), dense, meta);
+            written.push_back("dense.safetensors");
+        }
+        if (L.ep_group() == 0) {
+            write_safetensors((tmp_dir / expert_file_name(L.ep_rank(), L.ep)).string(), experts, meta);
+            written.push_back(expert_file_name(L.ep_rank(), L.ep));
+        }
         const ByteBatcherState d = t.batcher.state();
         ordered_json r;
         r["rank"] = L.rank;
         r["step"] = t.step;
+        r["run_id"] = run_id;
+        r["save_id"] = save_id;
         r["data"] = {{"seed", d.seed}, {"epoch", d.epoch}, {"position", d.position}, {"num_windows", d.num_windows}};
         write_text((tmp_dir / rank_file_name(L.rank)).string(), r.dump(2) + "\n");
+        written.push_back(rank_file_name(L.rank));
 
-        if (L.rank != 0) return;
-        // The index: every tensor of every expert-parallel rank (rank 0 knows their names).
-        SafetensorsIndex index;
-        index.metadata = {{"format", kFormat}, {"step", std::to_string(t.step)}};
-        const int local_experts = t.model.config().moe.num_experts / L.ep;
-        for (const ParamGroup& g : groups) {
-            for (const NamedTensor& nt : g.tensors) {
-                const int ranks = nt.expert ? L.ep : 1;
-                for (int er = 0; er < ranks; ++er) {
-                    NamedTensor other = nt;
-                    other.first_expert = er * local_experts;
-                    for (const Slice& sl : slices_of(other)) {
-                        const std::string file = nt.expert ? expert_file_name(er, L.ep) : "dense.safetensors";
-                        for (const char* suffix : {"", ".adam_m", ".adam_v"}) index.weight_map[sl.name + suffix] = file;
+        if (L.rank == 0) {
+            // The index: every tensor of every expert-parallel rank (rank 0 knows their names).
+            SafetensorsIndex index;
+            index.metadata = {
+                {"format", kFormat}, {"step", std::to_string(t.step)}, {kRunIdKey, run_id}, {kSaveIdKey, save_id}};
+            const int local_experts = t.model.config().moe.num_experts / L.ep;
+            for (const ParamGroup& g : groups) {
+                for (const NamedTensor& nt : g.tensors) {
+                    const int ranks = nt.expert ? L.ep : 1;
+                    for (int er = 0; er < ranks; ++er) {
+                        NamedTensor other = nt;
+                        other.first_expert = er * local_experts;
+                        for (const Slice& sl : slices_of(other)) {
+                            const std::string file = nt.expert ? expert_file_name(er, L.ep) : "dense.safetensors";
+                            for (const char* suffix : {"", ".adam_m", ".adam_v"})
+                                index.weight_map[sl.name + suffix] = file;
+                        }
                     }
                 }
             }
+            write_safetensors_index((tmp_dir / kIndexName).string(), index);
+            written.push_back(kIndexName);
         }
-        write_safetensors_index((tmp_dir / "model.safetensors.index.json").string(), index);
+        // Read back what landed on disk: the manifest's checksums are of the files as stored.
+        for (const std::string& f : written) {
+            const CheckpointManifest::File sum = file_sum((tmp_dir / f).string());
+            sums += f + " " + std::to_string(sum.bytes) + " " + hex32(sum.crc32) + "\n";
+        }
     });
+    const std::vector<std::string> all_sums = gather_strings(t.world, sums, t.model.device(), t.model.stream());
 
-    collectively(t, "save_checkpoint " + final_dir.string(), [&] {
+    collectively(t, what, [&] {
         if (L.rank != 0) return;
         ordered_json st;
         st["format"] = kFormat;
         st["step"] = t.step;
         st["world"] = L.world;
         st["ep"] = L.ep;
+        st["run_id"] = run_id;
+        st["save_id"] = save_id;
         st["config"] = ordered_json::parse(t.model.config().to_json());
-        write_text((tmp_dir / "trainer_state.json").string(), st.dump(2) + "\n");
-        fs::remove_all(final_dir);
-        fs::rename(tmp_dir, final_dir);
-        write_text((fs::path(root) / "latest").string(), name + "\n");
-        // Keep the newest `keep` complete checkpoints (names sort by step).
-        std::vector<fs::path> dirs;
-        for (const auto& e : fs::directory_iterator(root)) {
-            const std::string n = e.path().filename().string();
-            if (e.is_directory() && n.rfind("step-", 0) == 0 && n.find(".tmp") == std::string::npos) dirs.push_back(e.path());
+        const std::string state_text = st.dump(2) + "\n";
+        write_text((tmp_dir / kStateName).string(), state_text);
+
+        ordered_json m;
+        m["format"] = kManifestFormat;
+        m["run_id"] = run_id;
+        m["save_id"] = save_id;
+        m["step"] = t.step;
+        m["world"] = L.world;
+        m["ep"] = L.ep;
+        m["config"] = st["config"];
+        m["settings"] = ordered_json::parse(settings_json(t.run));
+        if (t.run && t.run->data_fingerprint.empty()) t.run->data_fingerprint = data_fingerprint(t.run->data);
+        m["data"] = t.run ? ordered_json::parse(t.run->data_fingerprint) : ordered_json();
+        ordered_json files = ordered_json::object();
+        const CheckpointManifest::File state_sum = text_sum(state_text);
+        files[kStateName] = {{"bytes", state_sum.bytes}, {"crc32", hex32(state_sum.crc32)}};
+        for (const std::string& rank_sums : all_sums) {
+            std::istringstream lines(rank_sums);
+            std::string file, crc;
+            std::int64_t bytes = 0;
+            while (lines >> file >> bytes >> crc) files[file] = {{"bytes", bytes}, {"crc32", crc}};
         }
-        std::sort(dirs.begin(), dirs.end());
-        for (std::size_t i = 0; keep > 0 && i + static_cast<std::size_t>(keep) < dirs.size(); ++i)
-            if (dirs[i] != final_dir) fs::remove_all(dirs[i]);
+        // Every file a load will ask for must be listed (a rank's sums cut short would show here).
+        std::vector<std::string> expected = {kStateName, kIndexName, "dense.safetensors"};
+        for (int e = 0; e < L.ep; ++e) expected.push_back(expert_file_name(e, L.ep));
+        for (int r = 0; r < L.world; ++r) expected.push_back(rank_file_name(r));
+        for (const std::string& f : expected)
+            SCMOE_CHECK(files.contains(f), "save_checkpoint: no checksum of " << f << " reached rank 0");
+        m["files"] = files;
+        write_text((tmp_dir / kManifestName).string(), m.dump(2) + "\n");  // fsyncs the file and tmp_dir
+
+        // Publish: step-N appears (or is exchanged with the old step-N) only now that it is complete
+        // and durable; `latest` follows; the old step-N is deleted last.
+        fs::path old;
+        if (!fs::exists(final_dir)) {
+            fs::rename(tmp_dir, final_dir);
+        } else if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+            old = tmp_dir;  // now holds the old step-N
+        } else {
+            const int err = errno;
+            SCMOE_CHECK(err == EINVAL || err == ENOSYS, final_dir.string()
+                                                            << ": renameat2 (RENAME_EXCHANGE with " << tmp_dir.string()
+                                                            << "): " << std::strerror(err));
+            // A file system without the exchange: the old step-N moves aside first.
+            old = fs::path(root) / (name + ".old");
+            fs::remove_all(old);
+            fs::rename(final_dir, old);
+            fs::rename(tmp_dir, final_dir);
+        }
+        fsync_dir(root);
+        write_text((fs::path(root) / "latest").string(), name + "\n");
+        if (!old.empty()) fs::remove_all(old);
+
+        // Keep the newest `keep` steps up to this one; never the step this run resumed from; steps
+        // newer than this one (abandoned by a rollback) are left alone.
+        if (keep <= 0) return;
+        std::error_code ec;
+        const fs::path resumed =
+            t.run && !t.run->resumed_from.empty() ? fs::weakly_canonical(t.run->resumed_from, ec) : fs::path();
+        int kept = 0;
+        for (const auto& [step, dir] : step_dirs(root)) {
+            if (step > t.step) continue;
+            if (kept < keep) {
+                ++kept;
+                continue;
+            }
+            if (!resumed.empty() && fs::weakly_canonical(dir, ec) == resumed) continue;
+            fs::remove_all(dir);
+        }
     });
     return final_dir.string();
 }
 
-void load_checkpoint(const std::string& path, CheckpointTarget t) {
+CheckpointLoad load_checkpoint(const std::string& path, CheckpointTarget t, const std::vector<std::string>& allow) {
     SCMOE_CHECK(t.optimizers.size() == t.model.param_groups().size(),
                 "load_checkpoint: " << t.optimizers.size() << " optimizers for " << t.model.param_groups().size()
                                     << " parameter groups");
+    for (const std::string& a : allow) {
+        const auto& names = checkpoint_setting_names();
+        SCMOE_CHECK(std::find(names.begin(), names.end(), a) != names.end(),
+                    "load_checkpoint: allow_change '" << a << "' is not a setting a checkpoint records");
+    }
     const ParallelLayout& L = t.layout;
     const auto& groups = t.model.param_groups();
     std::vector<HostState> host(groups.size());
     ByteBatcherState data;
     std::int64_t step = 0;
+    CheckpointLoad result;
     t.model.blocks().synchronize();
+    const std::string what = "load_checkpoint " + path;
+    // Rank 0 picks the step directory (a root's `latest`, or the fallback), every rank loads it.
+    std::string chosen;
+    collectively(t, what, [&] {
+        if (L.rank == 0) chosen = resolve_step_dir(path, result.notes).string();
+    });
+    chosen = gather_strings(t.world, chosen, t.model.device(), t.model.stream())[0];
+    const fs::path dir = chosen;
     // Read and check everything first; nothing changes until every rank has succeeded.
-    collectively(t, "load_checkpoint " + path, [&] {
-        fs::path dir = path;
-        if (fs::exists(dir / "latest")) {
-            std::string name = read_text((dir / "latest").string());
-            while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-            SCMOE_CHECK(!name.empty() && name.find('/') == std::string::npos,
-                        (dir / "latest").string() << ": corrupted checkpoint pointer '" << name << "'");
-            dir /= name;
-        }
-        SCMOE_CHECK(fs::exists(dir / "trainer_state.json"),
-                    "no checkpoint at " << path << " (neither a 'latest' file nor trainer_state.json)");
+    collectively(t, what, [&] {
+        const CheckpointManifest man = parse_checkpoint_manifest(read_manifest_text(dir), dir.string());
         std::string state_text;
         try {
-            state_text = read_text((dir / "trainer_state.json").string());
+            state_text = read_text((dir / kStateName).string());
         } catch (const Error& e) {
             SCMOE_FAIL(dir.string() << ": " << e.what());
         }
+        check_sum(dir, man, kStateName, text_sum(state_text));
         const CheckpointState st = parse_checkpoint_state(state_text, dir.string());
+        check_ids(dir / kStateName, man, st.run_id, st.save_id);
+        SCMOE_CHECK(st.step == man.step, (dir / kStateName).string() << ": step " << st.step << ", manifest.json: step "
+                                                                     << man.step << ": refusing to resume");
         step = st.step;
         try {
-            SCMOE_CHECK(st.world == L.world && st.ep == L.ep,
-                        "the checkpoint was written by world " << st.world << " x ep " << st.ep << "; this run is world "
-                                                               << L.world << " x ep " << L.ep
-                                                               << ": refusing to resume");
+            SCMOE_CHECK(st.world == L.world && st.ep == L.ep, "the checkpoint was written by world "
+                                                                  << st.world << " x ep " << st.ep
+                                                                  << "; this run is world " << L.world << " x ep "
+                                                                  << L.ep << ": refusing to resume");
             const std::string& theirs = st.config;
             const std::string ours = t.model.config().to_json();
             SCMOE_CHECK(LmConfig::from_json(theirs).to_json() == ours,
                         "the checkpoint's model config differs:" << describe_config_difference(ours, theirs)
-                                                                  << "; refusing to resume");
+                                                                 << "; refusing to resume");
         } catch (const nlohmann::json::exception& e) {
-            SCMOE_FAIL((dir / "trainer_state.json").string() << ": corrupted checkpoint state: " << e.what());
+            SCMOE_FAIL((dir / kStateName).string() << ": corrupted checkpoint state: " << e.what());
         } catch (const Error& e) {
             SCMOE_FAIL(dir.string() << ": " << e.what());
         }
-        const SafetensorsFile dense = read_safetensors((dir / "dense.safetensors").string());
-        const SafetensorsFile experts = read_safetensors((dir / expert_file_name(L.ep_rank(), L.ep)).string());
-        for (const SafetensorsFile* f : {&dense, &experts}) {
+        if (t.run) compare_run(dir, man, *t.run, L.rank == 0, allow, result.notes);
+        if (L.rank == 0) {
+            // Rank 0 checks the index (no other rank reads it); each rank checks the files it reads.
+            const std::string index_path = (dir / kIndexName).string();
+            check_sum(dir, man, kIndexName, file_sum(index_path));
+            const SafetensorsIndex index = read_safetensors_index(index_path);
+            const auto at = [&](const char* k) {
+                const auto it = index.metadata.find(k);
+                return it == index.metadata.end() ? std::string("(none)") : it->second;
+            };
+            check_ids(index_path, man, at(kRunIdKey), at(kSaveIdKey));
+        }
+        const std::string dense_name = "dense.safetensors", expert_name = expert_file_name(L.ep_rank(), L.ep);
+        check_sum(dir, man, dense_name, file_sum((dir / dense_name).string()));
+        check_sum(dir, man, expert_name, file_sum((dir / expert_name).string()));
+        const SafetensorsFile dense = read_safetensors((dir / dense_name).string());
+        const SafetensorsFile experts = read_safetensors((dir / expert_name).string());
+        for (const auto& [file, f] : {std::pair{dense_name, &dense}, std::pair{expert_name, &experts}}) {
+            check_ids(dir / file, man, meta_value(*f, kRunIdKey), meta_value(*f, kSaveIdKey));
             const auto it = f->metadata.find("step");
             SCMOE_CHECK(it != f->metadata.end() && it->second == std::to_string(step),
                         dir.string() << ": a shard's step differs from trainer_state.json (mixed checkpoints)");
@@ -325,10 +773,23 @@ void load_checkpoint(const std::string& path, CheckpointTarget t) {
             }
         }
         const std::string rank_path = (dir / rank_file_name(L.rank)).string();
-        data = parse_checkpoint_rank_state(read_text(rank_path), rank_path);
+        const std::string rank_text = read_text(rank_path);
+        check_sum(dir, man, rank_file_name(L.rank), text_sum(rank_text));
+        data = parse_checkpoint_rank_state(rank_text, rank_path);
+        try {
+            const ordered_json r = ordered_json::parse(rank_text);
+            check_ids(rank_path, man, r.value("run_id", std::string("(none)")),
+                      r.value("save_id", std::string("(none)")));
+            SCMOE_CHECK(r.at("rank") == L.rank && r.at("step") == step,
+                        rank_path << ": rank " << r.at("rank") << ", step " << r.at("step") << "; expected rank "
+                                  << L.rank << ", step " << step << ": refusing to resume");
+        } catch (const nlohmann::json::exception& e) {
+            SCMOE_FAIL(rank_path << ": corrupted checkpoint rank state: " << e.what());
+        }
         SCMOE_CHECK(data.num_windows == t.batcher.num_windows(),
                     dir.string() << ": the data differs: the checkpoint's shard has " << data.num_windows
                                  << " windows, this run's " << t.batcher.num_windows());
+        result.run_id = man.run_id;
     });
 
     Stream& s = t.model.stream();
@@ -343,6 +804,12 @@ void load_checkpoint(const std::string& path, CheckpointTarget t) {
     s.synchronize();
     t.batcher.restore(data);
     t.step = step;
+    result.dir = dir.string();
+    if (t.run) {
+        t.run->run_id = result.run_id;
+        t.run->resumed_from = result.dir;
+    }
+    return result;
 }
 
 }  // namespace scmoe::models

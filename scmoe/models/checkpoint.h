@@ -1,4 +1,5 @@
-// Training checkpoints: everything a step depends on, in safetensors files a Python reader can open.
+// Training checkpoints: everything a step depends on, in safetensors files a Python reader can open,
+// tied together and verified by a manifest.
 //
 //   root/latest                           "step-00000100" (written atomically, last)
 //   root/step-00000100/
@@ -9,18 +10,47 @@
 //     model.safetensors.index.json        the weight map (Hugging Face layout) of every tensor
 //     trainer_state.json                  format, step, world, ep, the model config
 //     rank-00000.json ...                 each rank's data position
-// Each file is written atomically (temp, fsync, rename) into step-N.tmp/, which is renamed to
-// step-N only when every rank has written; older checkpoints beyond `keep` are deleted after that,
-// so a failed or interrupted save never touches the previous checkpoint.
+//     manifest.json                       written last: the run id and the save id, the size and
+//                                         CRC-32 of every other file, the training settings
+//                                         (optimizer, schedule, batch, clipping), the data's
+//                                         fingerprint (files, sizes, CRC-32 of each file's bytes)
+// Every file carries the run id and the save id (safetensors metadata "scmoe.run_id" /
+// "scmoe.save_id", JSON keys "run_id" / "save_id"): a file of another run or another save of the
+// same step is refused even before its checksum is compared. The run id is drawn at a run's first
+// save and kept across resumes; the save id is new for every save.
 //
-// Loading checks the format, that the model config and the world / ep sizes are the same, and every
-// file (safetensors CRC and structure, shapes, presence of every tensor) before anything changes;
-// then every rank applies it. A failure on any rank fails the load on every rank, leaving the
-// trainer as it was.
+// The save protocol (crash-safe: a crash at any point leaves the previous checkpoint and a `latest`
+// naming a complete step, or the new ones):
+//   1. rank 0 creates root/step-N.tmp/ (removing a stale one);
+//   2. every rank writes its files there, each atomically (temp file, fsync, rename, fsync the dir),
+//      reads them back and sends their sizes and CRCs to rank 0;
+//   3. rank 0 writes trainer_state.json, then manifest.json (fsync'ed, the directory too);
+//   4. rank 0 renames step-N.tmp to step-N and fsyncs root. When step-N already exists (a re-save
+//      after a rollback) the two are exchanged atomically (renameat2 RENAME_EXCHANGE), so step-N
+//      is always a complete checkpoint, the old one until the exchange, the new one after it; the
+//      old one is deleted only after step 5;
+//   5. rank 0 writes root/latest atomically (fsync'ed, with root);
+//   6. rank 0 deletes the older steps beyond `keep` (never the step this run resumed from; steps
+//      newer than this one, abandoned by a rollback, are left alone).
+//
+// Loading verifies everything before anything changes: the manifest (mandatory; so are the
+// checksums), every file's size and CRC, the run and save ids in every file, the format, the
+// model config and the world / ep sizes (never allowed to change), then the training settings and
+// the data fingerprint: a setting that differs is refused, naming it and both values, unless it is
+// listed in `allow_change` (then the change is reported in CheckpointLoad::notes). Then every rank
+// applies it. A failure on any rank fails the load on every rank, leaving the trainer as it was;
+// the rank that saw it names its cause, and the others name that rank and the cause.
+//
+// A root whose `latest` is missing, unreadable or names a step that is not there or has no
+// manifest (a crash before step 5, a deleted pointer) is loaded from its newest step directory that
+// verifies, and CheckpointLoad::notes says so. A `latest` naming a complete step that fails
+// verification (a corrupted file) is refused: that needs a person.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scmoe/models/data.h"
@@ -34,6 +64,23 @@ class Communicator;
 
 namespace scmoe::models {
 
+// The run a checkpoint belongs to and what it was trained with: the caller (Trainer) owns one for
+// the run and passes it to every save and load.
+struct CheckpointRun {
+    // The training settings a resume must match, by the scmoe-train flag that sets each (names from
+    // checkpoint_setting_names()): name -> JSON value text ("0.003", "200"). The seed is not among
+    // them: a resume takes the parameters and the data order from the checkpoint.
+    std::vector<std::pair<std::string, std::string>> settings;
+    std::vector<std::string> data;  // the training files, fingerprinted on rank 0 (read once, cached)
+    std::string run_id;             // "": drawn at the first save; a load sets the checkpoint's
+    std::string resumed_from;       // the step directory loaded last, never deleted by `keep`
+    std::string data_fingerprint;   // cache (JSON text), filled on rank 0 at the first save or load
+};
+
+// The names `allow_change` may hold: the settings ("lr", "min-lr", "warmup", "steps",
+// "weight-decay", "beta1", "beta2", "eps", "clip", "batch") and "data".
+const std::vector<std::string>& checkpoint_setting_names();
+
 // What a checkpoint saves and restores (borrowed). optimizers[i] updates model.param_groups()[i].
 struct CheckpointTarget {
     const ParallelLayout& layout;
@@ -42,13 +89,29 @@ struct CheckpointTarget {
     std::vector<AdamW*> optimizers;
     ByteBatcher& batcher;
     std::int64_t& step;
+    // null: no settings or data are recorded or compared, and every save draws a new run id.
+    CheckpointRun* run = nullptr;
 };
 
 // A checkpoint's trainer_state.json.
 struct CheckpointState {
-    std::int64_t step = 0;  // steps taken
-    int world = 0, ep = 0;  // the world and expert-parallel sizes that wrote it
-    std::string config;     // the model's LmConfig as JSON text (LmConfig::from_json reads it)
+    std::int64_t step = 0;        // steps taken
+    int world = 0, ep = 0;        // the world and expert-parallel sizes that wrote it
+    std::string config;           // the model's LmConfig as JSON text (LmConfig::from_json reads it)
+    std::string run_id, save_id;  // "" when absent (load_checkpoint requires the manifest's)
+};
+
+// A checkpoint's manifest.json.
+struct CheckpointManifest {
+    std::string run_id, save_id;
+    std::int64_t step = 0;
+    struct File {
+        std::int64_t bytes = 0;
+        std::uint32_t crc32 = 0;
+    };
+    std::map<std::string, File> files;  // by plain file name in the step directory
+    std::string settings;               // JSON object text: CheckpointRun::settings ("{}" without a run)
+    std::string data;                   // JSON text: the data fingerprint ("null" without a run)
 };
 
 // Parses the text of `dir`/trainer_state.json (load_checkpoint's first check; pure, for tests and
@@ -59,10 +122,29 @@ CheckpointState parse_checkpoint_state(const std::string& text, const std::strin
 // Parses the text of a checkpoint's rank-NNNNN.json at `path`: that rank's data position. Throws
 // scmoe::Error "<path>: corrupted checkpoint rank state: <what>".
 ByteBatcherState parse_checkpoint_rank_state(const std::string& text, const std::string& path);
+// Parses the text of `dir`/manifest.json. Throws scmoe::Error "<dir>/manifest.json: corrupted
+// checkpoint manifest: <what>" unless it has the format, ids, step, and every file with its size and
+// CRC (8 hex digits) under a plain file name.
+CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& dir);
 
-// Collective over the world. Returns the checkpoint directory written.
+// What load_checkpoint did.
+struct CheckpointLoad {
+    std::string dir;                 // the step directory loaded
+    std::string run_id;              // the checkpoint's run id (the run continues it)
+    std::vector<std::string> notes;  // a fallback from a bad `latest`, allowed setting changes
+                                     // (complete on rank 0; print them there)
+};
+
+// Collective over the world. Returns the checkpoint directory written (the protocol: the top of
+// this file).
 std::string save_checkpoint(const std::string& root, CheckpointTarget target, int keep = 2);
-// Collective. `path`: a root with a `latest` file, or one step-N directory.
-void load_checkpoint(const std::string& path, CheckpointTarget target);
+// Collective. `path`: a root (its `latest`, or its newest step that verifies when `latest` is
+// missing or dangling), or one step-N directory. `allow_change`: setting names (or "data") that
+// may differ from the checkpoint's; anything else that differs is refused.
+CheckpointLoad load_checkpoint(const std::string& path, CheckpointTarget target,
+                               const std::vector<std::string>& allow_change = {});
+// Whether `path` holds a checkpoint to resume: a `latest` file, a step directory (manifest.json or
+// trainer_state.json), or a step-NNNNNNNN directory (--resume auto: resume, not start fresh).
+bool has_checkpoint(const std::string& path);
 
 }  // namespace scmoe::models

@@ -297,6 +297,18 @@ EvalMetrics Trainer::evaluate() {
     return e;
 }
 
+int Trainer::agree_stop(int requested) {
+    if (!comms_.world || comms_.world->size() == 1) return requested;
+    // Slot r holds rank r's request; gather_buffer_ (world doubles) is scratch enough for it.
+    std::vector<std::int32_t> slots(static_cast<std::size_t>(comms_.world->size()), 0);
+    slots[static_cast<std::size_t>(comms_.world->rank())] = requested;
+    all_reduce_sum_host(*comms_.world, slots.data(), static_cast<std::int64_t>(slots.size()), gather_buffer_.data(),
+                        model_->stream());
+    for (std::int32_t s : slots)
+        if (s != 0) return s;
+    return 0;
+}
+
 std::string Trainer::save(const std::string& root, int keep) {
     return save_checkpoint(root, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_}, keep);
 }

@@ -120,6 +120,11 @@ class Trainer {
     const EvalWindows* eval_windows() const { return eval_windows_.get(); }
     std::string eval_description() const { return eval_description_; }
     std::int64_t steps_done() const { return steps_done_; }
+    // A stop request agreed over the world (collective; cheap: one i32 per rank, no device work).
+    // `requested` is this rank's request (a signal number; 0: none). Returns the request of the
+    // lowest rank that has one, or 0: the same on every rank, so every rank stops after the same
+    // step even when only one process was signalled. scmoe-train calls it at each step boundary.
+    int agree_stop(int requested);
 
     // Checkpoints (collective): see scmoe/models/checkpoint.h for the layout. save() writes
     // root/step-XXXXXXXX atomically and points root/latest at it; load() restores everything a
