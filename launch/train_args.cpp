@@ -8,9 +8,41 @@
 #include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "launch/local_rank.h"
+#include "scmoe/comm/comm_sms.h"
+#include "scmoe/comm/communicator.h"
+#include "scmoe/kernels/cuda/cudnn_attention_plan.h"
+#include "scmoe/kernels/env.h"
+#include "scmoe/kernels/grouped_gemm.h"
 #include "launch/stop_signals.h"
 
 namespace scmoe::launch {
+
+void check_environment() {
+    // The readers run deep in the library (on stream threads, at the first collective, on the GPU
+    // only): read each here first, so that a bad value ends the run before it starts, naming it.
+    try {
+        cpu_blas_threads_setting();
+        emu_stall_seconds_setting();
+        comm_timeout_seconds();
+        resolve_comm_sms([](const char* name) { return std::getenv(name); }, -1);
+        if (const char* v = std::getenv("SCMOE_GROUPED_GEMM_PROVIDER"); v && *v) {
+            try {
+                parse_grouped_gemm_provider(v);
+            } catch (const Error& e) {
+                throw Error(std::string("SCMOE_GROUPED_GEMM_PROVIDER: ") + e.what());
+            }
+        }
+        cuda::effective_attention_provider(AttentionProvider::kAuto, std::getenv("SCMOE_ATTENTION_PROVIDER"));
+        cuda::attention_deterministic_from_env(std::getenv("SCMOE_ATTENTION_DETERMINISTIC"), 90);
+        if (const char* v = std::getenv("SCMOE_CUTLASS_ARCH"); v && *v) {
+            const std::string arch = v;
+            if (arch != "auto" && arch != "sm80" && arch != "sm90")
+                throw Error("SCMOE_CUTLASS_ARCH='" + arch + "': expected auto, sm80 or sm90");
+        }
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+}
 
 Args parse(int argc, const char* const* argv) {
     cxxopts::Options o("scmoe-train",

@@ -48,4 +48,11 @@ struct Args {
 // line. --help (-h) prints the help and calls std::exit(0).
 Args parse(int argc, const char* const* argv);
 
+// Reads every SCMOE_* environment variable scmoe-train's run reads (SCMOE_CPU_BLAS_THREADS,
+// SCMOE_COMM_TIMEOUT_S, SCMOE_COMM_SMS and NCCL's CTA limits, SCMOE_EMU_STALL_S,
+// SCMOE_GROUPED_GEMM_PROVIDER, SCMOE_ATTENTION_PROVIDER, SCMOE_ATTENTION_DETERMINISTIC,
+// SCMOE_CUTLASS_ARCH): throws UsageError naming the first malformed one, its value and what it
+// accepts. (SCMOE_FAULT_*: train_main.cpp.)
+void check_environment();
+
 }  // namespace scmoe::launch

@@ -409,6 +409,7 @@ int main(int argc, char** argv) {
     Args args;
     try {
         args = parse(argc, argv);
+        check_environment();
         args.train.fault = fault_from_env();
     } catch (const UsageError& e) {
         std::cerr << "scmoe-train: " << e.what() << "\n(scmoe-train --help lists the options)" << std::endl;

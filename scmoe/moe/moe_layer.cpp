@@ -88,8 +88,13 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
     host_->carve(host_carver, config_, ep_size_);
     for (int p = 0; p < ep_size_; ++p) host_->counts_per_peer[p] = num_local_experts();
     chunk_counts_built_.assign(static_cast<std::size_t>(num_local_experts()) + 1, false);
-    if (const char* provider = std::getenv("SCMOE_GROUPED_GEMM_PROVIDER"); provider && *provider)
-        provider_ = parse_grouped_gemm_provider(provider);
+    if (const char* provider = std::getenv("SCMOE_GROUPED_GEMM_PROVIDER"); provider && *provider) {
+        try {
+            provider_ = parse_grouped_gemm_provider(provider);
+        } catch (const Error& e) {
+            throw Error(std::string("SCMOE_GROUPED_GEMM_PROVIDER: ") + e.what());
+        }
+    }
     if (ep_size_ > 1) check_config_across_ranks();
 }
 

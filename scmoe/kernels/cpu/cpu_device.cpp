@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "scmoe/kernels/env.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/kernels/host_syncs.h"
 
@@ -104,15 +105,7 @@ private:
     static void update(int delta) {
         static std::mutex mu;
         static int live = 0;
-        static const int pinned = [] {
-            const char* v = std::getenv("SCMOE_CPU_BLAS_THREADS");
-            if (!v || !*v) return 0;
-            char* end = nullptr;
-            const long n = std::strtol(v, &end, 10);
-            SCMOE_CHECK(end && *end == 0 && n > 0 && n <= 4096,
-                        "SCMOE_CPU_BLAS_THREADS = '" << v << "': expected a positive number of threads");
-            return static_cast<int>(n);
-        }();
+        static const int pinned = cpu_blas_threads_setting();
         static const int all = openblas_get_num_threads();
         std::scoped_lock lock(mu);
         const int before = live;
@@ -142,8 +135,7 @@ struct StreamRegistry {
 class CpuStream final : public Stream {
 public:
     explicit CpuStream(std::shared_ptr<StreamRegistry> registry)
-        : registry_(std::move(registry)), worker_([this] { run(); }) {
-        BlasThreads::stream_created();
+        : registry_(std::move(registry)), worker_((BlasThreads::stream_created(), [this] { run(); })) {
         std::scoped_lock lock(registry_->mu);
         registry_->streams.push_back(this);
     }
@@ -287,8 +279,9 @@ public:
     DType compute_dtype() const override { return DType::kF32; }
     void* allocate(std::size_t bytes) override {
         if (bytes == 0) return nullptr;
-        void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-        if (!p) throw std::bad_alloc();
+        void* p = bytes <= SIZE_MAX - 255 ? std::aligned_alloc(256, (bytes + 255) / 256 * 256) : nullptr;
+        SCMOE_CHECK(p != nullptr, "cpu: allocating " << bytes << " bytes (" << static_cast<double>(bytes) / (1ull << 30)
+                                                     << " GiB) of host memory failed: out of memory");
         return p;
     }
     // NOTES: as cudaFree, which waits for the device, memory is freed only once the work already

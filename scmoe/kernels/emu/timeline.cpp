@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "scmoe/kernels/env.h"
 #include "scmoe/kernels/error.h"
 
 namespace scmoe::emu {
@@ -21,14 +22,7 @@ constexpr std::size_t kKeptGenerations = 256;
 // Seconds a host may wait without the model moving before the run is declared stuck
 // (SCMOE_EMU_STALL_S, default 300).
 double stall_limit_s() {
-    static const double limit = [] {
-        const char* v = std::getenv("SCMOE_EMU_STALL_S");
-        if (!v || !*v) return 300.0;
-        char* end = nullptr;
-        const double s = std::strtod(v, &end);
-        SCMOE_CHECK(end && *end == 0 && s > 0, "SCMOE_EMU_STALL_S = '" << v << "': expected seconds > 0");
-        return s;
-    }();
+    static const double limit = emu_stall_seconds_setting();
     return limit;
 }
 
