@@ -118,6 +118,9 @@ Args parse(int argc, const char* const* argv) {
                    "if it holds one", cxxopts::value<std::string>())
         ("stop-at", "Stop after this step (as if interrupted; the schedule still spans --steps)",
          cxxopts::value<std::int64_t>()->default_value("0"))
+        ("allow-change", "Settings a resume may change on purpose, comma separated (lr, min-lr, warmup, steps, "
+                         "weight-decay, beta1, beta2, eps, clip, batch, data); any other difference from the "
+                         "checkpoint is refused", cxxopts::value<std::string>())
         ("peak-tflops", "Peak dense TFLOP/s of one device, for the MFU in the summary (e.g. 989 for H100 SXM bf16)",
          cxxopts::value<double>()->default_value("0"))
         ("stop-signals", "Signals that stop the run cleanly, comma separated (SIGTERM, SIGINT, SIGHUP, SIGQUIT, "
@@ -254,6 +257,17 @@ Args parse(int argc, const char* const* argv) {
     if ((a.checkpoint_every > 0 || a.stop_at > 0) && a.checkpoint_dir.empty() && a.checkpoint_every > 0)
         throw UsageError("--checkpoint-every needs --checkpoint-dir");
     if (a.resume == "auto" && a.checkpoint_dir.empty()) throw UsageError("--resume auto needs --checkpoint-dir");
+    if (r.count("allow-change")) {
+        a.allow_change = split_comma_list(r["allow-change"].as<std::string>());
+        const auto& names = models::checkpoint_setting_names();
+        for (const std::string& n : a.allow_change)
+            if (std::find(names.begin(), names.end(), n) == names.end())
+                throw UsageError("--allow-change " + n + ": not a setting a checkpoint records (" +
+                                 r["allow-change"].as<std::string>() + "); expected lr, min-lr, warmup, steps, "
+                                 "weight-decay, beta1, beta2, eps, clip, batch or data");
+        if (a.allow_change.empty()) throw UsageError("--allow-change is empty");
+        if (a.resume.empty()) throw UsageError("--allow-change needs --resume");
+    }
     if (a.variants.size() > 1 && (!a.checkpoint_dir.empty() || !a.resume.empty()))
         throw UsageError("checkpoints are per run: give one variant with --checkpoint-dir / --resume");
     return a;

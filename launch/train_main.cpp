@@ -128,10 +128,13 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
     if (trainer.has_eval_data()) say("# eval data: " + trainer.eval_description());
     if (!args.resume.empty()) {
         std::string path = args.resume == "auto" ? args.checkpoint_dir : args.resume;
-        const bool has = std::ifstream(path + "/latest").good() || std::ifstream(path + "/trainer_state.json").good();
-        if (args.resume != "auto" || has) {
-            trainer.load(path);
-            say("# resumed from " + path + " at step " + std::to_string(trainer.steps_done()));
+        // A root whose `latest` is gone but whose step directories are there still resumes (never
+        // a silent fresh start over them).
+        if (args.resume != "auto" || models::has_checkpoint(path)) {
+            const models::CheckpointLoad loaded = trainer.load(path, args.allow_change);
+            for (const std::string& note : loaded.notes) say("# resume: " + note);
+            say("# resumed from " + loaded.dir + " at step " + std::to_string(trainer.steps_done()) + " (run " +
+                loaded.run_id + ")");
         } else {
             say("# --resume auto: no checkpoint in " + path + " yet; starting fresh");
         }

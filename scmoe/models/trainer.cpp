@@ -1,6 +1,7 @@
 #include "scmoe/models/trainer.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -50,6 +51,7 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
     bc.world = layout_.world;
     bc.seed = config_.seed;
     batcher_ = std::make_unique<ByteBatcher>(std::move(train_data), bc);
+    init_checkpoint_run(paths);
     open_eval_data(corpus ? &*corpus : nullptr);
 
     const std::int64_t tokens = config_.batch * config_.model.backbone.seq_len;
@@ -310,11 +312,39 @@ int Trainer::agree_stop(int requested) {
 }
 
 std::string Trainer::save(const std::string& root, int keep) {
-    return save_checkpoint(root, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_}, keep);
+    return save_checkpoint(root, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_, &checkpoint_run_},
+                           keep);
 }
 
-void Trainer::load(const std::string& path) {
-    load_checkpoint(path, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_});
+CheckpointLoad Trainer::load(const std::string& path, const std::vector<std::string>& allow_change) {
+    return load_checkpoint(
+        path, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_, &checkpoint_run_}, allow_change);
+}
+
+namespace {
+
+// A float as the shortest text that reads back as it ("0.003"), a JSON number.
+std::string json_number(float v) {
+    char buf[64];
+    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+    return ec == std::errc() && std::isfinite(v) ? std::string(buf, end) : "null";
+}
+
+}  // namespace
+
+void Trainer::init_checkpoint_run(const std::vector<std::string>& data_paths) {
+    const LrSchedule& lr = config_.adamw.schedule;
+    checkpoint_run_.settings = {{"lr", json_number(lr.peak_lr)},
+                                {"min-lr", json_number(lr.min_lr)},
+                                {"warmup", std::to_string(lr.warmup_steps)},
+                                {"steps", std::to_string(config_.steps)},
+                                {"weight-decay", json_number(config_.adamw.weight_decay)},
+                                {"beta1", json_number(config_.adamw.beta1)},
+                                {"beta2", json_number(config_.adamw.beta2)},
+                                {"eps", json_number(config_.adamw.eps)},
+                                {"clip", json_number(config_.max_grad_norm)},
+                                {"batch", std::to_string(config_.batch)}};
+    checkpoint_run_.data = data_paths;
 }
 
 }  // namespace scmoe::models

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "scmoe/kernels/device.h"
+#include "scmoe/models/checkpoint.h"
 #include "scmoe/models/data.h"
 #include "scmoe/models/lm.h"
 #include "scmoe/models/optimizer.h"
@@ -126,12 +127,17 @@ class Trainer {
     // step even when only one process was signalled. scmoe-train calls it at each step boundary.
     int agree_stop(int requested);
 
-    // Checkpoints (collective): see scmoe/models/checkpoint.h for the layout. save() writes
-    // root/step-XXXXXXXX atomically and points root/latest at it; load() restores everything a
-    // step depends on (parameters, AdamW state, data position, step), so training continues
-    // bitwise as if uninterrupted. load() refuses a checkpoint of another config or world/ep.
+    // Checkpoints (collective): see scmoe/models/checkpoint.h for the layout and the protocol.
+    // save() writes root/step-XXXXXXXX atomically and points root/latest at it; load() verifies
+    // the checkpoint (manifest, checksums, run and save ids) and restores everything a step depends
+    // on (parameters, AdamW state, data position, step), so training continues bitwise as if
+    // uninterrupted. load() refuses a checkpoint of another model config or world/ep, and one whose
+    // training settings or data differ unless `allow_change` names them (checkpoint_setting_names();
+    // the result's notes report the allowed changes and a fallback from a bad `latest`).
     std::string save(const std::string& root, int keep = 2);
-    void load(const std::string& path);
+    CheckpointLoad load(const std::string& path, const std::vector<std::string>& allow_change = {});
+    // The run id its checkpoints carry: "" until the first save or load.
+    const std::string& run_id() const { return checkpoint_run_.run_id; }
 
     const TrainConfig& config() const { return config_; }
     const ParallelLayout& layout() const { return layout_; }
@@ -151,6 +157,8 @@ class Trainer {
     // The same in double, exactly: every rank's value gathered bit for bit, added in rank order.
     double world_sum_exact(double value);
     void open_eval_data(const DefaultCorpus* corpus);
+    // The settings and data files checkpoint_run_ records (after config_ is final).
+    void init_checkpoint_run(const std::vector<std::string>& data_paths);
 
     TrainConfig config_;
     Device& device_;
@@ -165,6 +173,7 @@ class Trainer {
     DeviceBuffer reduce_buffer_, gather_buffer_;
     std::unique_ptr<Tracer> step_trace_;  // every step's ops, for exposed_comm_pct
     std::int64_t steps_done_ = 0;
+    CheckpointRun checkpoint_run_;  // the settings and data a checkpoint records, the run id
     bool calibrated_ = false;
     Tracer* trace_ = nullptr;
 };
