@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cxxopts.hpp>
 #include <iostream>
+#include <tuple>
 
 #include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
@@ -175,7 +176,13 @@ Args parse(int argc, const char* const* argv) {
     t.adamw.weight_decay = r["weight-decay"].as<float>();
     t.max_grad_norm = r["clip"].as<float>();
     t.seed = r["seed"].as<std::uint64_t>();
-    if (r.count("data")) t.data = split_comma_list(r["data"].as<std::string>());
+    if (r.count("data")) {
+        t.data = split_comma_list(r["data"].as<std::string>());
+        if (t.data.empty())
+            throw UsageError("--data '" + r["data"].as<std::string>() +
+                             "': no file names (expected one or more files, comma separated; leave --data out for "
+                             "the default corpus)");
+    }
     t.overlap = !r.count("no-overlap");
     t.overlap_grad_reduce = !r.count("no-grad-overlap");
     t.calibrate = !r.count("no-calibrate");
@@ -185,10 +192,21 @@ Args parse(int argc, const char* const* argv) {
     if (r.count("eval-data")) t.eval_data = split_comma_list(r["eval-data"].as<std::string>());
     for (const char* flag : {"eval-every", "eval-batches", "eval-only"})
         if (r.count(flag) && t.eval_data.empty()) throw UsageError(std::string("--") + flag + " needs --eval-data");
-    if (r.count("eval-data") && t.eval_data.empty()) throw UsageError("--eval-data is empty");
+    if (r.count("eval-data") && t.eval_data.empty())
+        throw UsageError("--eval-data '" + r["eval-data"].as<std::string>() +
+                         "': no file names (expected one or more files, comma separated, or 'default')");
     if (t.eval_data == std::vector<std::string>{models::kDefaultHeldOut} && !t.data.empty())
         throw UsageError(
             "--eval-data default is the default corpus's held-out tenth; with --data, name held-out files");
+    // The files now, before any rank starts: a FIFO would block the open, and a missing file is a bad
+    // command line (exit 2), not a failed run.
+    for (const auto& [flag, role, files] : {std::tuple{"--data", "data", &t.data},
+                                            std::tuple{"--eval-data", "eval data", &t.eval_data}})
+        for (const std::string& f : *files)
+            if (f != models::kDefaultHeldOut)
+                if (const std::string why = models::data_file_problem(f); !why.empty())
+                    throw UsageError(std::string(flag) + ": " + role + " file '" + f + "' " + why +
+                                     ": expected a non-empty regular file");
     a.eval_every = r["eval-every"].as<std::int64_t>();
     t.eval_batches = r["eval-batches"].as<std::int64_t>();
     a.eval_only = r.count("eval-only") > 0;

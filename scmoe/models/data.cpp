@@ -20,6 +20,16 @@ namespace {
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
 
+// What a file that is not a regular file is, for the error refusing it.
+const char* file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "a special file";
+}
+
 std::uint64_t splitmix64(std::uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -55,6 +65,14 @@ std::int64_t permute_index(std::int64_t i, std::int64_t n, std::uint64_t key) {
     return static_cast<std::int64_t>(x);
 }
 
+std::string data_file_problem(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return "cannot be opened: " + errno_text(errno);
+    if (!S_ISREG(st.st_mode)) return std::string("is ") + file_kind(st.st_mode);
+    if (st.st_size == 0) return "is empty";
+    return {};
+}
+
 // ---- ByteDataset ---------------------------------------------------------------------------------
 
 ByteDataset::ByteDataset(std::vector<std::string> paths, const std::string& role) : paths_(std::move(paths)) {
@@ -62,13 +80,17 @@ ByteDataset::ByteDataset(std::vector<std::string> paths, const std::string& role
     starts_.push_back(0);
     try {
         for (const std::string& path : paths_) {
-            const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+            // O_NONBLOCK: opening a FIFO for reading would wait for a writer, forever; fstat then
+            // refuses it (and directories, devices, sockets), which pread could not stream from.
+            const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
             if (fd < 0) SCMOE_FAIL("cannot open " << role << " file '" << path << "': " << errno_text(errno));
             fds_.push_back(fd);
             struct stat st {};
             if (::fstat(fd, &st) != 0)
                 SCMOE_FAIL("cannot stat " << role << " file '" << path << "': " << errno_text(errno));
-            if (!S_ISREG(st.st_mode)) SCMOE_FAIL(role << " file '" << path << "' is not a regular file");
+            if (!S_ISREG(st.st_mode))
+                SCMOE_FAIL(role << " file '" << path << "' is " << file_kind(st.st_mode)
+                                << ", not a regular file (its bytes are read by offset, more than once)");
             if (st.st_size == 0) SCMOE_FAIL(role << " file '" << path << "' is empty");
             end_ += static_cast<std::int64_t>(st.st_size);
             starts_.push_back(end_);

@@ -10,9 +10,16 @@ namespace scmoe::models {
 
 inline constexpr std::int64_t kByteVocab = 256;
 
+// Why `path` cannot be a data file, found without opening it (opening a FIFO would wait for a
+// writer), as a predicate: "is a FIFO (named pipe)", "is a directory", "is a character device", ...,
+// "is empty", or "cannot be opened: " and the errno text of a failed stat; empty when it is a
+// non-empty regular file.
+std::string data_file_problem(const std::string& path);
+
 // One or more files read as one byte stream (their concatenation, in the order given). Files stay open
 // and are read with pread on demand: nothing is loaded whole. Throws scmoe::Error naming the path for a
-// file that is missing, unreadable or not a regular file (with the errno text), or empty; `role` names
+// file that is missing, unreadable or not a regular file (saying what it is: a FIFO, a directory, a
+// device; never waiting on a FIFO), or empty; `role` names
 // the files in those messages ("data file '...'", "eval data file '...'").
 class ByteDataset {
   public:

@@ -3,9 +3,11 @@
 #include "scmoe/models/data.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +25,7 @@ using scmoe::models::ByteBatcher;
 using scmoe::models::ByteBatcherConfig;
 using scmoe::models::ByteBatcherState;
 using scmoe::models::ByteDataset;
+using scmoe::models::data_file_problem;
 
 namespace {
 
@@ -244,7 +247,20 @@ TEST_F(DataTest, BadInput) {
     EXPECT_NE(e.find("is empty"), std::string::npos) << e;
 
     e = error_of([&] { ByteDataset d({dir.string()}); });
-    EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+    EXPECT_NE(e.find("is a directory, not a regular file"), std::string::npos) << e;
+    EXPECT_EQ(data_file_problem(dir.string()), "is a directory");
+    // A FIFO is refused at once, never waited on (opening it for reading would block until a writer
+    // comes; issue 26: --data on a FIFO hung forever).
+    const std::string fifo = (dir / "fifo").string();
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+    e = error_of([&] { ByteDataset d({fifo}); });
+    EXPECT_NE(e.find("'" + fifo + "' is a FIFO (named pipe), not a regular file"), std::string::npos) << e;
+    EXPECT_EQ(data_file_problem(fifo), "is a FIFO (named pipe)");
+    e = error_of([&] { ByteDataset d({"/dev/null"}, "eval data"); });
+    EXPECT_NE(e.find("eval data file '/dev/null' is a character device"), std::string::npos) << e;
+    EXPECT_EQ(data_file_problem(missing), "cannot be opened: No such file or directory");
+    EXPECT_EQ(data_file_problem(empty), "is empty");
+    EXPECT_EQ(data_file_problem(write_ramp("fine", 0, 4)), "");
     EXPECT_NE(error_of([&] { ByteDataset d(std::vector<std::string>{}); }).find("no data files"), std::string::npos);
 
     const std::string path = write_ramp("short", 0, 16);
