@@ -16,6 +16,10 @@ modes:
   mpi-step     under mpirun -np 2: SIGTERM to both rank processes (as Slurm signals each task),
                or, at random, to one of them only (the ranks still agree and both stop)
   mpi-usr1     under mpirun -np 2: SIGUSR1 to mpirun itself, which forwards it to every rank
+  slurm        launch/slurm.sbatch with a fake srun and scontrol on PATH: SIGUSR1 to the script
+               (Slurm's --signal=B:USR1@300): it passes it to the task, which stops and saves (exit
+               4); the script calls `scontrol requeue <job>` once; run again (the requeued job), it
+               resumes bitwise, completes and requeues nothing
 
 --trials N runs N trials (a random point each, from --seed); it prints one line per trial and a
 count: "signal_stop_test: N of N trials passed (mode: what each showed)". A trial whose run ended
@@ -42,7 +46,8 @@ PASSES = {"step": "stopped after the step, saved, resumed bitwise",
           "save": "the save completed, the run stopped at that step, resumed bitwise",
           "second": "died at once by the second signal, the previous checkpoint intact and resumed bitwise",
           "mpi-step": "every rank stopped after the same step, saved, resumed bitwise",
-          "mpi-usr1": "every rank stopped after the same step, saved, resumed bitwise"}
+          "mpi-usr1": "every rank stopped after the same step, saved, resumed bitwise",
+          "slurm": "the batch script stopped the tasks, requeued once, the requeued job resumed bitwise"}
 
 
 class TrialFailed(Exception):
@@ -106,10 +111,11 @@ class Runner:
             self.straight[key] = read_metrics(os.path.join(d, "m.jsonl"))
         return self.straight[key]
 
-    def resume_and_compare(self, mpi, steps, work, stopped_at, note):
-        """--resume auto from work/ck: from step `stopped_at`, bitwise the straight run's steps after it."""
+    def resume_and_compare(self, mpi, steps, work, stopped_at, note, cmd=None, env=None):
+        """--resume auto from work/ck (or `cmd`, writing work/resumed.jsonl): from step `stopped_at`,
+        bitwise the straight run's steps after it."""
         metrics = os.path.join(work, "resumed.jsonl")
-        rc, out, err = self.run(self.command(mpi, steps, work, metrics, ["--resume", "auto"]))
+        rc, out, err = self.run(cmd or self.command(mpi, steps, work, metrics, ["--resume", "auto"]), env=env)
         if rc != 0:
             raise TrialFailed(f"{note}: the resume failed ({rc}):\n{err[-2000:]}")
         m = re.search(r"resumed from \S+ at step (\d+)", out)
@@ -235,6 +241,56 @@ class Runner:
                 self.resume_and_compare(False, steps, work, 4, note))
 
 
+    def trial_slurm(self, rng, index):
+        """launch/slurm.sbatch under a fake srun (runs the task in place) and a fake scontrol (logs its
+        arguments): USR1 to the script, as Slurm's --signal=B:USR1@300 sends it before the time limit."""
+        steps = 200
+        after = rng.randint(1, steps // 2)
+        work = self.fresh(f"slurm-{index}")
+        bin_dir = os.path.join(work, "bin")
+        os.makedirs(bin_dir)
+        fakes = {"srun": '#!/bin/sh\n# srun\'s own options, then the task\n'
+                         'while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done\nexec "$@"\n',
+                 "scontrol": '#!/bin/sh\necho "$*" >> "$SCONTROL_LOG"\n'}
+        for name, text in fakes.items():
+            with open(os.path.join(bin_dir, name), "w") as f:
+                f.write(text)
+            os.chmod(os.path.join(bin_dir, name), 0o755)
+        log = os.path.join(work, "scontrol.log")
+        env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], SLURM_JOB_ID="4242",
+                   SLURM_JOB_NAME="signal-test", SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NUM_NODES="1",
+                   SLURM_SUBMIT_DIR=os.path.dirname(os.path.dirname(os.path.abspath(self.args.sbatch))),
+                   SCMOE_TRAIN=self.args.train, SCMOE_CHECKPOINT_DIR=os.path.join(work, "ck"), SCONTROL_LOG=log)
+        # The script's flags first, then these: the last of a repeated flag wins.
+        def job(metrics):
+            return (["bash", self.args.sbatch, "--preset", "tiny", "--backend", "cpu", "--ranks", "2", "--steps",
+                     str(steps)] + SHAPE + ["--checkpoint-every", "50", "--metrics", metrics])
+        metrics = os.path.join(work, "stopped.jsonl")
+        with open(os.path.join(work, "out.txt"), "w") as out, open(os.path.join(work, "err.txt"), "w") as err:
+            proc = subprocess.Popen(job(metrics), stdout=out, stderr=err, env=env)
+            while count_lines(metrics) < after and proc.poll() is None:
+                time.sleep(0.001)
+            if proc.poll() is not None:
+                raise TrialFailed(f"the job ended (exit {proc.returncode}) before it logged {after} steps, before "
+                                  f"the signal was sent:\n{open(err.name).read()[-2000:]}")
+            os.kill(proc.pid, signal.SIGUSR1)
+            rc = proc.wait()
+        out, err = (open(os.path.join(work, n)).read() for n in ("out.txt", "err.txt"))
+        note = f"trial {index}: SIGUSR1 to the batch script after step {after}"
+        stopped = self.check_stopped(rc, err, work, "SIGUSR1", note, at_least=after)
+        requeues = open(log).read().splitlines() if os.path.exists(log) else []
+        if requeues != ["requeue 4242"] or "requeueing job 4242" not in out:
+            raise TrialFailed(f"{note}: expected one 'scontrol requeue 4242' and the line saying so; scontrol got "
+                              f"{requeues}; the script said:\n{out[-2000:]}")
+        env["SLURM_RESTART_COUNT"] = "1"
+        line = self.resume_and_compare(False, steps, work, stopped, note,
+                                       cmd=job(os.path.join(work, "resumed.jsonl")), env=env)
+        requeues = open(log).read().splitlines()
+        if requeues != ["requeue 4242"]:
+            raise TrialFailed(f"{note}: the requeued job, complete, requeued again: scontrol got {requeues}")
+        return f"{note}: stopped at step {stopped}, exit 4, requeued once; the requeued job " + line
+
+
 def rank_pids(mpirun_pid):
     """The scmoe-train processes under mpirun (its children, or their children through an orted)."""
     children = {}
@@ -263,14 +319,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train", required=True, help="the scmoe-train binary")
     p.add_argument("--work", required=True, help="a scratch folder (emptied)")
-    p.add_argument("--mode", required=True, choices=["step", "save", "second", "mpi-step", "mpi-usr1"])
+    p.add_argument("--mode", required=True, choices=["step", "save", "second", "mpi-step", "mpi-usr1", "slurm"])
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--seed", type=int, help="for the random points (default: drawn, and printed)")
     p.add_argument("--shim", help="signal_shim.so (modes save, second)")
     p.add_argument("--mpirun", help="the mpirun command, words separated by spaces (mpi modes)")
+    p.add_argument("--sbatch", help="launch/slurm.sbatch (mode slurm)")
     args = p.parse_args()
     if args.mode in ("save", "second") and not args.shim:
         p.error(f"--mode {args.mode} needs --shim")
+    if args.mode == "slurm" and not args.sbatch:
+        p.error("--mode slurm needs --sbatch")
     if args.mode.startswith("mpi") and not args.mpirun:
         p.error(f"--mode {args.mode} needs --mpirun")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -288,6 +347,8 @@ def main():
                 line = runner.trial_step(rng, i, mpi=True)
             elif args.mode == "mpi-usr1":
                 line = runner.trial_mpi_usr1(rng, i)
+            elif args.mode == "slurm":
+                line = runner.trial_slurm(rng, i)
             else:
                 line = runner.trial_save(rng, i, second=args.mode == "second")
             passed += 1

@@ -6,7 +6,10 @@
 #   calls): the save completes and the run stops at that step;
 # - two SIGTERMs inside a save: the process dies by SIGTERM at once, the previous checkpoint stays
 #   the latest and resumes bitwise;
-# - under mpirun -np 2: SIGTERM to both ranks or to one (they agree), SIGUSR1 to mpirun (forwarded).
+# - under mpirun -np 2: SIGTERM to both ranks or to one (they agree), SIGUSR1 to mpirun (forwarded);
+# - launch/slurm.sbatch with a fake srun and scontrol on PATH: USR1 to the script (Slurm's
+#   --signal=B:USR1@300) stops the task with a save, the script requeues the job once, and the
+#   requeued job resumes bitwise, completes and does not requeue.
 # Included by tests/train/CMakeLists.txt (uses its _train and _mpirun).
 add_test(NAME train_help_stop_signals COMMAND ${_train} --help)
 set_tests_properties(train_help_stop_signals PROPERTIES LABELS "train" PASS_REGULAR_EXPRESSION
@@ -22,6 +25,11 @@ add_test(NAME train_signal_stop_at_random_step
          COMMAND ${_signal_test} --mode step --trials 2 --work ${CMAKE_CURRENT_BINARY_DIR}/signal_step)
 set_tests_properties(train_signal_stop_at_random_step PROPERTIES LABELS "train;ranks" TIMEOUT 300
                      ENVIRONMENT SCMOE_COMM_TIMEOUT_S=60 PASS_REGULAR_EXPRESSION "2 of 2 trials passed")
+add_test(NAME train_slurm_sbatch_stops_saves_requeues
+         COMMAND ${_signal_test} --mode slurm --trials 1 --sbatch ${PROJECT_SOURCE_DIR}/launch/slurm.sbatch
+                 --work ${CMAKE_CURRENT_BINARY_DIR}/signal_slurm)
+set_tests_properties(train_slurm_sbatch_stops_saves_requeues PROPERTIES LABELS "train;ranks" TIMEOUT 300
+                     ENVIRONMENT SCMOE_COMM_TIMEOUT_S=60 PASS_REGULAR_EXPRESSION "1 of 1 trials passed")
 # The shim cannot come before a sanitizer's runtime in the preload order: not in sanitizer builds.
 if(NOT SCMOE_SANITIZE)
   add_library(scmoe_test_signal_shim MODULE signal_shim.cpp)
