@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "test_util.h"
@@ -147,11 +148,15 @@ TEST_P(MoeGradAccumulation, TwoMicroBatchesAccumulateToTheSumOfTheirBackwards) {
     ASSERT_GT(scale, 0.0);
     int bad = 0;
     std::size_t first_bad = 0;
+    double worst = 0;  // the largest |acc - (gA + gB)| / max|gA + gB|, printed for the record
     for (std::size_t i = 0; i < a.size(); ++i) {
         const double want = double(a[i]) + b[i];
         const double tol = 1e-6 * (std::fabs(a[i]) + std::fabs(b[i])) + 1e-7 * scale;
+        worst = std::max(worst, std::fabs(got[i] - want) / scale);
         if (!(std::fabs(got[i] - want) <= tol) && bad++ == 0) first_bad = i;
     }
+    std::printf("%s: %zu gradient elements, max |acc - (gA + gB)| = %.3g x max|gA + gB|\n", GetParam().name.c_str(),
+                a.size(), worst);
     EXPECT_EQ(bad, 0) << "first at element " << first_bad << ": accumulated " << got[first_bad] << ", gA + gB "
                       << double(a[first_bad]) + b[first_bad] << " (gA " << a[first_bad] << ", gB " << b[first_bad]
                       << ")";
@@ -208,6 +213,8 @@ TEST_P(MoeGradAccumulationDropless, TwoMicroBatchesEqualOneBatchHoldingBoth) {
             at = i;
         }
     }
+    std::printf("%s: %zu gradient elements, max |acc - g(A+B)| = %.3g x max|g(A+B)|\n", GetParam().name.c_str(),
+                w.size(), worst / scale);
     EXPECT_LE(worst, 1e-5 * scale + 1e-7) << "element " << at << ": accumulated " << got[at] << ", one batch "
                                           << w[at] << " (max |g| " << scale << ")";
 }
