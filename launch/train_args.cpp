@@ -122,6 +122,8 @@ Args parse(int argc, const char* const* argv) {
         ("allow-change", "Settings a resume may change on purpose, comma separated (lr, min-lr, warmup, steps, "
                          "weight-decay, beta1, beta2, eps, clip, batch, data); any other difference from the "
                          "checkpoint is refused", cxxopts::value<std::string>())
+        ("overwrite", "Let a fresh run (no checkpoint resumed) delete the checkpoints already in --checkpoint-dir "
+                      "(without it such a run is refused)")
         ("peak-tflops", "Peak dense TFLOP/s of one device, for the MFU in the summary (e.g. 989 for H100 SXM bf16)",
          cxxopts::value<double>()->default_value("0"))
         ("stop-signals", "Signals that stop the run cleanly, comma separated (SIGTERM, SIGINT, SIGHUP, SIGQUIT, "
@@ -275,6 +277,8 @@ Args parse(int argc, const char* const* argv) {
     if ((a.checkpoint_every > 0 || a.stop_at > 0) && a.checkpoint_dir.empty() && a.checkpoint_every > 0)
         throw UsageError("--checkpoint-every needs --checkpoint-dir");
     if (a.resume == "auto" && a.checkpoint_dir.empty()) throw UsageError("--resume auto needs --checkpoint-dir");
+    a.overwrite = r.count("overwrite") > 0;
+    if (a.overwrite && a.checkpoint_dir.empty()) throw UsageError("--overwrite needs --checkpoint-dir");
     if (r.count("allow-change")) {
         a.allow_change = split_comma_list(r["allow-change"].as<std::string>());
         const auto& names = models::checkpoint_setting_names();

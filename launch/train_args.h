@@ -34,6 +34,7 @@ struct Args {
     LinkScope link_scope = LinkScope::kExpertParallel;
     std::string metrics, trace, checkpoint_dir, resume;
     std::vector<std::string> allow_change;  // settings a resume may change (models::checkpoint_setting_names())
+    bool overwrite = false;                 // a fresh run may delete the checkpoints in --checkpoint-dir
     std::int64_t checkpoint_every = 0, stop_at = 0, log_every = 0;
     int keep = 2;
     std::int64_t eval_every = 0;  // 0: only after the last step

@@ -139,8 +139,20 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
             say("# --resume auto: no checkpoint in " + path + " yet; starting fresh");
         }
     }
+    if (!args.checkpoint_dir.empty() && !args.eval_only) {
+        // The lock, a fresh run over old checkpoints, writability and room: found before any step.
+        models::CheckpointDirOptions dir_options;
+        dir_options.keep = args.keep;
+        dir_options.overwrite = args.overwrite;
+        const std::int64_t to_run = config.steps - trainer.steps_done();
+        dir_options.saves = (args.checkpoint_every > 0 ? to_run / args.checkpoint_every : 0) + 1;
+        for (const std::string& note : trainer.open_checkpoint_dir(args.checkpoint_dir, dir_options))
+            say("# checkpoint dir: " + note);
+    }
     std::ofstream metrics;
     if (lead && !args.metrics.empty()) {
+        // A resumed run logs the steps after its checkpoint again: their old lines go first.
+        if (trainer.steps_done() > 0) drop_metrics_after(args.metrics, trainer.steps_done());
         metrics.open(args.metrics, first_variant && trainer.steps_done() == 0 ? std::ios::trunc : std::ios::app);
         SCMOE_CHECK(metrics, "--metrics " << args.metrics << ": cannot open for writing");
     }

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "scmoe/kernels/error.h"
+#include "scmoe/models/safetensors.h"
 
 namespace scmoe::launch {
 
@@ -52,6 +56,25 @@ std::string step_json(const std::string& variant, const models::StepMetrics& m) 
     j["exposed_comm_pct"] = m.exposed_comm_pct;
     j["dropped_tokens"] = m.dropped_tokens;
     return j.dump();
+}
+
+void drop_metrics_after(const std::string& path, std::int64_t step) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return;
+    std::string kept, line;
+    bool dropped = false;
+    while (std::getline(in, line)) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+            j["step"].get<std::int64_t>() > step) {
+            dropped = true;
+            continue;
+        }
+        kept += line + "\n";
+    }
+    SCMOE_CHECK(in.eof(), "--metrics " << path << ": read failed");
+    in.close();
+    if (dropped) write_file_atomically(path, kept.data(), kept.size());
 }
 
 std::string eval_json(const std::string& variant, const models::EvalMetrics& e) {

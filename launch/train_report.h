@@ -31,6 +31,12 @@ std::string eval_line(const models::EvalMetrics& e);
 // One JSON object (one line of --metrics) per step and per evaluation.
 std::string step_json(const std::string& variant, const models::StepMetrics& m);
 std::string eval_json(const std::string& variant, const models::EvalMetrics& e);
+// Before a resumed run appends to the --metrics file at `path`: drops the lines of steps after
+// `step` (the checkpoint's), which the interrupted run logged past its last checkpoint and the
+// resumed run logs again, so that every step is there exactly once. Rewrites the file atomically;
+// keeps lines that are not JSON objects with a "step" as they are; no file: nothing to do. Throws
+// scmoe::Error naming the file on an I/O error.
+void drop_metrics_after(const std::string& path, std::int64_t step);
 
 // The table of every variant (the first is the speedup's and the loss's baseline), with eval loss
 // and perplexity columns when a run evaluated, and each variant's model TFLOP/s (MFU with peak_tflops).

@@ -41,6 +41,9 @@
 // applies it. A failure on any rank fails the load on every rank, leaving the trainer as it was;
 // the rank that saw it names its cause, and the others name that rank and the cause.
 //
+// A run that saves opens its directory first (open_checkpoint_dir: the lock, a fresh run over old
+// checkpoints, writability and room).
+//
 // A root whose `latest` is missing, unreadable or names a step that is not there or has no
 // manifest (a crash before step 5, a deleted pointer) is loaded from its newest step directory that
 // verifies, and CheckpointLoad::notes says so. A `latest` naming a complete step that fails
@@ -49,6 +52,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,10 +75,11 @@ struct CheckpointRun {
     // checkpoint_setting_names()): name -> JSON value text ("0.003", "200"). The seed is not among
     // them: a resume takes the parameters and the data order from the checkpoint.
     std::vector<std::pair<std::string, std::string>> settings;
-    std::vector<std::string> data;  // the training files, fingerprinted on rank 0 (read once, cached)
-    std::string run_id;             // "": drawn at the first save; a load sets the checkpoint's
-    std::string resumed_from;       // the step directory loaded last, never deleted by `keep`
-    std::string data_fingerprint;   // cache (JSON text), filled on rank 0 at the first save or load
+    std::vector<std::string> data;   // the training files, fingerprinted on rank 0 (read once, cached)
+    std::string run_id;              // "": drawn at the first save; a load sets the checkpoint's
+    std::string resumed_from;        // the step directory loaded last, never deleted by `keep`
+    std::string data_fingerprint;    // cache (JSON text), filled on rank 0 at the first save or load
+    std::shared_ptr<void> dir_lock;  // rank 0: the checkpoint directory's lock (open_checkpoint_dir)
 };
 
 // The names `allow_change` may hold: the settings ("lr", "min-lr", "warmup", "steps",
@@ -143,6 +148,28 @@ std::string save_checkpoint(const std::string& root, CheckpointTarget target, in
 // may differ from the checkpoint's; anything else that differs is refused.
 CheckpointLoad load_checkpoint(const std::string& path, CheckpointTarget target,
                                const std::vector<std::string>& allow_change = {});
+// How a run uses its checkpoint directory (open_checkpoint_dir).
+struct CheckpointDirOptions {
+    int keep = 2;            // checkpoints kept (save_checkpoint's keep; <= 0: all)
+    std::int64_t saves = 1;  // checkpoints the run will write (the room needed when keep <= 0)
+    bool overwrite = false;  // a fresh run may delete the checkpoints already in the directory
+};
+
+// Collective, at the start of a run that saves into `root`: after a resume (load_checkpoint),
+// before the first step, so that a problem is found before any training is lost. Rank 0
+//  - creates `root` and locks it: root/lock, an flock(2) held while `target.run` lives, naming the
+//    holder ("host H pid P run R since T"); a second trainer is refused with "the checkpoint
+//    directory is locked by host H, pid P, run R (since T)". A lock file whose holder ended without
+//    releasing it (its flock went with the process) is taken over, with a note naming it;
+//  - refuses a fresh run (nothing resumed into target.run) in a directory that holds checkpoints,
+//    naming them and their run, unless options.overwrite: then it deletes them, with a note;
+//  - checks that `root` is writable (a probe file written, fsync'ed and removed) and has room for
+//    the checkpoints options.keep implies (keep + 1 while a save is written; the f32 weights and two
+//    AdamW moments of every parameter, estimated from the model), naming both numbers if not.
+// Needs target.run (which keeps the lock). Returns the notes (rank 0's).
+std::vector<std::string> open_checkpoint_dir(const std::string& root, CheckpointTarget target,
+                                             const CheckpointDirOptions& options);
+
 // Whether `path` holds a checkpoint to resume: a `latest` file, a step directory (manifest.json or
 // trainer_state.json), or a step-NNNNNNNN directory (--resume auto: resume, not start fresh).
 bool has_checkpoint(const std::string& path);

@@ -321,6 +321,11 @@ CheckpointLoad Trainer::load(const std::string& path, const std::vector<std::str
         path, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_, &checkpoint_run_}, allow_change);
 }
 
+std::vector<std::string> Trainer::open_checkpoint_dir(const std::string& root, const CheckpointDirOptions& options) {
+    return models::open_checkpoint_dir(
+        root, {layout_, comms_.world, *model_, optimizers(), *batcher_, steps_done_, &checkpoint_run_}, options);
+}
+
 namespace {
 
 // A float as the shortest text that reads back as it ("0.003"), a JSON number.

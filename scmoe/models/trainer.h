@@ -138,6 +138,11 @@ class Trainer {
     CheckpointLoad load(const std::string& path, const std::vector<std::string>& allow_change = {});
     // The run id its checkpoints carry: "" until the first save or load.
     const std::string& run_id() const { return checkpoint_run_.run_id; }
+    // Prepares `root` for this run's checkpoints (collective, after load(), before the first step):
+    // its lock, held while the trainer lives; a fresh run refused in a directory with checkpoints
+    // unless options.overwrite; writable, with room for options.keep's checkpoints
+    // (checkpoint.h's open_checkpoint_dir). Returns notes to print (rank 0's).
+    std::vector<std::string> open_checkpoint_dir(const std::string& root, const CheckpointDirOptions& options);
 
     const TrainConfig& config() const { return config_; }
     const ParallelLayout& layout() const { return layout_; }

@@ -6,6 +6,7 @@
 #include "scmoe/models/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -304,6 +306,127 @@ TEST(Checkpoint, KeepAfterARollbackKeepsTheResumedFromStep) {
     const std::vector<std::string> errors = load_errors(config, 2, dir.string(), {}, &loads);
     EXPECT_EQ(errors[0] + errors[1], "");
     EXPECT_EQ(loads[0].dir, (dir / "step-00000004").string());
+    fs::remove_all(dir);
+}
+
+// Before: two trainers on one checkpoint directory were not noticed (one died, or both exited 0
+// with one run's checkpoints holding the other's weights). Now the second is refused at start,
+// naming the holder; the lock goes with the first trainer.
+TEST(Checkpoint, SecondTrainerOnADirectoryIsRefusedNamingTheHolder) {
+    const TrainConfig config = small_training(8);
+    const fs::path dir = fresh_dir("ckpt_lock");
+    auto device = make_device("cpu");
+    std::optional<Trainer> first(std::in_place, config, *device, ParallelLayout{1, 0, 1}, TrainComms{});
+    EXPECT_TRUE(first->open_checkpoint_dir(dir.string(), {}).empty());
+    const std::string run = first->run_id();
+    ASSERT_FALSE(run.empty());
+    Trainer second(config, *device, {1, 0, 1}, {});
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    try {
+        second.open_checkpoint_dir(dir.string(), {});
+        ADD_FAILURE() << "a second trainer took a locked directory";
+    } catch (const Error& e) {
+        EXPECT_TRUE(has(e.what(), dir.string() + ": the checkpoint directory is locked by host " + host + ", pid " +
+                                      std::to_string(getpid()) + ", run " + run + " (since "))
+            << e.what();
+    }
+    first->step();
+    first->save(dir.string());
+    first.reset();  // releases the lock
+    Trainer third(config, *device, {1, 0, 1}, {});
+    third.load(dir.string());
+    EXPECT_TRUE(third.open_checkpoint_dir(dir.string(), {}).empty()) << "a released lock is not stale";
+    fs::remove_all(dir);
+}
+
+// A lock file left by a process that ended without releasing it (killed: its flock went with it)
+// is taken over, with a note naming the old holder.
+TEST(Checkpoint, StaleLockIsTakenOverWithANote) {
+    const TrainConfig config = small_training(8);
+    const fs::path dir = fresh_dir("ckpt_stale_lock");
+    spit(dir / "lock", "host=gone-host pid=999999 run=0123456789abcdef since=2026-01-01T00:00:00Z\n");
+    auto device = make_device("cpu");
+    Trainer t(config, *device, {1, 0, 1}, {});
+    const std::vector<std::string> notes = t.open_checkpoint_dir(dir.string(), {});
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_TRUE(has(notes[0], "took over the lock of " + dir.string() +
+                                  " left by host gone-host, pid 999999, run 0123456789abcdef (since "
+                                  "2026-01-01T00:00:00Z), which ended without releasing it"))
+        << notes[0];
+    EXPECT_TRUE(has(slurp(dir / "lock"), "pid=" + std::to_string(getpid()) + " run=" + t.run_id()))
+        << slurp(dir / "lock");
+    fs::remove_all(dir);
+}
+
+// Before: a fresh run in an old checkpoint directory repointed `latest` and overwrote the old
+// checkpoints. Now it is refused at start, naming them, unless overwrite (which deletes them); a
+// resumed run goes on.
+TEST(Checkpoint, FreshRunOverCheckpointsIsRefusedUnlessOverwrite) {
+    const TrainConfig config = small_training(8);
+    const fs::path dir = fresh_dir("ckpt_fresh");
+    train_and_save(config, 1, dir, {2});
+    const std::string run =
+        nlohmann::json::parse(slurp(dir / "step-00000002" / "manifest.json"))["run_id"].get<std::string>();
+    auto device = make_device("cpu");
+    {
+        Trainer t(config, *device, {1, 0, 1}, {});
+        try {
+            t.open_checkpoint_dir(dir.string(), {});
+            ADD_FAILURE() << "a fresh run took a directory with checkpoints";
+        } catch (const Error& e) {
+            EXPECT_TRUE(has(e.what(), dir.string() +
+                                          ": the checkpoint directory holds checkpoints (step-00000002 of run " + run +
+                                          "): a fresh run would overwrite them"))
+                << e.what();
+        }
+        EXPECT_TRUE(fs::exists(dir / "step-00000002" / "manifest.json"));
+    }
+    {
+        Trainer t(config, *device, {1, 0, 1}, {});
+        t.load(dir.string());
+        EXPECT_TRUE(t.open_checkpoint_dir(dir.string(), {}).empty());
+    }
+    {
+        Trainer t(config, *device, {1, 0, 1}, {});
+        CheckpointDirOptions o;
+        o.overwrite = true;
+        const std::vector<std::string> notes = t.open_checkpoint_dir(dir.string(), o);
+        ASSERT_EQ(notes.size(), 1u);
+        EXPECT_TRUE(
+            has(notes[0], "--overwrite: deleted the checkpoints in " + dir.string() + " (step-00000002 of run " + run))
+            << notes[0];
+        EXPECT_FALSE(fs::exists(dir / "step-00000002"));
+        EXPECT_FALSE(fs::exists(dir / "latest"));
+    }
+    fs::remove_all(dir);
+}
+
+// Before: an unusable checkpoint directory was found only at the first save, a whole
+// --checkpoint-every interval later. Now at start: one that cannot be created, and one without
+// room for the checkpoints `keep` implies (both numbers named).
+TEST(Checkpoint, UnusableDirectoryIsFoundAtStart) {
+    const TrainConfig config = small_training(8);
+    const fs::path dir = fresh_dir("ckpt_unusable");
+    spit(dir / "a-file", "x");
+    auto device = make_device("cpu");
+    Trainer t(config, *device, {1, 0, 1}, {});
+    try {
+        t.open_checkpoint_dir((dir / "a-file" / "ck").string(), {});
+        ADD_FAILURE() << "a checkpoint directory under a file";
+    } catch (const Error& e) {
+        EXPECT_TRUE(has(e.what(), "a-file/ck: cannot create the checkpoint directory: ")) << e.what();
+    }
+    CheckpointDirOptions huge;
+    huge.keep = 2000000000;
+    try {
+        t.open_checkpoint_dir((dir / "ck").string(), huge);
+        ADD_FAILURE() << "room for 2e9 checkpoints";
+    } catch (const Error& e) {
+        EXPECT_TRUE(has(e.what(), " MiB free; the checkpoints --keep 2000000000 implies need about ")) << e.what();
+        EXPECT_TRUE(has(e.what(), "(2000000001 of about ")) << e.what();
+        EXPECT_TRUE(has(e.what(), std::to_string(t.model().num_global_params()) + " parameters)")) << e.what();
+    }
     fs::remove_all(dir);
 }
 

@@ -2,7 +2,9 @@
 # then resumed with a changed --lr (refused naming the field and both values, exit 3), with
 # --allow-change lr (resumes, the change printed), and with `latest` deleted under --resume auto
 # (resumes from step 2 saying so, instead of starting fresh over the old steps and truncating the
-# metrics). -DTRAIN -DOUT
+# metrics); a resume from a step before the last one logged (the newest checkpoint lost) logs each
+# step once; a fresh run over the checkpoints is refused, and with --overwrite deletes them.
+# -DTRAIN -DOUT
 file(REMOVE_RECURSE ${OUT})
 file(MAKE_DIRECTORY ${OUT})
 set(shape --steps 4 --batch 4 --layers 2 --hidden 32 --heads 4 --seq 16 --ffn 64 --experts 4 --expert-ffn 32
@@ -50,3 +52,33 @@ run(allowed 0 --resume auto --lr 1e-3 --allow-change lr)
 expect("${allowed_out}" "# resume: allowed change \\(--allow-change lr\\): lr 0.003 in the checkpoint, 0.001 in this run"
        "an allowed change must be printed")
 expect("${allowed_out}" "step +4/4" "the allowed run trains to the end")
+
+# metrics.jsonl has steps 1-4; the newest checkpoint (step 4) is lost: the resume from step 3 logs
+# step 4 again, and its old line goes.
+file(REMOVE_RECURSE ${OUT}/ck/step-00000004)
+file(REMOVE ${OUT}/ck/latest)
+run(again 0 --resume auto)
+expect("${again_out}" "resumed from [^\n]*step-00000003 at step 3" "the fallback to step 3")
+file(STRINGS ${OUT}/metrics.jsonl lines)
+set(steps "")
+foreach(line IN LISTS lines)
+  string(JSON step GET "${line}" step)
+  list(APPEND steps ${step})
+endforeach()
+if(NOT steps STREQUAL "1;2;3;4")
+  message(FATAL_ERROR "metrics.jsonl steps after the resume: ${steps}, expected 1;2;3;4 (each once)")
+endif()
+
+# A fresh run in the directory: refused before any step, naming what is there; --overwrite.
+run(fresh 3 --stop-at 1)
+expect("${fresh_out}" "the checkpoint directory holds checkpoints \\(step-00000004, step-00000003 of run [0-9a-f]+\\): a fresh run would overwrite them"
+       "a fresh run over old checkpoints must be refused")
+if(fresh_out MATCHES "step +1/4")
+  message(FATAL_ERROR "the refused fresh run trained")
+endif()
+run(overwrite 0 --stop-at 1 --overwrite)
+expect("${overwrite_out}" "# checkpoint dir: --overwrite: deleted the checkpoints in [^\n]*ck \\(step-00000004, step-00000003 of run"
+       "--overwrite must say what it deleted")
+if(EXISTS ${OUT}/ck/step-00000004 OR NOT EXISTS ${OUT}/ck/step-00000001)
+  message(FATAL_ERROR "--overwrite: the old steps must go and the new one be there")
+endif()
