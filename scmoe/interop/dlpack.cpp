@@ -116,6 +116,7 @@ DLDataType export_dtype(DType t) {
 template <class Managed>
 void describe_export(const Tensor& t, const Device& device, Export<Managed>& e, DLTensor& out) {
     SCMOE_CHECK(t.ndim >= 0 && t.ndim <= Tensor::kMaxDims, "DLPack export: tensor rank " << t.ndim);
+    SCMOE_CHECK(t.data != nullptr || t.numel() == 0, "DLPack export: " << describe(t) << " has no data (null pointer)");
     std::int64_t stride = 1;
     for (int i = t.ndim - 1; i >= 0; --i) {
         SCMOE_CHECK(t.dim(i) >= 0, "DLPack export: negative dimension in " << describe(t));

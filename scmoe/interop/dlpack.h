@@ -37,7 +37,7 @@ namespace scmoe {
 // shape t.dims[0, ndim), compact row-major strides (never NULL), byte_offset 0, flags
 // DLPACK_FLAG_BITMASK_READ_ONLY when read_only (consumers must then not write), version 1.1. The caller
 // owns the result until it hands it to a consumer (e.g. torch::fromDLPackVersioned), which calls its
-// deleter. Throws scmoe::Error for the emu backend or a negative dimension.
+// deleter. Throws scmoe::Error for the emu backend, a negative dimension or null data of a non-empty tensor.
 DLManagedTensorVersioned* to_dlpack_versioned(const Tensor& t, const Device& device, bool read_only = false);
 // The same as the legacy (pre-1.0) struct, for consumers that take only that (no version, no flags).
 DLManagedTensor* to_dlpack(const Tensor& t, const Device& device);

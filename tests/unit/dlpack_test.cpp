@@ -289,6 +289,11 @@ TEST_F(DLPackTest, RefusesNullDataOfANonEmptyTensor) {
                  "x: DLPack data is NULL for a tensor of 24 elements");
     expect_error([&] { DLPackTensor(static_cast<DLManagedTensorVersioned*>(nullptr), *cpu, "x"); },
                  "x: the DLManagedTensorVersioned pointer is NULL");
+    expect_error(
+        [&] {
+            to_dlpack_versioned(Tensor(nullptr, DType::kF32, {2, 3}), *cpu);
+        },
+        "DLPack export: [2, 3] f32 has no data (null pointer)");
 }
 
 TEST_F(DLPackTest, TheEmuBackendIsRefusedBothWays) {
