@@ -1,22 +1,59 @@
 #include "launch/train_args.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cxxopts.hpp>
 #include <iostream>
+#include <iterator>
+#include <limits>
+#include <sstream>
 #include <tuple>
 
-#include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "launch/local_rank.h"
+#include "launch/stop_signals.h"
 #include "scmoe/comm/comm_sms.h"
 #include "scmoe/comm/communicator.h"
 #include "scmoe/kernels/cuda/cudnn_attention_plan.h"
 #include "scmoe/kernels/env.h"
+#include "scmoe/kernels/error.h"
 #include "scmoe/kernels/grouped_gemm.h"
-#include "launch/stop_signals.h"
 
 namespace scmoe::launch {
+namespace {
+
+// cxxopts says "Argument 'x' failed to parse" without the flag: find the flag whose value x is and
+// say what it takes. `what`: cxxopts' message.
+std::string unparsable_value_error(int argc, const char* const* argv, const std::string& what) {
+    auto quoted_in_what = [&](const std::string& value) {
+        return what.find("\u2018" + value + "\u2019") != std::string::npos ||
+               what.find("'" + value + "'") != std::string::npos;
+    };
+    std::string flag, value;
+    for (int i = 1; i < argc && flag.empty(); ++i) {
+        const std::string token = argv[i];
+        if (token.rfind("--", 0) == 0 && token.find('=') != std::string::npos) {
+            const std::size_t eq = token.find('=');
+            if (quoted_in_what(token.substr(eq + 1))) flag = token.substr(0, eq), value = token.substr(eq + 1);
+        } else if (token.size() > 1 && token[0] == '-' && i + 1 < argc && quoted_in_what(argv[i + 1])) {
+            flag = token, value = argv[i + 1];
+        }
+    }
+    if (flag.empty()) return what;
+    static const char* const kDecimal[] = {
+        "--lr", "--min-lr", "--weight-decay", "--clip", "--capacity-factor", "--aux-loss", "--peak-tflops"};
+    const bool decimal = std::find(std::begin(kDecimal), std::end(kDecimal), flag) != std::end(kDecimal);
+    return flag + " '" + value + "': " +
+           (decimal ? "expected a finite decimal number (e.g. 3e-4 or 0.1)"
+                    : "expected a whole number, written out (e.g. 1000000, not 1e6 or 1M), within the flag's range" +
+                          std::string(flag == "--seed" ? " (0 to 18446744073709551615)" : ""));
+}
+
+// The most in-process ranks (threads of one process, several each): more belong under mpirun.
+constexpr int kMaxInProcessRanks = 1024;
+
+}  // namespace
 
 void check_environment() {
     // The readers run deep in the library (on stream threads, at the first collective, on the GPU
@@ -114,7 +151,7 @@ Args parse(int argc, const char* const* argv) {
         ("trace", "Chrome/Perfetto trace of the last step, FILE.rank<r>.json per rank", cxxopts::value<std::string>())
         ("checkpoint-dir", "Checkpoint root directory", cxxopts::value<std::string>())
         ("checkpoint-every", "Save every N steps (0: only at the end)", cxxopts::value<std::int64_t>()->default_value("0"))
-        ("keep", "Checkpoints to keep", cxxopts::value<int>()->default_value("2"))
+        ("keep", "Checkpoints to keep (0: every one)", cxxopts::value<int>()->default_value("2"))
         ("resume", "Resume from a checkpoint root (its 'latest') or step directory; 'auto': --checkpoint-dir "
                    "if it holds one", cxxopts::value<std::string>())
         ("stop-at", "Stop after this step (as if interrupted; the schedule still spans --steps)",
@@ -137,6 +174,8 @@ Args parse(int argc, const char* const* argv) {
     cxxopts::ParseResult r;
     try {
         r = o.parse(argc, argv);
+    } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
+        throw UsageError(unparsable_value_error(argc, argv, e.what()));
     } catch (const cxxopts::exceptions::exception& e) {
         throw UsageError(e.what());
     }
@@ -202,8 +241,8 @@ Args parse(int argc, const char* const* argv) {
             "--eval-data default is the default corpus's held-out tenth; with --data, name held-out files");
     // The files now, before any rank starts: a FIFO would block the open, and a missing file is a bad
     // command line (exit 2), not a failed run.
-    for (const auto& [flag, role, files] : {std::tuple{"--data", "data", &t.data},
-                                            std::tuple{"--eval-data", "eval data", &t.eval_data}})
+    for (const auto& [flag, role, files] :
+         {std::tuple{"--data", "data", &t.data}, std::tuple{"--eval-data", "eval data", &t.eval_data}})
         for (const std::string& f : *files)
             if (f != models::kDefaultHeldOut)
                 if (const std::string why = models::data_file_problem(f); !why.empty())
@@ -220,15 +259,40 @@ Args parse(int argc, const char* const* argv) {
         a.chunks = static_cast<int>(n);
     }
     if (a.infer_passes < 0) throw UsageError("--infer-passes must be >= 0");
-    if (a.eval_every < 0 || t.eval_batches < 0) throw UsageError("--eval-every and --eval-batches must be >= 0");
+    if (a.eval_every < 0)
+        throw UsageError("--eval-every " + std::to_string(a.eval_every) + ": expected 0 or more steps");
+    if (t.eval_batches < 0)
+        throw UsageError("--eval-batches " + std::to_string(t.eval_batches) + ": expected 0 (all) or more batches");
     a.ranks = r["ranks"].as<int>();
-    if (a.ranks <= 0) throw UsageError("--ranks must be > 0");
+    if (a.ranks <= 0 || a.ranks > kMaxInProcessRanks)
+        throw UsageError("--ranks " + std::to_string(a.ranks) + ": expected 1 to " +
+                         std::to_string(kMaxInProcessRanks) +
+                         " in-process ranks (threads of this process); for more, run one process per rank under "
+                         "mpirun");
     a.mpi = launched_by_mpirun();
 #if !SCMOE_WITH_MPI
     if (a.mpi) throw UsageError("launched under mpirun, but this build has no MPI");
 #endif
     if (a.mpi && r.count("ranks")) throw UsageError("--ranks is for in-process ranks; under mpirun use -np");
     a.ep = r.count("ep") ? r["ep"].as<int>() : 0;
+    if (r.count("ep") && a.ep <= 0)
+        throw UsageError("--ep " + std::to_string(a.ep) +
+                         ": expected a positive expert-parallel size dividing the world");
+    {
+        // The layout now, not on every rank later: ep divides the world and the experts.
+        const int world = a.mpi ? launcher_world_size() : a.ranks, ep = a.ep > 0 ? a.ep : world;
+        const int experts = t.model.moe.num_experts;
+        const std::string ep_text = a.ep > 0 ? "--ep " + std::to_string(ep)
+                                             : (a.mpi ? "the world of " + std::to_string(world) + " processes"
+                                                      : "--ranks " + std::to_string(world)) +
+                                                   " (the expert-parallel size without --ep)";
+        if (world > 0 && world % ep != 0)
+            throw UsageError(ep_text + ": the world of " + std::to_string(world) +
+                             " ranks is not divisible by the expert-parallel size");
+        if (experts % ep != 0)
+            throw UsageError(ep_text + ": does not divide the " + std::to_string(experts) +
+                             " experts (--experts); expected an ep dividing both the world and the experts");
+    }
     a.backend = r["backend"].as<std::string>();
     if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda" && a.backend != "emu")
         throw UsageError("--backend " + a.backend + ": expected auto, cpu, cuda or emu");
@@ -245,6 +309,8 @@ Args parse(int argc, const char* const* argv) {
         }
     }
     if (r.count("device")) a.device = r["device"].as<int>();
+    if (a.device && *a.device < 0)
+        throw UsageError("--device " + std::to_string(*a.device) + ": expected a GPU index >= 0");
     if (r.count("link")) {
         try {
             a.link = parse_link_model(r["link"].as<std::string>());
@@ -273,7 +339,22 @@ Args parse(int argc, const char* const* argv) {
         throw UsageError(e.what());
     }
     a.peak_tflops = r["peak-tflops"].as<double>();
-    if (a.checkpoint_every < 0 || a.stop_at < 0 || a.log_every <= 0) throw UsageError("negative step counts");
+    for (const auto& [flag, value, least] :
+         {std::tuple{"--checkpoint-every", a.checkpoint_every, 0}, std::tuple{"--stop-at", a.stop_at, 0},
+          std::tuple{"--log-every", a.log_every, 1}, std::tuple{"--keep", std::int64_t{a.keep}, 0}})
+        if (value < least)
+            throw UsageError(std::string(flag) + " " + std::to_string(value) + ": expected " +
+                             (least == 0 ? "0 or more" : "1 or more") +
+                             (std::string(flag) == "--keep" ? " (0 keeps every checkpoint)" : ""));
+    for (const auto& [flag, value, least] :
+         {std::tuple{"--lr", double{t.adamw.schedule.peak_lr}, 0.0},
+          std::tuple{"--min-lr", double{r["min-lr"].as<float>()}, 0.0},
+          std::tuple{"--weight-decay", double{t.adamw.weight_decay}, 0.0},
+          std::tuple{"--peak-tflops", a.peak_tflops, 0.0},
+          std::tuple{"--clip", double{t.max_grad_norm}, -std::numeric_limits<double>::infinity()}})
+        if (!std::isfinite(value) || value < least)
+            throw UsageError(std::string(flag) + " " + (std::ostringstream() << value).str() +
+                             ": expected a finite number" + (least == 0.0 ? " >= 0" : ""));
     if ((a.checkpoint_every > 0 || a.stop_at > 0) && a.checkpoint_dir.empty() && a.checkpoint_every > 0)
         throw UsageError("--checkpoint-every needs --checkpoint-dir");
     if (a.resume == "auto" && a.checkpoint_dir.empty()) throw UsageError("--resume auto needs --checkpoint-dir");
@@ -285,7 +366,8 @@ Args parse(int argc, const char* const* argv) {
         for (const std::string& n : a.allow_change)
             if (std::find(names.begin(), names.end(), n) == names.end())
                 throw UsageError("--allow-change " + n + ": not a setting a checkpoint records (" +
-                                 r["allow-change"].as<std::string>() + "); expected lr, min-lr, warmup, steps, "
+                                 r["allow-change"].as<std::string>() +
+                                 "); expected lr, min-lr, warmup, steps, "
                                  "weight-decay, beta1, beta2, eps, clip, batch or data");
         if (a.allow_change.empty()) throw UsageError("--allow-change is empty");
         if (a.resume.empty()) throw UsageError("--allow-change needs --resume");

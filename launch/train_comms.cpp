@@ -1,7 +1,9 @@
 #include "launch/train_comms.h"
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "scmoe/comm/emu_communicator.h"
@@ -35,8 +37,8 @@ LocalTrainGroups::LocalTrainGroups(int world, int ep, std::optional<LinkModel> l
 
 LocalTrainGroups::LocalTrainGroups(int world, int ep, const Topology& topology) : world_(world), ep_(ep) {
     models::ParallelLayout{world, 0, ep}.validate();
-    SCMOE_CHECK(world <= topology.world_size(), world << " ranks on cluster " << topology.name << " of "
-                                                      << topology.world_size() << " GPUs");
+    SCMOE_CHECK(world <= topology.world_size(),
+                world << " ranks on cluster " << topology.name << " of " << topology.world_size() << " GPUs");
     // Each group's members in member order: rank r is member l.ep_rank() of expert-parallel group
     // l.ep_group(), and member l.ep_group() of expert-data-parallel group l.ep_rank().
     std::vector<int> all(static_cast<std::size_t>(world));
@@ -91,7 +93,7 @@ void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<vo
     std::vector<std::chrono::steady_clock::time_point> failed_at(static_cast<std::size_t>(world));
     std::vector<std::thread> threads;
     for (int r = 0; r < world; ++r) {
-        threads.emplace_back([&, r] {
+        std::function<void()> body = [&, r] {
             try {
                 const RankComms comms = groups.rank_comms(r);
                 fn(r, comms);
@@ -101,7 +103,18 @@ void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<vo
                 comm_error[static_cast<std::size_t>(r)] = dynamic_cast<const CommError*>(&e) != nullptr;
                 groups.abandon(r, e.what());
             }
-        });
+        };
+        try {
+            threads.emplace_back(std::move(body));
+        } catch (const std::system_error& e) {
+            // Out of threads: the ranks started would wait for this one in their collectives, so every
+            // rank not started leaves its groups (theirs then fail at once) before the started end.
+            const std::string why = "cannot start in-process rank " + std::to_string(r) + " of " +
+                                    std::to_string(world) + " (a thread): " + e.what();
+            for (int q = r; q < world; ++q) groups.abandon(q, why);
+            for (auto& t : threads) t.join();
+            throw Error(why + "; run fewer --ranks, or one process per rank under mpirun");
+        }
     }
     for (auto& t : threads) t.join();
     // The cause: the rank that failed first other than by a CommError (its peers' collectives then
