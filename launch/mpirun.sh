@@ -51,6 +51,11 @@ environment (defaults in parentheses):
   NCCL_DEBUG (WARN), NCCL_SOCKET_IFNAME, NCCL_IB_HCA, CUDA_DEVICE_MAX_CONNECTIONS (8):
                            see launch/nccl_env.sh, which documents each and why
 
+signals:
+  INT, TERM, HUP           the first goes to every rank as SIGUSR1 (through mpirun): scmoe-train
+                           finishes its step, saves (with --checkpoint-dir) and exits 4, and so does
+                           this script; a second kills the job at once (exit 143)
+
 examples:
   launch/mpirun.sh -H hosts.txt -N 8 -- --preset gpt2-moe-small --ep 8 --backend cuda \
       --steps 20000 --checkpoint-dir /shared/ck/run1 --checkpoint-every 500 --resume auto \
@@ -154,8 +159,30 @@ kill_job() {
     done
     kill -KILL -- "$group" 2>/dev/null || true
 }
-# A signal to this script ends the whole job.
-trap 'echo "mpirun.sh: interrupted: killing mpirun'"'"'s process group $mpirun_pid" >&2; kill_job; exit 143' INT TERM HUP
+# A signal to this script (INT, TERM or HUP): the first asks every rank to stop cleanly. It goes to
+# mpirun as SIGUSR1, which mpirun forwards to every rank (its own INT and TERM would end the job:
+# TERM, then KILL a second later); scmoe-train's default --stop-signals include SIGUSR1, so each
+# rank finishes its step, they save (with --checkpoint-dir) and exit 4, and so does this script. A
+# second signal kills the job's process group at once (exit 143); the last complete checkpoint stays.
+stop_asked=0
+# shellcheck disable=SC2317  # called by the traps below
+# (No `return` here: in a trap, bash returns the status of the command the signal interrupted,
+# and set -e would end the script with it.)
+on_signal() {
+    if [ "$stop_asked" = 0 ]; then
+        stop_asked=1
+        echo "mpirun.sh: $1: asking every rank to finish its step, save and exit (SIGUSR1 to mpirun $mpirun_pid);" \
+            "a second signal kills the job at once" >&2
+        kill -USR1 "$mpirun_pid" 2>/dev/null || true
+    else
+        echo "mpirun.sh: $1 again: killing mpirun's process group $mpirun_pid" >&2
+        kill_job
+        exit 143
+    fi
+}
+trap 'on_signal SIGINT' INT
+trap 'on_signal SIGTERM' TERM
+trap 'on_signal SIGHUP' HUP
 started=$SECONDS
 verdict=
 while kill -0 "$mpirun_pid" 2>/dev/null; do
@@ -172,7 +199,8 @@ while kill -0 "$mpirun_pid" 2>/dev/null; do
         kill_job
         break
     fi
-    sleep 1
+    sleep 1 &
+    wait $! || true  # unlike a plain sleep, a trapped signal ends the wait at once
 done
 status=0
 wait "$mpirun_pid" || status=$?

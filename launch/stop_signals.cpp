@@ -97,17 +97,17 @@ std::string stop_signal_name(int signal) {
     return "signal " + std::to_string(signal);
 }
 
-void install_stop_signals(const std::vector<int>& signals, const std::string& who) {
+void install_stop_signals(const std::vector<int>& signals, const std::string& who, const std::string& where) {
     for (int signal : signals) {
         if (signal <= 0 || signal >= kMaxSignal) throw std::invalid_argument("stop signal " + std::to_string(signal));
         const std::string name = stop_signal_name(signal);
-        set_line(g_first[signal], who + ": " + name +
+        set_line(g_first[signal], who + ": " + name + where +
                                       ": stopping after the current step: every rank finishes it, then saves a "
                                       "checkpoint (with --checkpoint-dir) and exits; a second stop signal exits at "
                                       "once\n");
-        set_line(g_again[signal], who + ": " + name +
-                                      " again: exiting at once, without saving; the last complete checkpoint is "
-                                      "kept (a save in progress is discarded)\n");
+        set_line(g_again[signal], who + ": " + name + " again" + where +
+                                      ": exiting at once, without saving; the last complete checkpoint is kept (a "
+                                      "save in progress is discarded)\n");
         struct sigaction action {};
         action.sa_handler = on_stop_signal;
         sigemptyset(&action.sa_mask);

@@ -31,9 +31,9 @@ std::vector<int> parse_stop_signals(const std::string& text);
 std::string stop_signal_name(int signal);
 
 // Installs the handler for `signals` (SA_RESTART, process-wide, so every thread's rank sees the
-// request). `who` starts the handler's lines, e.g. "scmoe-train" or "scmoe-train: rank 1"; call
-// again to change it (e.g. once the MPI rank is known). Not thread-safe against itself.
-void install_stop_signals(const std::vector<int>& signals, const std::string& who);
+// request). The handler's lines read "<who>: SIGTERM<where>: ...", e.g. "scmoe-train: SIGTERM on
+// rank 1: stopping after the current step ...". Not thread-safe against itself.
+void install_stop_signals(const std::vector<int>& signals, const std::string& who, const std::string& where = "");
 
 // The first stop signal received (0: none yet). Async-signal-safe, lock-free.
 int requested_stop_signal();

@@ -347,7 +347,8 @@ int run_mpi(const Args& launch_args) {
     // mpirun forwards SIGUSR1 and SIGUSR2 to every rank; SIGTERM and SIGINT to mpirun end the job
     // (TERM, then KILL after its odls_base_sigkill_timeout): send those to the ranks themselves, as
     // Slurm does. A rank that alone is signalled still stops every rank (Trainer::agree_stop).
-    install_stop_signals(args.stop_signals, "scmoe-train: rank " + std::to_string(rank));
+    // (Not "scmoe-train: rank R: ...": launch/mpirun.sh reads that as the rank's fatal error.)
+    install_stop_signals(args.stop_signals, "scmoe-train", " on rank " + std::to_string(rank));
     // Reports the error on stderr, one line starting "scmoe-train: rank R:", and ends the job the
     // way the launcher expects: MPI_Abort, which makes mpirun kill every rank, also those blocked
     // in a collective or stopped, and return kExitError. Does not return.
@@ -406,7 +407,7 @@ int run_mpi(const Args& launch_args) {
         }
         if (rank == 0 && !args.eval_only && !g_stopped_by) print_summary(runs, args.peak_tflops);
         if (const int late = requested_stop_signal(); late && !g_stopped_by)
-            std::cerr << "scmoe-train: rank " << rank << ": " << stop_signal_name(late)
+            std::cerr << "scmoe-train: " << stop_signal_name(late) << " on rank " << rank
                       << " came after the last step: the run is complete" << std::endl;
     } catch (const std::exception& e) {
         abort_job(e);

@@ -24,7 +24,7 @@ echo "fake mpirun $*"
 python3 -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)' "$FAKE_MARKER" &
 case $FAKE_MODE in
     hang-after-error) echo "$FAKE_ERROR" >&2; trap '' TERM; while :; do sleep 1; done ;;
-    hang) trap '' TERM; while :; do sleep 1; done ;;
+    hang) trap '' TERM; trap 'echo "fake mpirun: SIGUSR1" >&2' USR1; while :; do sleep 1 & wait $!; done ;;
     abort) echo "$FAKE_ERROR" >&2; kill -9 $!; exit 3 ;;
     ok) kill -9 $!; exit 0 ;;
     died) kill -9 $!; echo "mpirun noticed that process rank 3 with PID 4242 on node h1 exited on signal 9 (Killed)." >&2
@@ -48,7 +48,7 @@ def marked(marker):
     return pids
 
 
-def run(root, tmp, mode, env_extra, signal_after=None):
+def run(root, tmp, mode, env_extra, signal_after=None, again_after=None):
     """Runs mpirun.sh on the fake; returns (exit status, stdout + stderr, seconds, leftover pids)."""
     marker = f"scmoe-watchdog-test-{os.getpid()}-{mode}"
     env = dict(os.environ, PATH=tmp + os.pathsep + os.environ["PATH"], SCMOE_TRAIN="/bin/true", FAKE_MODE=mode,
@@ -60,6 +60,9 @@ def run(root, tmp, mode, env_extra, signal_after=None):
     if signal_after is not None:
         time.sleep(signal_after)
         p.send_signal(signal.SIGTERM)
+        if again_after is not None:
+            time.sleep(again_after)
+            p.send_signal(signal.SIGTERM)
     try:
         out, _ = p.communicate(timeout=120)
     except subprocess.TimeoutExpired:  # the watchdog failed: end everything, report what came
@@ -103,9 +106,14 @@ def main():
               "process rank 3 with PID 4242 on node h1 exited on signal 9 (Killed)." in out,
               "a rank killed by a signal: mpirun's status, and one line saying which rank died where", out)
 
-        rc, out, s, left = run(root, tmp, "hang", {}, signal_after=1.0)
-        check(rc != 0, f"SIGTERM to mpirun.sh ends the job (exit {rc})", out)
-        check(not left, "after SIGTERM to mpirun.sh the job's processes are gone", f"left: {left}")
+        # A first SIGTERM asks the ranks to stop cleanly (SIGUSR1 through mpirun, which forwards it); a
+        # second one kills the job.
+        rc, out, s, left = run(root, tmp, "hang", {}, signal_after=1.0, again_after=1.5)
+        check("mpirun.sh: SIGTERM: asking every rank to finish its step" in out and "fake mpirun: SIGUSR1" in out,
+              "a first SIGTERM to mpirun.sh goes to mpirun as SIGUSR1", out)
+        check(rc == 143 and "mpirun.sh: SIGTERM again: killing mpirun's process group" in out,
+              f"a second SIGTERM to mpirun.sh ends the job (exit {rc})", out)
+        check(not left, "after the second SIGTERM to mpirun.sh the job's processes are gone", f"left: {left}")
 
         for bad in ("SCMOE_ABORT_GRACE_S", "SCMOE_MPIRUN_TIMEOUT_S"):
             rc, out, s, left = run(root, tmp, "ok", {bad: "soon"})

@@ -16,6 +16,8 @@ modes:
   mpi-step     under mpirun -np 2: SIGTERM to both rank processes (as Slurm signals each task),
                or, at random, to one of them only (the ranks still agree and both stop)
   mpi-usr1     under mpirun -np 2: SIGUSR1 to mpirun itself, which forwards it to every rank
+  mpirun-sh    launch/mpirun.sh -N 2: SIGTERM to the script, which passes SIGUSR1 to mpirun: exit 4
+               from the script, and a resume through it continues bitwise
   slurm        launch/slurm.sbatch with a fake srun and scontrol on PATH: SIGUSR1 to the script
                (Slurm's --signal=B:USR1@300): it passes it to the task, which stops and saves (exit
                4); the script calls `scontrol requeue <job>` once; run again (the requeued job), it
@@ -47,6 +49,7 @@ PASSES = {"step": "stopped after the step, saved, resumed bitwise",
           "second": "died at once by the second signal, the previous checkpoint intact and resumed bitwise",
           "mpi-step": "every rank stopped after the same step, saved, resumed bitwise",
           "mpi-usr1": "every rank stopped after the same step, saved, resumed bitwise",
+          "mpirun-sh": "the script passed the stop to every rank, they saved, resumed bitwise",
           "slurm": "the batch script stopped the tasks, requeued once, the requeued job resumed bitwise"}
 
 
@@ -194,6 +197,36 @@ class Runner:
         stopped = self.check_stopped(rc, err, work, "SIGTERM", note, at_least=after)
         return f"{note}: stopped at step {stopped}, exit 4; " + self.resume_and_compare(mpi, steps, work, stopped, note)
 
+    def trial_mpirun_sh(self, rng, index):
+        """launch/mpirun.sh -N 2, SIGTERM to the script: it passes SIGUSR1 to mpirun, which forwards it."""
+        steps = 1000  # the script polls mpirun once a second: a longer run, so the signal lands before its end
+        after = rng.randint(1, 200)
+        work = self.fresh(f"mpirun-sh-{index}")
+        env = dict(os.environ, SCMOE_TRAIN=self.args.train,
+                   SCMOE_MPIRUN_ARGS=" ".join(w for w in self.mpirun[1:] if w.startswith("--")
+                                              and w not in ("--np", "-np", "-n")))
+        def job(metrics, extra):
+            return ([self.args.mpirun_sh, "-N", "2", "--", "--steps", str(steps)] + SHAPE +
+                    ["--metrics", metrics, "--checkpoint-dir", os.path.join(work, "ck")] + extra)
+        metrics = os.path.join(work, "stopped.jsonl")
+        with open(os.path.join(work, "out.txt"), "w") as out, open(os.path.join(work, "err.txt"), "w") as err:
+            proc = subprocess.Popen(job(metrics, ["--checkpoint-every", "50"]), stdout=out, stderr=err, env=env)
+            while count_lines(metrics) < after and proc.poll() is None:
+                time.sleep(0.001)
+            if proc.poll() is not None:
+                raise TrialFailed(f"the job ended (exit {proc.returncode}) before it logged {after} steps, before "
+                                  f"the signal was sent:\n{open(err.name).read()[-2000:]}")
+            os.kill(proc.pid, signal.SIGTERM)
+            rc = proc.wait()
+        err = open(os.path.join(work, "err.txt")).read()
+        note = f"trial {index}: SIGTERM to launch/mpirun.sh after step {after}"
+        if "mpirun.sh: SIGTERM: asking every rank to finish its step" not in err:
+            raise TrialFailed(f"{note}: no line 'mpirun.sh: SIGTERM: asking every rank ...':\n{err[-2000:]}")
+        stopped = self.check_stopped(rc, err, work, "SIGUSR1", note, at_least=after)
+        line = self.resume_and_compare(True, steps, work, stopped, note,
+                                       cmd=job(os.path.join(work, "resumed.jsonl"), ["--resume", "auto"]), env=env)
+        return f"{note}: stopped at step {stopped}, exit 4; " + line
+
     def trial_mpi_usr1(self, rng, index):
         steps = 200
         after = rng.randint(1, steps // 2)
@@ -319,17 +352,20 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train", required=True, help="the scmoe-train binary")
     p.add_argument("--work", required=True, help="a scratch folder (emptied)")
-    p.add_argument("--mode", required=True, choices=["step", "save", "second", "mpi-step", "mpi-usr1", "slurm"])
+    p.add_argument("--mode", required=True, choices=["step", "save", "second", "mpi-step", "mpi-usr1", "mpirun-sh", "slurm"])
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--seed", type=int, help="for the random points (default: drawn, and printed)")
     p.add_argument("--shim", help="signal_shim.so (modes save, second)")
     p.add_argument("--mpirun", help="the mpirun command, words separated by spaces (mpi modes)")
     p.add_argument("--sbatch", help="launch/slurm.sbatch (mode slurm)")
+    p.add_argument("--mpirun-sh", help="launch/mpirun.sh (mode mpirun-sh; its mpirun flags are taken from --mpirun)")
     args = p.parse_args()
     if args.mode in ("save", "second") and not args.shim:
         p.error(f"--mode {args.mode} needs --shim")
     if args.mode == "slurm" and not args.sbatch:
         p.error("--mode slurm needs --sbatch")
+    if args.mode == "mpirun-sh" and not args.mpirun_sh:
+        p.error("--mode mpirun-sh needs --mpirun-sh")
     if args.mode.startswith("mpi") and not args.mpirun:
         p.error(f"--mode {args.mode} needs --mpirun")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -347,6 +383,8 @@ def main():
                 line = runner.trial_step(rng, i, mpi=True)
             elif args.mode == "mpi-usr1":
                 line = runner.trial_mpi_usr1(rng, i)
+            elif args.mode == "mpirun-sh":
+                line = runner.trial_mpirun_sh(rng, i)
             elif args.mode == "slurm":
                 line = runner.trial_slurm(rng, i)
             else:

@@ -6,7 +6,8 @@
 #   calls): the save completes and the run stops at that step;
 # - two SIGTERMs inside a save: the process dies by SIGTERM at once, the previous checkpoint stays
 #   the latest and resumes bitwise;
-# - under mpirun -np 2: SIGTERM to both ranks or to one (they agree), SIGUSR1 to mpirun (forwarded);
+# - under mpirun -np 2: SIGTERM to both ranks or to one (they agree), SIGUSR1 to mpirun (forwarded),
+#   SIGTERM to launch/mpirun.sh (which passes SIGUSR1 to mpirun);
 # - launch/slurm.sbatch with a fake srun and scontrol on PATH: USR1 to the script (Slurm's
 #   --signal=B:USR1@300) stops the task with a save, the script requeues the job once, and the
 #   requeued job resumes bitwise, completes and does not requeue.
@@ -51,9 +52,16 @@ if(SCMOE_MPI_ENABLED)
   add_test(NAME train_mpi_np2_signal_usr1_to_mpirun
            COMMAND ${_signal_test} --mode mpi-usr1 --trials 1 --mpirun ${_signal_mpirun}
                    --work ${CMAKE_CURRENT_BINARY_DIR}/signal_mpi_usr1)
+  set(_signal_mpi_tests train_mpi_np2_signal_stop_at_random_step train_mpi_np2_signal_usr1_to_mpirun)
+  if(SCMOE_OPEN_MPI)  # launch/mpirun.sh is for Open MPI
+    add_test(NAME train_mpi_np2_signal_to_mpirun_sh
+             COMMAND ${_signal_test} --mode mpirun-sh --trials 1 --mpirun ${_signal_mpirun}
+                     --mpirun-sh ${PROJECT_SOURCE_DIR}/launch/mpirun.sh --work ${CMAKE_CURRENT_BINARY_DIR}/signal_mpirun_sh)
+    set_tests_properties(train_mpi_np2_signal_to_mpirun_sh PROPERTIES PASS_REGULAR_EXPRESSION "1 of 1 trials passed")
+    list(APPEND _signal_mpi_tests train_mpi_np2_signal_to_mpirun_sh)
+  endif()
   set_tests_properties(train_mpi_np2_signal_stop_at_random_step PROPERTIES PASS_REGULAR_EXPRESSION "2 of 2 trials passed")
   set_tests_properties(train_mpi_np2_signal_usr1_to_mpirun PROPERTIES PASS_REGULAR_EXPRESSION "1 of 1 trials passed")
-  set_tests_properties(train_mpi_np2_signal_stop_at_random_step train_mpi_np2_signal_usr1_to_mpirun PROPERTIES
-                       LABELS "train;mpi" TIMEOUT 300 RUN_SERIAL TRUE
+  set_tests_properties(${_signal_mpi_tests} PROPERTIES LABELS "train;mpi" TIMEOUT 300 RUN_SERIAL TRUE
                        ENVIRONMENT "${SCMOE_MPI_TEST_ENV};SCMOE_COMM_TIMEOUT_S=60")
 endif()
