@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cxxopts.hpp>
+#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <limits>
@@ -19,6 +20,7 @@
 #include "scmoe/kernels/env.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/kernels/grouped_gemm.h"
+#include "scmoe/models/memory_estimate.h"
 
 namespace scmoe::launch {
 namespace {
@@ -79,6 +81,52 @@ void check_environment() {
         }
     } catch (const Error& e) {
         throw UsageError(e.what());
+    }
+}
+
+void check_host_memory(const Args& a, bool cpu_backend) {
+    double available = -1;  // MemAvailable, bytes
+    {
+        std::ifstream meminfo("/proc/meminfo");
+        for (std::string key; meminfo >> key;) {
+            double kib = 0;
+            meminfo >> kib;
+            if (key == "MemAvailable:") {
+                available = kib * 1024;
+                break;
+            }
+            meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+        }
+    }
+    if (available < 0) return;  // not Linux: nothing to compare with
+    // The ranks sharing this host's memory: in-process ranks, or the processes mpirun put here.
+    int ranks_here = a.ranks;
+    if (a.mpi) {
+        const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        ranks_here = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : 1;
+    }
+    const int world = a.mpi ? launcher_world_size() : a.ranks;
+    const int ep = a.ep > 0 ? a.ep : std::max(world, 1);
+    for (const std::string& variant : a.variants) {
+        models::TrainConfig config = a.train;
+        config.model.variant = variant;
+        const models::TrainMemoryEstimate e = models::estimate_train_memory(config, ep, !a.eval_only);
+        // GPUs (and emulated ones) hold the model in device memory: the host keeps the token batches.
+        const double per_rank = cpu_backend ? e.total_bytes() : e.batch_bytes;
+        const double need = per_rank * ranks_here;
+        if (need <= available) continue;
+        const models::LmConfig& m = config.model;
+        std::ostringstream why;
+        why << "this configuration needs at least " << models::format_bytes(need) << " of host memory";
+        if (ranks_here > 1) why << " (" << ranks_here << " ranks here x " << models::format_bytes(per_rank) << ")";
+        why << ", this machine has " << models::format_bytes(available)
+            << " available (MemAvailable, /proc/meminfo). Per rank: "
+            << (cpu_backend ? e.describe() : "token batches " + models::format_bytes(e.batch_bytes))
+            << ". Shape: --layers " << m.layers << " --hidden " << m.backbone.hidden << " --ffn " << m.backbone.ffn
+            << " --experts " << m.moe.num_experts << " --expert-ffn " << m.moe.ffn << " --vocab " << m.vocab
+            << " --seq " << m.backbone.seq_len << " --batch " << config.batch << " (" << variant
+            << "); make it smaller, or use more ranks (--ep) or machines";
+        throw UsageError(why.str());
     }
 }
 

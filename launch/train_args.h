@@ -57,4 +57,11 @@ Args parse(int argc, const char* const* argv);
 // accepts. (SCMOE_FAULT_*: train_main.cpp.)
 void check_environment();
 
+// Refuses (UsageError) a configuration whose memory on this host, estimated from its shapes before
+// anything is allocated (models::estimate_train_memory, a lower bound; every in-process rank, or
+// the mpirun processes on this host), exceeds what /proc/meminfo calls MemAvailable, saying how much
+// it needs, how much there is, and the shape. cpu_backend: the model lives in host memory (else
+// only the token batches do).
+void check_host_memory(const Args& args, bool cpu_backend);
+
 }  // namespace scmoe::launch

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <functional>
+#include <new>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -99,7 +100,12 @@ void run_local_ranks(LocalTrainGroups& groups, int world, const std::function<vo
                 fn(r, comms);
             } catch (const std::exception& e) {
                 failed_at[static_cast<std::size_t>(r)] = std::chrono::steady_clock::now();
-                errors[static_cast<std::size_t>(r)] = e.what();
+                // std::bad_alloc says only "std::bad_alloc": say what ran out.
+                errors[static_cast<std::size_t>(r)] =
+                    dynamic_cast<const std::bad_alloc*>(&e) != nullptr
+                        ? "out of host memory: an allocation failed (std::bad_alloc); make the model, --batch or "
+                          "--ranks smaller"
+                        : e.what();
                 comm_error[static_cast<std::size_t>(r)] = dynamic_cast<const CommError*>(&e) != nullptr;
                 groups.abandon(r, e.what());
             }

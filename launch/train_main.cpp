@@ -427,6 +427,7 @@ int main(int argc, char** argv) {
         args = parse(argc, argv);
         check_environment();
         args.train.fault = fault_from_env();
+        check_host_memory(args, device_choice(args) == "cpu");
     } catch (const UsageError& e) {
         std::cerr << "scmoe-train: " << e.what() << "\n(scmoe-train --help lists the options)" << std::endl;
         return kExitUsage;
@@ -436,6 +437,11 @@ int main(int argc, char** argv) {
         if (args.mpi) return run_mpi(args);
 #endif
         return run_in_process(args);
+    } catch (const std::bad_alloc&) {
+        std::cerr << "scmoe-train: out of host memory: an allocation failed (std::bad_alloc); make the model, "
+                     "--batch or --ranks smaller"
+                  << std::endl;
+        return kExitError;
     } catch (const std::exception& e) {
         std::cerr << "scmoe-train: " << e.what() << std::endl;
         return kExitError;

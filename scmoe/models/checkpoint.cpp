@@ -923,6 +923,29 @@ std::vector<std::string> open_checkpoint_dir(const std::string& root, Checkpoint
         if (t.run->run_id.empty()) t.run->run_id = new_id();
         t.run->dir_lock = take_lock(dir, t.run->run_id, notes);
 
+        if (!t.run->resumed_from.empty()) {
+            // A rollback (a resume from an older step of this root): `latest` names where this run
+            // is from now on, so that a crash before its first save resumes it, not the abandoned
+            // newer steps (left on disk as they are).
+            const fs::path from = fs::weakly_canonical(t.run->resumed_from, ec);
+            const std::string name = from.filename().string();
+            if (step_of_dir_name(name) >= 0 && from.parent_path() == fs::weakly_canonical(dir, ec)) {
+                std::string latest;
+                try {
+                    latest = read_text((dir / "latest").string());
+                } catch (const std::exception&) {
+                }
+                if (latest != name + "\n") {
+                    write_text((dir / "latest").string(), name + "\n");
+                    std::string newer;
+                    for (const auto& [step, path] : step_dirs(dir))
+                        if (step > step_of_dir_name(name))
+                            newer = path.filename().string() + (newer.empty() ? "" : ", ") + newer;
+                    notes.push_back("latest now names " + name + ", the step this run resumed from" +
+                                    (newer.empty() ? std::string() : "; the newer " + newer + " are left as they are"));
+                }
+            }
+        }
         if (t.run->resumed_from.empty()) {
             const auto steps = step_dirs(dir);
             const bool has_latest = fs::exists(dir / "latest");

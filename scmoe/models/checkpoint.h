@@ -42,7 +42,8 @@
 // the rank that saw it names its cause, and the others name that rank and the cause.
 //
 // A run that saves opens its directory first (open_checkpoint_dir: the lock, a fresh run over old
-// checkpoints, writability and room).
+// checkpoints, writability and room; after a rollback to an older step of the directory, `latest`
+// names that step at once).
 //
 // A root whose `latest` is missing, unreadable or names a step that is not there or has no
 // manifest (a crash before step 5, a deleted pointer) is loaded from its newest step directory that
@@ -163,6 +164,8 @@ struct CheckpointDirOptions {
 //    releasing it (its flock went with the process) is taken over, with a note naming it;
 //  - refuses a fresh run (nothing resumed into target.run) in a directory that holds checkpoints,
 //    naming them and their run, unless options.overwrite: then it deletes them, with a note;
+//  - after a resume from an older step of `root` (a rollback), points root/latest at that step, with
+//    a note naming the newer steps (left on disk);
 //  - checks that `root` is writable (a probe file written, fsync'ed and removed) and has room for
 //    the checkpoints options.keep implies (keep + 1 while a save is written; the f32 weights and two
 //    AdamW moments of every parameter, estimated from the model), naming both numbers if not.

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -276,7 +277,7 @@ TEST(Checkpoint, BadLatestFallsBackToTheNewestVerifiedStep) {
 }
 
 // Before: after a rollback, the first save under `keep` deleted the step the run resumed from and
-// kept the abandoned newer steps. Now `keep` counts the steps up to the one saved, never deletes
+// kept the abandoned newer steps, and `latest` kept naming the abandoned newest step. Now `keep` counts the steps up to the one saved, never deletes
 // the resumed-from step and leaves newer ones alone; a re-saved step is replaced whole (new save
 // id) and loads.
 TEST(Checkpoint, KeepAfterARollbackKeepsTheResumedFromStep) {
@@ -289,6 +290,17 @@ TEST(Checkpoint, KeepAfterARollbackKeepsTheResumedFromStep) {
         auto device = make_device("cpu");
         Trainer t(config, *device, {2, rank, 2}, comms);
         t.load((dir / "step-00000002").string());
+        // The rollback moves `latest` at once: a crash before the first save resumes step 2.
+        CheckpointDirOptions o;
+        o.keep = 1;
+        const std::vector<std::string> notes = t.open_checkpoint_dir(dir.string(), o);
+        if (rank == 0) {
+            ASSERT_EQ(notes.size(), 1u);
+            EXPECT_EQ(notes[0],
+                      "latest now names step-00000002, the step this run resumed from; the newer step-00000004, "
+                      "step-00000006 are left as they are");
+            EXPECT_EQ(slurp(dir / "latest"), "step-00000002\n");
+        }
         t.step();
         t.save(dir.string(), 1);  // step 3
         t.step();
@@ -427,6 +439,32 @@ TEST(Checkpoint, UnusableDirectoryIsFoundAtStart) {
         EXPECT_TRUE(has(e.what(), "(2000000001 of about ")) << e.what();
         EXPECT_TRUE(has(e.what(), std::to_string(t.model().num_global_params()) + " parameters)")) << e.what();
     }
+    fs::remove_all(dir);
+}
+
+// Before: a rank whose peer failed said only "failed on another rank (see its error)", and in
+// about a quarter of the failures the cause was never printed. Now every rank names the rank that
+// failed and its cause (gathered): here a save refused on rank 1 for a non-finite moment.
+TEST(Checkpoint, OtherRanksNameTheFailingRankAndItsCause) {
+    const TrainConfig config = small_training(8);
+    const fs::path dir = fresh_dir("ckpt_cause");
+    std::vector<std::string> errors(2);
+    run_train_ranks(2, 2, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {2, rank, 2}, comms);
+        t.step();
+        if (rank == 1) t.optimizers().back()->v()[3] = std::numeric_limits<float>::infinity();
+        try {
+            t.save(dir.string());
+        } catch (const Error& e) {
+            errors[static_cast<std::size_t>(rank)] = e.what();
+        }
+    });
+    EXPECT_TRUE(has(errors[1], ".adam_v[3] = inf: the state is not finite")) << errors[1];
+    EXPECT_TRUE(has(errors[0], "save_checkpoint " + (dir / "step-00000001").string() + ": failed on rank 1: "))
+        << errors[0];
+    EXPECT_TRUE(has(errors[0], ".adam_v[3] = inf: the state is not finite")) << errors[0];
+    EXPECT_FALSE(has(errors[0], "see its error")) << errors[0];
     fs::remove_all(dir);
 }
 
