@@ -13,7 +13,9 @@
 
 #include "scmoe/models/lm.h"
 #include "scmoe/models/lm_config.h"
+#include "scmoe/models/memory_estimate.h"
 #include "scmoe/models/parallel.h"
+#include "scmoe/moe/block_stack.h"
 #include "test_util.h"
 #include "train_test_util.h"
 
@@ -264,6 +266,34 @@ INSTANTIATE_TEST_SUITE_P(Variants, LmGradsReady,
                              return testing::gtest_name(std::get<0>(p.param)) +
                                     (std::get<1>(p.param) ? "_overlap" : "_serial");
                          });
+
+// scmoe-train refuses a configuration whose estimate exceeds the machine (issue 26), so the estimate
+// must never exceed what a model really holds: a lower bound for every variant.
+TEST(LmMemoryEstimate, IsALowerBoundOfTheParametersForEveryVariant) {
+    auto device = make_device("cpu");
+    for (const std::string& variant : block_variant_names()) {
+        TrainConfig config;
+        config.model = small_lm();
+        config.model.variant = variant;
+        if (variant == "every-block-pos1") config.model.layers = 2;
+        LanguageModel lm(config.model, *device, 16);
+        const TrainMemoryEstimate e = estimate_train_memory(config, 1);
+        EXPECT_GT(e.params, 0.5 * static_cast<double>(lm.num_params())) << variant;
+        EXPECT_LE(e.params, static_cast<double>(lm.num_params())) << variant;
+        EXPECT_DOUBLE_EQ(e.param_bytes, e.params * 16) << variant;  // f32 weights, gradients, AdamW moments
+    }
+    // Shapes far beyond any machine (--hidden 1000000, --batch 1000000000) are estimated without
+    // allocating or overflowing.
+    TrainConfig wide;
+    wide.model = lm_preset("tiny");
+    wide.model.backbone.hidden = 1000000;
+    EXPECT_GT(estimate_train_memory(wide, 1).total_bytes(), 1e14);
+    TrainConfig large_batch;
+    large_batch.model = lm_preset("tiny");
+    large_batch.batch = 1000000000;
+    EXPECT_GT(estimate_train_memory(large_batch, 1).activation_bytes, 1e14);
+    EXPECT_EQ(format_bytes(3.5 * (1ull << 30)), "3.5 GiB");
+}
 
 TEST(LmInput, BadTokensAndSizesAreRejected) {
     auto device = make_device("cpu");
