@@ -18,7 +18,7 @@ scenarios:
            missing or half-deleted step
 
 Prints one line per case and "checkpoint_crash_test: N of N crash points resumed bitwise
-(<scenario>)"; exit 0 only when every case passed.
+(<scenario>): PASS"; exit 0 only when every case passed.
 """
 import argparse
 import json
@@ -139,8 +139,10 @@ def main():
             passed += 1
             print(f"ok   call {n}: {call}: resumed at step {resumed_at.group(2)}, bitwise")
             shutil.rmtree(d, ignore_errors=True)
-    print(f"checkpoint_crash_test: {passed} of {calls} crash points resumed bitwise ({a.scenario})")
-    return 0 if passed == calls and calls > 0 else 1
+    ok = passed == calls and calls > 0
+    print(f"checkpoint_crash_test: {passed} of {calls} crash points resumed bitwise ({a.scenario})"
+          + (": PASS" if ok else ": FAIL"))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -16,5 +16,5 @@ foreach(scenario fresh resave)
                    --work ${CMAKE_CURRENT_BINARY_DIR}/crash_${scenario})
   set_tests_properties(train_checkpoint_crash_sweep_${scenario} PROPERTIES LABELS "train;ranks;slow" TIMEOUT 600
                        ENVIRONMENT SCMOE_COMM_TIMEOUT_S=60
-                       PASS_REGULAR_EXPRESSION "checkpoint_crash_test: ([0-9]+) of \\1 crash points resumed bitwise")
+                       PASS_REGULAR_EXPRESSION "crash points resumed bitwise \\((fresh|resave)\\): PASS")
 endforeach()
