@@ -79,6 +79,10 @@ void check_environment() {
             if (arch != "auto" && arch != "sm80" && arch != "sm90")
                 throw Error("SCMOE_CUTLASS_ARCH='" + arch + "': expected auto, sm80 or sm90");
         }
+        // The kernel reads any value but 0 as on: "no" or "false" would turn the trace on.
+        if (const char* v = std::getenv("SCMOE_CUTLASS_TRACE");
+            v && *v && std::string(v) != "0" && std::string(v) != "1")
+            throw Error(std::string("SCMOE_CUTLASS_TRACE='") + v + "': expected 1 (trace every call) or 0");
     } catch (const Error& e) {
         throw UsageError(e.what());
     }

@@ -53,7 +53,7 @@ Args parse(int argc, const char* const* argv);
 // Reads every SCMOE_* environment variable scmoe-train's run reads (SCMOE_CPU_BLAS_THREADS,
 // SCMOE_COMM_TIMEOUT_S, SCMOE_COMM_SMS and NCCL's CTA limits, SCMOE_EMU_STALL_S,
 // SCMOE_GROUPED_GEMM_PROVIDER, SCMOE_ATTENTION_PROVIDER, SCMOE_ATTENTION_DETERMINISTIC,
-// SCMOE_CUTLASS_ARCH): throws UsageError naming the first malformed one, its value and what it
+// SCMOE_CUTLASS_ARCH, SCMOE_CUTLASS_TRACE): throws UsageError naming the first malformed one, its value and what it
 // accepts. (SCMOE_FAULT_*: train_main.cpp.)
 void check_environment();
 
