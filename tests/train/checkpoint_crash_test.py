@@ -17,6 +17,10 @@ scenarios:
            deleted before the new one was renamed in, and some crashes left `latest` naming a
            missing or half-deleted step
 
+  lock     two trainers on one checkpoint directory (real processes): the second is refused at
+           start, naming the holder's host, pid and run id; after the first is killed (SIGKILL), a
+           third takes the lock over with a note naming the dead holder and resumes
+
 Prints one line per case and "checkpoint_crash_test: N of N crash points resumed bitwise
 (<scenario>): PASS"; exit 0 only when every case passed.
 """
@@ -27,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 SHAPE = ["--ranks", "2", "--steps", "6", "--batch", "4", "--layers", "2", "--hidden", "32", "--heads", "4",
          "--seq", "16", "--ffn", "64", "--experts", "4", "--expert-ffn", "32", "--log-every", "1000000",
@@ -55,15 +60,58 @@ def run(cmd, env=None):
     return p.returncode, p.stdout + p.stderr
 
 
+def lock_scenario(a):
+    ck = os.path.join(a.work, "ck")
+    long_run = [a.train] + SHAPE[:2] + ["--steps", "100000"] + SHAPE[4:] + ["--checkpoint-dir", ck,
+                                                                           "--checkpoint-every", "1000000"]
+    first = subprocess.Popen(long_run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    problems = []
+    try:
+        deadline = time.monotonic() + 60
+        holder = ""
+        while time.monotonic() < deadline and first.poll() is None:
+            if os.path.exists(os.path.join(ck, "lock")):
+                holder = open(os.path.join(ck, "lock")).read()
+                if f"pid={first.pid} " in holder:
+                    break
+            time.sleep(0.05)
+        m = re.match(r"host=(\S+) pid=(\d+) run=([0-9a-f]+) since=(\S+)", holder)
+        if not m or first.poll() is not None:
+            sys.exit(f"the first trainer never held the lock (lock file: {holder!r})")
+        host, pid, run_id, since = m.groups()
+        rc, out = run(long_run + ["--resume", "auto"])
+        want = f"the checkpoint directory is locked by host {host}, pid {pid}, run {run_id} (since {since})"
+        print(out.strip().splitlines()[-1] if out.strip() else "(no output)")
+        if rc != 3 or want not in out:
+            problems.append(f"the second trainer: exit {rc}, expected 3 and '{want}'")
+        if re.search(r"^step ", out, re.M):
+            problems.append("the second trainer trained")
+    finally:
+        first.kill()
+        first.wait()
+    rc, out = run([a.train] + SHAPE + ["--checkpoint-dir", ck, "--resume", "auto", "--stop-at", "1"])
+    want = f"took over the lock of {ck} left by host {host}, pid {pid}, run {run_id} (since {since}), which ended"
+    print(next((l for l in out.splitlines() if "took over" in l), "(no take-over line)"))
+    if rc != 0 or want not in out:
+        problems.append(f"after SIGKILL of the holder: exit {rc}, expected 0 and '{want}'")
+    for p in problems:
+        print("FAIL " + p)
+    print("checkpoint_crash_test: the second trainer was refused naming the holder, a dead holder's lock taken "
+          "over (lock)" + (": FAIL" if problems else ": PASS"))
+    return 1 if problems else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", required=True)
     ap.add_argument("--shim", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--scenario", choices=("fresh", "resave"), required=True)
+    ap.add_argument("--scenario", choices=("fresh", "resave", "lock"), required=True)
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
+    if a.scenario == "lock":
+        return lock_scenario(a)
 
     straight_metrics = os.path.join(a.work, "straight.jsonl")
     rc, out = run([a.train] + SHAPE + ["--metrics", straight_metrics])
