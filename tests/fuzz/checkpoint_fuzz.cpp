@@ -1,8 +1,10 @@
 // Fuzzes the JSON files of a checkpoint directory (scmoe/models/checkpoint.h, scmoe/models/safetensors.h): the
 // input is given to each reader in turn, as trainer_state.json (parse_checkpoint_state, then the
 // model config it holds: LmConfig::from_json and validate), as rank-NNNNN.json
-// (parse_checkpoint_rank_state) and as model.safetensors.index.json (read_safetensors_index). Bad
-// text must throw scmoe::Error; an accepted model config must read back from its own to_json().
+// (parse_checkpoint_rank_state), as model.safetensors.index.json (read_safetensors_index) and as
+// manifest.json (parse_checkpoint_manifest). Bad text must throw scmoe::Error; an accepted model
+// config must read back from its own to_json(); an accepted manifest names only plain files with
+// sizes >= 0.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -30,6 +32,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     try {
         (void)models::parse_checkpoint_rank_state(text, "ckpt/step-00000001/rank-00000.json");
+    } catch (const scmoe::Error&) {
+    }
+    try {
+        const models::CheckpointManifest m = models::parse_checkpoint_manifest(text, "ckpt/step-00000001");
+        for (const auto& [name, file] : m.files) {
+            if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || file.bytes < 0)
+                scmoe::fuzz::property_failed("the manifest names a file that is not a plain file name, or bytes < 0");
+        }
     } catch (const scmoe::Error&) {
     }
     index_file.write(text);
