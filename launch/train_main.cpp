@@ -25,6 +25,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -353,7 +354,13 @@ int run_mpi(const Args& launch_args) {
     // way the launcher expects: MPI_Abort, which makes mpirun kill every rank, also those blocked
     // in a collective or stopped, and return kExitError. Does not return.
     const FatalHandler abort_job = [rank](const std::exception& e) {
-        std::cerr << "scmoe-train: rank " << rank << ": " << e.what() << std::endl;
+        // std::bad_alloc says only "std::bad_alloc": say what ran out.
+        std::cerr << "scmoe-train: rank " << rank << ": "
+                  << (dynamic_cast<const std::bad_alloc*>(&e) != nullptr
+                          ? "out of host memory: an allocation failed (std::bad_alloc); make the model, --batch or "
+                            "the processes per host smaller"
+                          : e.what())
+                  << std::endl;
         MPI_Abort(MPI_COMM_WORLD, kExitError);
         std::_Exit(kExitError);  // MPI_Abort should not return; if it does, still end now
     };
