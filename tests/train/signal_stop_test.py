@@ -13,6 +13,9 @@ modes:
                the save writes): the save completes, the run stops at step 8 with exit 4
   second       two SIGTERMs inside the save of step 8: the process dies by SIGTERM at once, step 8
                is not completed, latest still names step 4, and the resume from step 4 is bitwise
+  options      --stop-signals SIGHUP,SIGTERM and SIGHUP: a clean stop naming SIGHUP; --stop-signals
+               none and SIGTERM: death by SIGTERM, no line; no --checkpoint-dir: exit 4 and "nothing
+               saved (no --checkpoint-dir)"
   mpi-step     under mpirun -np 2: SIGTERM to both rank processes (as Slurm signals each task),
                or, at random, to one of them only (the ranks still agree and both stop)
   mpi-usr1     under mpirun -np 2: SIGUSR1 to mpirun itself, which forwards it to every rank
@@ -47,6 +50,7 @@ COMPARED = ("loss", "router_loss", "lr", "grad_norm")
 PASSES = {"step": "stopped after the step, saved, resumed bitwise",
           "save": "the save completed, the run stopped at that step, resumed bitwise",
           "second": "died at once by the second signal, the previous checkpoint intact and resumed bitwise",
+          "options": "a listed SIGHUP stopped cleanly, 'none' left SIGTERM's default, no --checkpoint-dir was said",
           "mpi-step": "every rank stopped after the same step, saved, resumed bitwise",
           "mpi-usr1": "every rank stopped after the same step, saved, resumed bitwise",
           "mpirun-sh": "the script passed the stop to every rank, they saved, resumed bitwise",
@@ -227,6 +231,45 @@ class Runner:
                                        cmd=job(os.path.join(work, "resumed.jsonl"), ["--resume", "auto"]), env=env)
         return f"{note}: stopped at step {stopped}, exit 4; " + line
 
+    def trial_options(self, rng, index):
+        """--stop-signals and --checkpoint-dir: SIGHUP when listed stops cleanly; with 'none' SIGTERM
+        kills at once (the default action); without --checkpoint-dir the stop says nothing was saved."""
+        steps = 200
+        after = rng.randint(1, steps // 2)
+        cases = [("SIGHUP listed", ["--stop-signals", "SIGHUP,SIGTERM"], signal.SIGHUP, True),
+                 ("--stop-signals none", ["--stop-signals", "none"], signal.SIGTERM, True),
+                 ("no --checkpoint-dir", [], signal.SIGTERM, False)]
+        done = []
+        for what, flags, sig, checkpoints in cases:
+            work = self.fresh(f"options-{index}-{len(done)}")
+            metrics = os.path.join(work, "stopped.jsonl")
+            cmd = self.command(False, steps, work if checkpoints else None, metrics, flags)
+            with open(os.path.join(work, "err.txt"), "w") as err:
+                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+                while count_lines(metrics) < after and proc.poll() is None:
+                    time.sleep(0.001)
+                if proc.poll() is not None:
+                    raise TrialFailed(f"{what}: the run ended (exit {proc.returncode}) before it logged {after} steps")
+                os.kill(proc.pid, sig)
+                rc = proc.wait()
+            err = open(os.path.join(work, "err.txt")).read()
+            note = f"trial {index}: {what}: {signal.Signals(sig).name} after step {after}"
+            if what == "SIGHUP listed":
+                stopped = self.check_stopped(rc, err, work, "SIGHUP", note, at_least=after)
+                done.append(f"{what}: stopped at step {stopped}, saved, exit 4")
+            elif what == "--stop-signals none":
+                if rc != -signal.SIGTERM or "scmoe-train: SIGTERM" in err:
+                    raise TrialFailed(f"{note}: exit {rc}, expected death by SIGTERM without a line:\n{err[-2000:]}")
+                done.append(f"{what}: died by SIGTERM")
+            else:
+                m = re.search(r"scmoe-train: SIGTERM: finished step (\d+), nothing saved \(no --checkpoint-dir\), "
+                              r"exiting with status 4", err)
+                if rc != 4 or not m or int(m.group(1)) < after:
+                    raise TrialFailed(f"{note}: exit {rc}, expected 4 and 'SIGTERM: finished step M, nothing saved "
+                                      f"(no --checkpoint-dir)':\n{err[-2000:]}")
+                done.append(f"{what}: stopped at step {m.group(1)}, said nothing was saved, exit 4")
+        return f"trial {index}: " + "; ".join(done)
+
     def trial_mpi_usr1(self, rng, index):
         steps = 200
         after = rng.randint(1, steps // 2)
@@ -352,7 +395,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train", required=True, help="the scmoe-train binary")
     p.add_argument("--work", required=True, help="a scratch folder (emptied)")
-    p.add_argument("--mode", required=True, choices=["step", "save", "second", "mpi-step", "mpi-usr1", "mpirun-sh", "slurm"])
+    p.add_argument("--mode", required=True, choices=["step", "save", "second", "options", "mpi-step", "mpi-usr1", "mpirun-sh", "slurm"])
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--seed", type=int, help="for the random points (default: drawn, and printed)")
     p.add_argument("--shim", help="signal_shim.so (modes save, second)")
@@ -383,6 +426,8 @@ def main():
                 line = runner.trial_step(rng, i, mpi=True)
             elif args.mode == "mpi-usr1":
                 line = runner.trial_mpi_usr1(rng, i)
+            elif args.mode == "options":
+                line = runner.trial_options(rng, i)
             elif args.mode == "mpirun-sh":
                 line = runner.trial_mpirun_sh(rng, i)
             elif args.mode == "slurm":

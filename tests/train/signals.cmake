@@ -6,6 +6,8 @@
 #   calls): the save completes and the run stops at that step;
 # - two SIGTERMs inside a save: the process dies by SIGTERM at once, the previous checkpoint stays
 #   the latest and resumes bitwise;
+# - --stop-signals SIGHUP,SIGTERM stops cleanly on SIGHUP; --stop-signals none leaves SIGTERM's
+#   default action; without --checkpoint-dir the stop says nothing was saved;
 # - under mpirun -np 2: SIGTERM to both ranks or to one (they agree), SIGUSR1 to mpirun (forwarded),
 #   SIGTERM to launch/mpirun.sh (which passes SIGUSR1 to mpirun);
 # - launch/slurm.sbatch with a fake srun and scontrol on PATH: USR1 to the script (Slurm's
@@ -30,6 +32,10 @@ add_test(NAME train_slurm_sbatch_stops_saves_requeues
          COMMAND ${_signal_test} --mode slurm --trials 1 --sbatch ${PROJECT_SOURCE_DIR}/launch/slurm.sbatch
                  --work ${CMAKE_CURRENT_BINARY_DIR}/signal_slurm)
 set_tests_properties(train_slurm_sbatch_stops_saves_requeues PROPERTIES LABELS "train;ranks" TIMEOUT 300
+                     ENVIRONMENT SCMOE_COMM_TIMEOUT_S=60 PASS_REGULAR_EXPRESSION "1 of 1 trials passed")
+add_test(NAME train_signal_stop_options
+         COMMAND ${_signal_test} --mode options --trials 1 --work ${CMAKE_CURRENT_BINARY_DIR}/signal_options)
+set_tests_properties(train_signal_stop_options PROPERTIES LABELS "train;ranks" TIMEOUT 300
                      ENVIRONMENT SCMOE_COMM_TIMEOUT_S=60 PASS_REGULAR_EXPRESSION "1 of 1 trials passed")
 # The shim cannot come before a sanitizer's runtime in the preload order: not in sanitizer builds.
 if(NOT SCMOE_SANITIZE)
