@@ -19,6 +19,9 @@ modes:
   mpi-step     under mpirun -np 2: SIGTERM to both rank processes (as Slurm signals each task),
                or, at random, to one of them only (the ranks still agree and both stop)
   mpi-usr1     under mpirun -np 2: SIGUSR1 to mpirun itself, which forwards it to every rank
+  mpi-second   under mpirun -np 2, two SIGTERMs inside each rank's save of step 8 (the shim, in both
+               processes): mpirun fails, "SIGTERM again" is printed, latest still names step 4, and
+               the resume from it under mpirun is bitwise
   mpirun-sh    launch/mpirun.sh -N 2: SIGTERM to the script, which passes SIGUSR1 to mpirun: exit 4
                from the script, and a resume through it continues bitwise
   slurm        launch/slurm.sbatch with a fake srun and scontrol on PATH: SIGUSR1 to the script
@@ -53,6 +56,7 @@ PASSES = {"step": "stopped after the step, saved, resumed bitwise",
           "options": "a listed SIGHUP stopped cleanly, 'none' left SIGTERM's default, no --checkpoint-dir was said",
           "mpi-step": "every rank stopped after the same step, saved, resumed bitwise",
           "mpi-usr1": "every rank stopped after the same step, saved, resumed bitwise",
+          "mpi-second": "every rank died at once by the second signal, the previous checkpoint resumed bitwise",
           "mpirun-sh": "the script passed the stop to every rank, they saved, resumed bitwise",
           "slurm": "the batch script stopped the tasks, requeued once, the requeued job resumed bitwise"}
 
@@ -292,11 +296,16 @@ class Runner:
         env["SCMOE_TEST_SIGNAL"] = signals
         return env
 
-    def trial_save(self, rng, index, second):
+    def trial_save(self, rng, index, second, mpi=False):
         steps = 12
-        nth = rng.randint(1, 3)  # the save's first, second or third file-system call on step 8's files
-        work = self.fresh(f"{'second' if second else 'save'}-{index}")
-        cmd = self.command(False, steps, work, os.path.join(work, "stopped.jsonl"), ["--checkpoint-every", "4"])
+        # The save's first, second or third file-system call on step 8's files (under mpirun: each
+        # process's own; rank 1 writes fewer files, its first).
+        nth = 1 if mpi else rng.randint(1, 3)
+        work = self.fresh(f"{'mpi-' if mpi else ''}{'second' if second else 'save'}-{index}")
+        cmd = self.command(mpi, steps, work, os.path.join(work, "stopped.jsonl"), ["--checkpoint-every", "4"])
+        if mpi:
+            names = ["LD_PRELOAD", "SCMOE_TEST_SIGNAL_PATH", "SCMOE_TEST_SIGNAL_NTH", "SCMOE_TEST_SIGNAL"]
+            cmd = self.mpirun + [w for n in names for w in ("-x", n)] + cmd[len(self.mpirun):]
         rc, out, err = self.run(cmd, env=self.shim_env("TERM,TERM" if second else "TERM", nth))
         sent = re.search(r"signal_shim: sending \S+ at .*", err)
         if not sent:
@@ -306,15 +315,16 @@ class Runner:
         if not second:
             stopped = self.check_stopped(rc, err, work, "SIGTERM", note, exactly=8)
             return f"{note}: stopped at step {stopped}, exit 4; " + self.resume_and_compare(False, steps, work, 8, note)
-        if rc != -signal.SIGTERM:
-            raise TrialFailed(f"{note}: exit {rc}, expected death by SIGTERM (the second signal):\n{err[-2000:]}")
-        if "scmoe-train: SIGTERM again: exiting at once" not in err:
+        if (rc in (0, 4)) if mpi else rc != -signal.SIGTERM:
+            raise TrialFailed(f"{note}: exit {rc}, expected death by SIGTERM (the second signal; under mpirun, "
+                              f"mpirun's failure status):\n{err[-2000:]}")
+        if not re.search(r"scmoe-train: SIGTERM again( on rank \d)?: exiting at once", err):
             raise TrialFailed(f"{note}: no line 'scmoe-train: SIGTERM again: exiting at once' on stderr:\n{err[-2000:]}")
         latest = open(os.path.join(work, "ck", "latest")).read().strip()
         if latest != "step-00000004":
             raise TrialFailed(f"{note}: latest is {latest}, expected the last complete checkpoint step-00000004")
-        return (f"{note}: died by SIGTERM mid-save, latest still step-00000004; " +
-                self.resume_and_compare(False, steps, work, 4, note))
+        return (f"{note}: died by SIGTERM mid-save (exit {rc}), latest still step-00000004; " +
+                self.resume_and_compare(mpi, steps, work, 4, note))
 
 
     def trial_slurm(self, rng, index):
@@ -395,7 +405,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--train", required=True, help="the scmoe-train binary")
     p.add_argument("--work", required=True, help="a scratch folder (emptied)")
-    p.add_argument("--mode", required=True, choices=["step", "save", "second", "options", "mpi-step", "mpi-usr1", "mpirun-sh", "slurm"])
+    p.add_argument("--mode", required=True, choices=["step", "save", "second", "options", "mpi-step", "mpi-usr1", "mpi-second", "mpirun-sh",
+                                                     "slurm"])
     p.add_argument("--trials", type=int, default=1)
     p.add_argument("--seed", type=int, help="for the random points (default: drawn, and printed)")
     p.add_argument("--shim", help="signal_shim.so (modes save, second)")
@@ -403,7 +414,7 @@ def main():
     p.add_argument("--sbatch", help="launch/slurm.sbatch (mode slurm)")
     p.add_argument("--mpirun-sh", help="launch/mpirun.sh (mode mpirun-sh; its mpirun flags are taken from --mpirun)")
     args = p.parse_args()
-    if args.mode in ("save", "second") and not args.shim:
+    if args.mode in ("save", "second", "mpi-second") and not args.shim:
         p.error(f"--mode {args.mode} needs --shim")
     if args.mode == "slurm" and not args.sbatch:
         p.error("--mode slurm needs --sbatch")
@@ -432,6 +443,8 @@ def main():
                 line = runner.trial_mpirun_sh(rng, i)
             elif args.mode == "slurm":
                 line = runner.trial_slurm(rng, i)
+            elif args.mode == "mpi-second":
+                line = runner.trial_save(rng, i, second=True, mpi=True)
             else:
                 line = runner.trial_save(rng, i, second=args.mode == "second")
             passed += 1

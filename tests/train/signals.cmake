@@ -9,7 +9,8 @@
 # - --stop-signals SIGHUP,SIGTERM stops cleanly on SIGHUP; --stop-signals none leaves SIGTERM's
 #   default action; without --checkpoint-dir the stop says nothing was saved;
 # - under mpirun -np 2: SIGTERM to both ranks or to one (they agree), SIGUSR1 to mpirun (forwarded),
-#   SIGTERM to launch/mpirun.sh (which passes SIGUSR1 to mpirun);
+#   SIGTERM to launch/mpirun.sh (which passes SIGUSR1 to mpirun), two SIGTERMs inside each rank's
+#   save (the job fails at once, the previous checkpoint resumes bitwise);
 # - launch/slurm.sbatch with a fake srun and scontrol on PATH: USR1 to the script (Slurm's
 #   --signal=B:USR1@300) stops the task with a save, the script requeues the job once, and the
 #   requeued job resumes bitwise, completes and does not requeue.
@@ -65,6 +66,14 @@ if(SCMOE_MPI_ENABLED)
                      --mpirun-sh ${PROJECT_SOURCE_DIR}/launch/mpirun.sh --work ${CMAKE_CURRENT_BINARY_DIR}/signal_mpirun_sh)
     set_tests_properties(train_mpi_np2_signal_to_mpirun_sh PROPERTIES PASS_REGULAR_EXPRESSION "1 of 1 trials passed")
     list(APPEND _signal_mpi_tests train_mpi_np2_signal_to_mpirun_sh)
+  endif()
+  if(NOT SCMOE_SANITIZE)
+    add_test(NAME train_mpi_np2_signal_second_exits_at_once_keeps_checkpoint
+             COMMAND ${_signal_test} --mode mpi-second --trials 1 ${_shim} --mpirun ${_signal_mpirun}
+                     --work ${CMAKE_CURRENT_BINARY_DIR}/signal_mpi_second)
+    set_tests_properties(train_mpi_np2_signal_second_exits_at_once_keeps_checkpoint PROPERTIES
+                         PASS_REGULAR_EXPRESSION "1 of 1 trials passed")
+    list(APPEND _signal_mpi_tests train_mpi_np2_signal_second_exits_at_once_keeps_checkpoint)
   endif()
   set_tests_properties(train_mpi_np2_signal_stop_at_random_step PROPERTIES PASS_REGULAR_EXPRESSION "2 of 2 trials passed")
   set_tests_properties(train_mpi_np2_signal_usr1_to_mpirun PROPERTIES PASS_REGULAR_EXPRESSION "1 of 1 trials passed")
