@@ -124,6 +124,7 @@ HostMeeting::HostMeeting(int members, double latency_us) : members_(members), la
 // ---- Timeline -----------------------------------------------------------------------------------
 
 Timeline::Timeline(GpuSpec spec) : spec_(std::move(spec)) {
+    stall_limit_s();  // a malformed SCMOE_EMU_STALL_S fails here, not at the first stall (or never)
     World& w = World::get();
     std::scoped_lock lock(w.mu);
     w.timelines.push_back(this);
