@@ -6,6 +6,7 @@
 #include "scmoe/comm/topology.h"
 #include "scmoe/kernels/emu/emu_device.h"
 #include "scmoe/kernels/error.h"
+#include "scmoe/models/data.h"
 
 namespace scmoe::launch {
 
@@ -19,6 +20,9 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 emu::GpuSpec load_gpu(const std::string& name) {
     if (!ends_with(name, ".json")) return emu::builtin_gpu_spec(name);
+    // Before opening: a FIFO would wait for a writer.
+    if (const std::string why = models::data_file_problem(name); !why.empty())
+        SCMOE_FAIL("--gpu " << name << ": the profile " << why << "; expected a JSON file (docs/emu.md)");
     std::ifstream in(name);
     SCMOE_CHECK(in, "--gpu " << name << ": cannot open the profile");
     nlohmann::json j;
