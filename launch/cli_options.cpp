@@ -39,12 +39,10 @@ models::LmConfig read_model_shape_options(const cxxopts::ParseResult& r, bool* c
     models::LmConfig m = models::lm_preset(r["preset"].as<std::string>());
     // Each shape flag by name (the config's own check names its field, e.g. BlockStackConfig.backbone).
     for (const char* flag : {"layers", "hidden", "heads", "seq", "ffn", "expert-ffn"})
-        if (r.count(flag))
-            SCMOE_CHECK(r[flag].as<std::int64_t>() > 0,
-                        "--" << flag << " " << r[flag].as<std::int64_t>() << ": expected a positive count");
-    if (r.count("experts"))
-        SCMOE_CHECK(r["experts"].as<int>() > 0,
-                    "--experts " << r["experts"].as<int>() << ": expected a positive count");
+        if (r.count(flag) && r[flag].as<std::int64_t>() <= 0)
+            SCMOE_FAIL("--" << flag << " " << r[flag].as<std::int64_t>() << ": expected a positive count");
+    if (r.count("experts") && r["experts"].as<int>() <= 0)
+        SCMOE_FAIL("--experts " << r["experts"].as<int>() << ": expected a positive count");
     if (r.count("layers")) m.layers = r["layers"].as<std::int64_t>();
     if (r.count("hidden")) m.backbone.hidden = r["hidden"].as<std::int64_t>();
     if (r.count("heads")) m.backbone.heads = r["heads"].as<std::int64_t>();

@@ -15,9 +15,9 @@ std::optional<std::int64_t> env_integer(const char* name, std::int64_t least, st
     char* end = nullptr;
     errno = 0;
     const long long value = std::strtoll(text, &end, 10);
-    SCMOE_CHECK(
-        end != text && *end == 0 && errno == 0 && value >= least && value <= most,
-        name << "='" << text << "': expected an integer from " << least << " to " << most << " (" << meaning << ")");
+    if (end == text || *end != 0 || errno != 0 || value < least || value > most)
+        SCMOE_FAIL(name << "='" << text << "': expected an integer from " << least << " to " << most << " (" << meaning
+                        << ")");
     return static_cast<std::int64_t>(value);
 }
 
@@ -26,8 +26,8 @@ std::optional<double> env_seconds(const char* name) {
     if (text == nullptr || *text == 0) return std::nullopt;
     char* end = nullptr;
     const double value = std::strtod(text, &end);
-    SCMOE_CHECK(end != text && *end == 0 && std::isfinite(value) && value > 0.0,
-                name << "='" << text << "': expected a number of seconds > 0 (e.g. 60 or 0.5)");
+    if (end == text || *end != 0 || !std::isfinite(value) || value <= 0.0)
+        SCMOE_FAIL(name << "='" << text << "': expected a number of seconds > 0 (e.g. 60 or 0.5)");
     return value;
 }
 
