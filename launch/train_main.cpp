@@ -132,8 +132,11 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
         // A root whose `latest` is gone but whose step directories are there still resumes (never
         // a silent fresh start over them).
         if (args.resume != "auto" || models::has_checkpoint(path)) {
-            const models::CheckpointLoad loaded = trainer.load(path, args.allow_change);
-            for (const std::string& note : loaded.notes) say("# resume: " + note);
+            // --eval-only trains nothing: the training settings (lr, steps, batch, ...) may differ.
+            const models::CheckpointLoad loaded =
+                trainer.load(path, args.eval_only ? models::checkpoint_setting_names() : args.allow_change);
+            for (const std::string& note : loaded.notes)
+                if (!args.eval_only || note.rfind("allowed change", 0) != 0) say("# resume: " + note);
             say("# resumed from " + loaded.dir + " at step " + std::to_string(trainer.steps_done()) + " (run " +
                 loaded.run_id + ")");
         } else {
@@ -153,7 +156,7 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
     std::ofstream metrics;
     if (lead && !args.metrics.empty()) {
         // A resumed run logs the steps after its checkpoint again: their old lines go first.
-        if (trainer.steps_done() > 0) drop_metrics_after(args.metrics, trainer.steps_done());
+        if (trainer.steps_done() > 0 && !args.eval_only) drop_metrics_after(args.metrics, trainer.steps_done());
         metrics.open(args.metrics, first_variant && trainer.steps_done() == 0 ? std::ios::trunc : std::ios::app);
         SCMOE_CHECK(metrics, "--metrics " << args.metrics << ": cannot open for writing");
     }

@@ -3,7 +3,8 @@
 # --allow-change lr (resumes, the change printed), and with `latest` deleted under --resume auto
 # (resumes from step 2 saying so, instead of starting fresh over the old steps and truncating the
 # metrics); a resume from a step before the last one logged (the newest checkpoint lost) logs each
-# step once; a fresh run over the checkpoints is refused, and with --overwrite deletes them.
+# step once; a fresh run over the checkpoints is refused, and with --overwrite deletes them;
+# --eval-only of a checkpoint takes other training settings (it trains nothing).
 # -DTRAIN -DOUT
 file(REMOVE_RECURSE ${OUT})
 file(MAKE_DIRECTORY ${OUT})
@@ -48,6 +49,8 @@ if(NOT n EQUAL 3)
   message(FATAL_ERROR "metrics.jsonl has ${n} lines after steps 1-2 and 3, expected 3 (truncated?)")
 endif()
 
+run(eval_only 0 --resume auto --eval-only --eval-data default --lr 1e-3 --batch 2)
+expect("${eval_only_out}" "eval step 3: loss [0-9.]+" "--eval-only with other training settings evaluates")
 run(allowed 0 --resume auto --lr 1e-3 --allow-change lr)
 expect("${allowed_out}" "# resume: allowed change \\(--allow-change lr\\): lr 0.003 in the checkpoint, 0.001 in this run"
        "an allowed change must be printed")
@@ -62,8 +65,11 @@ expect("${again_out}" "resumed from [^\n]*step-00000003 at step 3" "the fallback
 file(STRINGS ${OUT}/metrics.jsonl lines)
 set(steps "")
 foreach(line IN LISTS lines)
-  string(JSON step GET "${line}" step)
-  list(APPEND steps ${step})
+  string(JSON eval ERROR_VARIABLE no_eval GET "${line}" eval_loss)
+  if(no_eval)  # a step's line (the --eval-only run above added an eval line)
+    string(JSON step GET "${line}" step)
+    list(APPEND steps ${step})
+  endif()
 endforeach()
 if(NOT steps STREQUAL "1;2;3;4")
   message(FATAL_ERROR "metrics.jsonl steps after the resume: ${steps}, expected 1;2;3;4 (each once)")
