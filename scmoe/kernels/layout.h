@@ -14,7 +14,8 @@
 
 namespace scmoe {
 
-// Capacity C = ceil(capacity_factor * tokens * top_k / experts), at least 1 when tokens > 0.
+// Capacity C = ceil(capacity_factor * tokens * top_k / experts), at least 1 and at most `tokens` (an
+// expert receives one row per token at most) when tokens > 0.
 std::int64_t expert_capacity(std::int64_t tokens, int num_experts, int top_k, float capacity_factor);
 // Rows of the permuted buffer: E*C in capacity mode, T*k dropless.
 std::int64_t permuted_rows(std::int64_t tokens, int num_experts, int top_k, std::int64_t capacity);

@@ -88,6 +88,8 @@ TEST(Capacity, Formula) {
     EXPECT_EQ(expert_capacity(10, 4, 2, 1.0f), 5);    // ceil(1.0 * 20 / 4)
     EXPECT_EQ(expert_capacity(10, 4, 2, 1.25f), 7);   // ceil(6.25)
     EXPECT_EQ(expert_capacity(1, 64, 1, 1.0f), 1);    // at least one slot
+    EXPECT_EQ(expert_capacity(10, 4, 2, 3.0f), 10);   // at most the tokens: one row per token per expert
+    EXPECT_EQ(expert_capacity(10, 4, 2, 1e30f), 10);  // --capacity-factor 1e30 ran with a garbage capacity
     EXPECT_EQ(permuted_rows(10, 4, 2, 7), 28);
     EXPECT_EQ(permuted_rows(10, 4, 2, 0), 20);
 }
