@@ -994,11 +994,16 @@ std::vector<std::string> open_checkpoint_dir(const std::string& root, Checkpoint
         SCMOE_CHECK(::statvfs(dir.c_str(), &sv) == 0, root << ": statvfs: " << std::strerror(errno));
         const double free_bytes = static_cast<double>(sv.f_bavail) * static_cast<double>(sv.f_frsize);
         const double per = static_cast<double>(t.model.num_global_params()) * 3.0 * sizeof(float) + (1 << 20);
-        const std::int64_t count = o.keep > 0 ? o.keep + 1 : std::max<std::int64_t>(o.saves, 1);
+        // keep + 1 exist at once while a save is written (all of them with keep <= 0); the kept
+        // steps already here take their place, so only the rest must fit in the free space.
+        const std::int64_t total = o.keep > 0 ? std::int64_t{o.keep} + 1 : std::max<std::int64_t>(o.saves, 1);
+        const auto here = static_cast<std::int64_t>(step_dirs(dir).size());
+        const std::int64_t count =
+            std::max<std::int64_t>(1, total - (o.keep > 0 ? std::min<std::int64_t>(here, o.keep) : 0));
         SCMOE_CHECK(free_bytes >= per * static_cast<double>(count),
                     root << ": " << mib(free_bytes) << " free; the checkpoints "
                          << (o.keep > 0 ? "--keep " + std::to_string(o.keep) : std::string("this run"))
-                         << " implies need about " << mib(per * static_cast<double>(count)) << " (" << count
+                         << " implies need about " << mib(per * static_cast<double>(count)) << " more (" << count
                          << " of about " << mib(per) << " each: the f32 weights and two AdamW moments of "
                          << t.model.num_global_params() << " parameters)");
     });

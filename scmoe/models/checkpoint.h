@@ -167,8 +167,9 @@ struct CheckpointDirOptions {
 //  - after a resume from an older step of `root` (a rollback), points root/latest at that step, with
 //    a note naming the newer steps (left on disk);
 //  - checks that `root` is writable (a probe file written, fsync'ed and removed) and has room for
-//    the checkpoints options.keep implies (keep + 1 while a save is written; the f32 weights and two
-//    AdamW moments of every parameter, estimated from the model), naming both numbers if not.
+//    the checkpoints options.keep implies (keep + 1 while a save is written, less the steps already
+//    there; each the f32 weights and two AdamW moments of every parameter, estimated from the
+//    model), naming both numbers if not.
 // Needs target.run (which keeps the lock). Returns the notes (rank 0's).
 std::vector<std::string> open_checkpoint_dir(const std::string& root, CheckpointTarget target,
                                              const CheckpointDirOptions& options);
