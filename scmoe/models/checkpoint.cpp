@@ -411,7 +411,18 @@ fs::path resolve_step_dir(const std::string& path, std::vector<std::string>& not
     } else {
         why = latest.string() + " is missing";
     }
-    const auto dirs = step_dirs(p);
+    auto dirs = step_dirs(p);
+    // A re-save on a file system without RENAME_EXCHANGE moves the old step-N aside to step-N.old
+    // before renaming the new one in: a crash between the two leaves only step-N.old.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(p, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.size() == 17 && n.compare(13, 4, ".old") == 0 && !fs::exists(p / n.substr(0, 13))) {
+            const std::int64_t step = step_of_dir_name(n.substr(0, 13));
+            if (step >= 0 && e.is_directory()) dirs.emplace_back(step, e.path());
+        }
+    }
+    std::sort(dirs.begin(), dirs.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     SCMOE_CHECK(!dirs.empty(), "no checkpoint at " << path << " (" << why << ", and there is no step directory)");
     std::string rejected;
     for (const auto& [step, dir] : dirs) {
@@ -657,6 +668,7 @@ std::string save_checkpoint(const std::string& root, CheckpointTarget t, int kee
         fsync_dir(root);
         write_text((fs::path(root) / "latest").string(), name + "\n");
         if (!old.empty()) fs::remove_all(old);
+        fs::remove_all(fs::path(root) / (name + ".old"));  // a crashed earlier re-save's, now replaced
 
         // Keep the newest `keep` steps up to this one; never the step this run resumed from; steps
         // newer than this one (abandoned by a rollback) are left alone.

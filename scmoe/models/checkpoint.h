@@ -28,7 +28,8 @@
 //   4. rank 0 renames step-N.tmp to step-N and fsyncs root. When step-N already exists (a re-save
 //      after a rollback) the two are exchanged atomically (renameat2 RENAME_EXCHANGE), so step-N
 //      is always a complete checkpoint, the old one until the exchange, the new one after it; the
-//      old one is deleted only after step 5;
+//      old one is deleted only after step 5. Without the exchange (NFS: EINVAL) the old step-N is
+//      renamed to step-N.old first, which a load's fallback takes while step-N is missing;
 //   5. rank 0 writes root/latest atomically (fsync'ed, with root);
 //   6. rank 0 deletes the older steps beyond `keep` (never the step this run resumed from; steps
 //      newer than this one, abandoned by a rollback, are left alone).

@@ -268,6 +268,13 @@ TEST(Checkpoint, BadLatestFallsBackToTheNewestVerifiedStep) {
     EXPECT_EQ(errors[0] + errors[1], "");
     EXPECT_EQ(loads[1].dir, (dir / "step-00000002").string());
     EXPECT_TRUE(has(loads[0].notes.at(0), "names step-00000006, which does not exist")) << loads[0].notes[0];
+    // A re-save without RENAME_EXCHANGE (NFS) that crashed between its two renames leaves the old
+    // step 4 as step-00000004.old: the fallback takes it.
+    train_and_save(config, 2, dir / "moved", {2, 4});
+    fs::rename(dir / "moved" / "step-00000004", dir / "moved" / "step-00000004.old");
+    errors = load_errors(config, 2, (dir / "moved").string(), {}, &loads);
+    EXPECT_EQ(errors[0] + errors[1], "");
+    EXPECT_EQ(loads[0].dir, (dir / "moved" / "step-00000004.old").string());
     // A complete step that `latest` names but that fails its checksums is refused, not skipped.
     spit(dir / "latest", "step-00000002\n");
     flip_bit(dir / "step-00000002" / "trainer_state.json", 10, 0);

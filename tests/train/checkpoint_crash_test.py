@@ -17,6 +17,9 @@ scenarios:
            deleted before the new one was renamed in, and some crashes left `latest` naming a
            missing or half-deleted step
 
+  resave-noexchange  the same on a file system without renameat2(RENAME_EXCHANGE) (NFS; the shim
+           makes it fail with EINVAL): the old step 4 moves aside to step-00000004.old first, and a
+           crash between the two renames resumes from it
   lock     two trainers on one checkpoint directory (real processes): the second is refused at
            start, naming the holder's host, pid and run id; after the first is killed (SIGKILL), a
            third takes the lock over with a note naming the dead holder and resumes
@@ -106,7 +109,7 @@ def main():
     ap.add_argument("--train", required=True)
     ap.add_argument("--shim", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--scenario", choices=("fresh", "resave", "lock"), required=True)
+    ap.add_argument("--scenario", choices=("fresh", "resave", "resave-noexchange", "lock"), required=True)
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
@@ -131,6 +134,8 @@ def main():
         metrics = os.path.join(d, "m.jsonl")
         env = dict(os.environ, LD_PRELOAD=a.shim, SCMOE_TEST_CRASH_ROOT=ck, SCMOE_TEST_CRASH_ARM="step-00000004.tmp",
                    SCMOE_TEST_CRASH_NTH=str(n))
+        if a.scenario == "resave-noexchange":
+            env["SCMOE_TEST_CRASH_NO_EXCHANGE"] = "1"
         if a.scenario == "fresh":
             cmd = [a.train] + SHAPE + ["--metrics", metrics, "--checkpoint-dir", ck, "--checkpoint-every", "2",
                                        "--keep", "1", "--stop-at", "4"]

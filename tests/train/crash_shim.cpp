@@ -7,10 +7,13 @@
 //                          first call on such a path (that call is number 1)
 //   SCMOE_TEST_CRASH_NTH   the counted call at which the process is killed, before the call runs;
 //                          0: never (then the number of counted calls is printed at exit)
+//   SCMOE_TEST_CRASH_NO_EXCHANGE  1: renameat2(RENAME_EXCHANGE) fails with EINVAL, as on file
+//                          systems without it (NFS): the save's other way of replacing a step runs
 //
 // Counted calls: open/openat for writing, mkdir, rename/renameat/renameat2, unlink/unlinkat, rmdir,
 // remove, fsync/fdatasync (on an fd whose path is under the root), over every thread.
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -130,6 +133,12 @@ int renameat(int from_dir, const char* from, int to_dir, const char* to) noexcep
 }
 
 int renameat2(int from_dir, const char* from, int to_dir, const char* to, unsigned int flags) noexcept {
+    const char* no_exchange = getenv("SCMOE_TEST_CRASH_NO_EXCHANGE");
+    if ((flags & RENAME_EXCHANGE) && no_exchange && strcmp(no_exchange, "1") == 0 &&
+        (under_root(from) || under_root(to))) {
+        errno = EINVAL;
+        return -1;
+    }
     maybe_crash("renameat2", from, to);
     return REAL(renameat2)(from_dir, from, to_dir, to, flags);
 }
