@@ -205,7 +205,14 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
                                         host_grad_out.data(), ref_grad.data()},
                                        *cpu_stream);
                     cpu_stream->synchronize();
-                    wrong = count_wrong(got_out, ref_out, out_tol) + count_wrong(got_grad, ref_grad, grad_tol);
+                    const std::int64_t wrong_out = count_wrong(got_out, ref_out, out_tol);
+                    const std::int64_t wrong_grad = count_wrong(got_grad, ref_grad, grad_tol);
+                    wrong = wrong_out + wrong_grad;
+                    report.note(std::string(attention_provider_name(p)) + " seq " + std::to_string(S) + " head_dim " +
+                                std::to_string(D) + ": out " + describe_error(error_stats(got_out, ref_out)) + " (" +
+                                std::to_string(wrong_out) + " wrong); grad_qkv " +
+                                describe_error(error_stats(got_grad, ref_grad)) + " (" + std::to_string(wrong_grad) +
+                                " wrong)");
                 }
                 fwd_tflops_sum += tflops(fwd_flops, fwd_us);
                 bwd_tflops_sum += tflops(bwd_flops, bwd_us);

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <iomanip>
+#include <sstream>
 
 #include "scmoe/kernels/elementwise.h"
 #include "launch/emu_choice.h"
@@ -337,6 +339,37 @@ std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>
         if (!(diff <= tol * std::max(std::fabs(r), rms))) ++wrong;
     }
     return wrong;
+}
+
+ErrorStats error_stats(const std::vector<float>& got, const std::vector<float>& ref) {
+    ErrorStats e;
+    double sum_sq_ref = 0, sum_sq_diff = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+        const double r = ref[i], d = std::fabs(static_cast<double>(got[i]) - r);
+        sum_sq_ref += r * r;
+        sum_sq_diff += d * d;
+        e.max_ref = std::max(e.max_ref, std::fabs(r));
+        if (!(d <= e.max_diff)) {  // NaN counts as the worst
+            e.max_diff = d;
+            e.worst = i;
+        }
+    }
+    if (!ref.empty()) {
+        e.rms_ref = std::sqrt(sum_sq_ref / static_cast<double>(ref.size()));
+        e.rel_l2 = sum_sq_ref > 0 ? std::sqrt(sum_sq_diff / sum_sq_ref) : 0.0;
+        e.worst_got = got[e.worst];
+        e.worst_ref = ref[e.worst];
+    }
+    return e;
+}
+
+std::string describe_error(const ErrorStats& e) {
+    std::ostringstream os;
+    os << std::setprecision(3) << "max|diff| " << e.max_diff << " at " << e.worst << " (got " << e.worst_got << ", ref "
+       << e.worst_ref << ") = " << (e.max_ref > 0 ? 100.0 * e.max_diff / e.max_ref : 0.0) << "% of max|ref| "
+       << e.max_ref << ", " << (e.rms_ref > 0 ? 100.0 * e.max_diff / e.rms_ref : 0.0) << "% of rms(ref) " << e.rms_ref
+       << "; rel L2 " << 100.0 * e.rel_l2 << "%";
+    return os.str();
 }
 
 }  // namespace scmoe::bench

@@ -104,4 +104,15 @@ DType resolve_dtype(const std::string& name, const Device& device);
 // rms floor keeps outputs that cancel to near zero from failing on rounding alone.
 std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol);
 
+// How far `got` is from `ref`, for the record beside a wrong-element count: the largest |got - ref|
+// (and where), relative to max |ref| and to rms(ref), and ||got - ref||_2 / ||ref||_2.
+struct ErrorStats {
+    double max_diff = 0, max_ref = 0, rms_ref = 0, rel_l2 = 0;
+    std::size_t worst = 0;  // index of the largest |got - ref|
+    float worst_got = 0, worst_ref = 0;
+};
+ErrorStats error_stats(const std::vector<float>& got, const std::vector<float>& ref);
+// "max|diff| 0.0123 at 4711 (got 1.02, ref 1.03) = 0.35% of max|ref| 3.5, 12% of rms(ref) 0.1; rel L2 0.21%"
+std::string describe_error(const ErrorStats& e);
+
 }  // namespace scmoe::bench

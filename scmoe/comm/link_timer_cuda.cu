@@ -36,12 +36,6 @@ __global__ void link_hold_kernel(LinkStamps* stamps, unsigned long long hold_ns)
     s[2] = now == 0 ? 1 : now;
 }
 
-int stream_device(cudaStream_t stream) {
-    int device = 0;
-    SCMOE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
-    return device;
-}
-
 }  // namespace
 
 LinkStamps* allocate_link_stamps(int count) {
@@ -59,14 +53,14 @@ void free_link_stamps(LinkStamps* stamps) {
 
 void link_timer_start_cuda(LinkStamps* stamps, void* stream) {
     auto s = static_cast<cudaStream_t>(stream);
-    DeviceScope scope(stream_device(s));
+    DeviceScope scope(cuda::stream_device(s));
     link_start_kernel<<<1, 1, 0, s>>>(stamps);
     SCMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void link_timer_hold_cuda(LinkStamps* stamps, std::uint64_t hold_ns, void* stream) {
     auto s = static_cast<cudaStream_t>(stream);
-    DeviceScope scope(stream_device(s));
+    DeviceScope scope(cuda::stream_device(s));
     link_hold_kernel<<<1, 1, 0, s>>>(stamps, static_cast<unsigned long long>(hold_ns));
     SCMOE_CUDA_CHECK(cudaGetLastError());
 }

@@ -56,11 +56,15 @@ public:
     // default) = every SM. A kernel meant to run beside one of this stream's (an exchange's NCCL
     // kernels on another stream) can only become resident on SMs this stream's kernels leave free,
     // and a persistent kernel (CUTLASS's grouped GEMM) otherwise holds every SM until it ends (review
-    // 2, #6). Honoured at enqueue by every compute op that can size its grid: the cutlass-grouped GEMM
-    // (GroupedGemmArgs::sm_limit), cuBLAS (cublasSetSmCountTarget on the stream's handle) and cuDNN
-    // attention (Graph::set_sm_count) on CUDA; modeled by the emulated GPU (scmoe/kernels/emu/); ignored by
-    // the CPU backend (Device::sm_count() is 0 there). The LayerScheduler sets it on its backbone
-    // stream while an exchange overlaps backbone compute. Throws for a negative count.
+    // 2, #6). Honoured at enqueue by the persistent kernel, the cutlass-grouped GEMM
+    // (GroupedGemmArgs::sm_limit: its grid, which leaves the results' bits unchanged); modeled the
+    // same way by the emulated GPU (scmoe/kernels/emu/); ignored by the CPU backend
+    // (Device::sm_count() is 0 there). Not passed on to cuBLAS or cuDNN: cuBLAS's SM count target
+    // changes its kernel choice and so the bits (overlap on and off must agree bitwise), and cuDNN's
+    // SDPA engines refuse a count below the device's (both seen on an H100, CUDA 13, cuDNN 9.19);
+    // their kernels are not persistent, so an exchange's kernels get SMs as their blocks finish.
+    // The LayerScheduler sets it on its backbone stream while an exchange overlaps backbone
+    // compute. Throws for a negative count.
     void set_sm_budget(int sms);
     int sm_budget() const { return sm_budget_; }
 

@@ -68,17 +68,18 @@ class DeviceGuard {
     bool changed_ = false;
 };
 
+// The device `stream` belongs to. Safe while the stream is being captured into a CUDA graph,
+// where cudaStreamGetDevice fails (cudaErrorStreamCaptureUnsupported, seen on H100 with CUDA 13):
+// the device is read from the stream's registered resources (scmoe/kernels/cuda/cuda_device.cu),
+// and asked of CUDA only for a stream never seen before.
+int stream_device(cudaStream_t stream);
+
 // Makes the device `stream` belongs to current (ops are called from any thread with any current device).
 class StreamDeviceGuard {
   public:
     explicit StreamDeviceGuard(cudaStream_t stream) : guard_(stream_device(stream)) {}
 
   private:
-    static int stream_device(cudaStream_t stream) {
-        int device = 0;
-        SCMOE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
-        return device;
-    }
     DeviceGuard guard_;
 };
 

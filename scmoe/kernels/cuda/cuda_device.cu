@@ -95,15 +95,32 @@ void unregister_stream(cudaStream_t stream) noexcept {
     destroy_resources(*res);
 }
 
-cublasHandle_t cublas_handle(StreamResources& res) {
-    if (res.cublas_sm_target != res.sm_budget) {
-        SCMOE_CUBLAS_CHECK(cublasSetSmCountTarget(res.cublas, res.sm_budget));
-        res.cublas_sm_target = res.sm_budget;
+cublasHandle_t cublas_handle(StreamResources& res) { return res.cublas; }
+
+int stream_device(cudaStream_t stream) {
+    {
+        std::scoped_lock lock(registry_mutex());
+        auto it = registry().find(stream);
+        if (it != registry().end() && it->second) return it->second->device;
     }
-    return res.cublas;
+    int device = 0;
+    SCMOE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+    return device;
 }
 
 StreamResources& stream_resources(cudaStream_t stream) {
+    // While the stream is captured, cudaStreamGetDevice is refused: trust the registered device
+    // (the backend's streams unregister when destroyed, so a handle cannot be reused under it).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SCMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+        std::scoped_lock lock(registry_mutex());
+        auto it = registry().find(stream);
+        SCMOE_CHECK(it != registry().end() && it->second,
+                    "a CUDA stream scmoe has not used before is being captured into a graph: run one op on it "
+                    "before capturing (its resources are set up outside the capture)");
+        return *it->second;
+    }
     int device = 0;
     SCMOE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
     std::scoped_lock lock(registry_mutex());

@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "scmoe/kernels/cuda/check.cuh"
 #include "scmoe/kernels/cuda/cudnn_attention_plan.h"
 #include "scmoe/kernels/cuda/stream_resources.cuh"
 #include "scmoe/kernels/error.h"
@@ -291,16 +292,10 @@ void* at(const void* base, const AttentionView& view, DType dtype) {
            view.offset * static_cast<std::int64_t>(dtype_size(dtype));
 }
 
-int stream_device(cudaStream_t stream) {
-    int device = 0;
-    check_cuda("cuDNN attention", "cudaStreamGetDevice", cudaStreamGetDevice(stream, &device));
-    return device;
-}
-
 }  // namespace
 
 bool cudnn_attention_forward(const AttentionArgs& a, cudaStream_t stream, bool required) {
-    const CudnnAttentionKey key = cudnn_attention_key(stream_device(stream), a, stream_resources(stream).sm_budget);
+    const CudnnAttentionKey key = cudnn_attention_key(stream_device(stream), a, /*sm_count=*/0);
     const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim);
     std::unordered_map<std::int64_t, void*> pack = {
         {kUidQ, at(a.qkv, views.q, a.dtype)},
@@ -316,7 +311,7 @@ bool cudnn_attention_backward(const AttentionBackwardArgs& a, cudaStream_t strea
     const int device = stream_device(stream);
     const bool deterministic =
         attention_deterministic_from_env(std::getenv("SCMOE_ATTENTION_DETERMINISTIC"), compute_capability(device));
-    const CudnnAttentionKey key = cudnn_attention_key(device, a, deterministic, stream_resources(stream).sm_budget);
+    const CudnnAttentionKey key = cudnn_attention_key(device, a, deterministic, /*sm_count=*/0);
     const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim);
     std::unordered_map<std::int64_t, void*> pack = {
         {kUidQ, at(a.qkv, views.q, a.dtype)},          {kUidK, at(a.qkv, views.k, a.dtype)},

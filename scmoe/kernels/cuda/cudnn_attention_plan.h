@@ -62,9 +62,10 @@ struct CudnnAttentionKey {
     AttentionDirection direction = AttentionDirection::kForward;
     bool with_stats = false;     // forward: lse requested (training); backward: always true
     bool deterministic = false;  // backward: cuDNN's deterministic algorithm; forward: false
-    // The SMs the graph's kernels may occupy (Graph::set_sm_count: the stream's SM budget,
-    // Stream::set_sm_budget); 0 = every SM. cuDNN picks and sizes its kernels for it when the plans
-    // are built, so a graph is built per count.
+    // The SMs the graph's kernels may occupy (Graph::set_sm_count); 0 = every SM, which is what
+    // scmoe passes: on an H100 (cuDNN 9.19) every SDPA engine refused 131 of 132 SMs
+    // ("target_sm_count != deviceProp.multiProcessorCount"), and the fallback kernel is ~100x slower
+    // and gives other bits. A graph is built per count.
     int sm_count = 0;
     // Spelled out: attention.cu includes this header and may build as C++17 (scmoe/kernels/cuda/CMakeLists.txt).
     bool operator==(const CudnnAttentionKey& o) const {

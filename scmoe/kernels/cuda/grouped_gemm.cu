@@ -102,8 +102,7 @@ GroupedGemmTarget grouped_gemm_target(void* native_stream) {
     cudaStream_t stream = as_stream(native_stream);
     static std::mutex mutex;
     static std::map<int, std::pair<int, int>> capabilities;
-    int device = 0;
-    SCMOE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+    const int device = stream_device(stream);
     GroupedGemmTarget t;
     t.backend = Backend::kCuda;
     t.cutlass_built = grouped_gemm_provider_built(GroupedGemmProvider::kCutlassGrouped);

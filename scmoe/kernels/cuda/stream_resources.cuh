@@ -31,10 +31,9 @@ struct StreamResources {
     std::size_t host_pinned_bytes = 0;
     std::unique_ptr<StreamExtension> cudnn;    // scmoe/kernels/cuda/cudnn_attention.cpp; null until first used
     std::unique_ptr<StreamExtension> cutlass;  // scmoe/kernels/cuda/cutlass_grouped_gemm.cuh: initialized GEMMs
-    // Stream::set_sm_budget of the backend's Stream (0: every SM): the most SMs a compute kernel
-    // enqueued from now on may occupy. Streams the backend did not create keep 0.
+    // Stream::set_sm_budget of the backend's Stream (0: every SM): the grid limit of the persistent
+    // grouped GEMM (cutlass-grouped) enqueued from now on. Streams the backend did not create keep 0.
     int sm_budget = 0;
-    int cublas_sm_target = 0;  // the SM count target the cuBLAS handle has (0: cuBLAS's default, every SM)
 };
 
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;  // what cuBLAS recommends on Hopper
@@ -46,9 +45,11 @@ void register_stream(cudaStream_t stream, int device);
 void unregister_stream(cudaStream_t stream) noexcept;
 // The stream's resources; created on first use for streams the backend did not create.
 StreamResources& stream_resources(cudaStream_t stream);
-// The stream's cuBLAS handle with its SM count target set to the stream's budget:
-// cublasSetSmCountTarget(handle, sm_budget), 0 restoring cuBLAS's default (every SM), called only
-// when the budget changed since the handle's last use.
+// The stream's cuBLAS handle. It keeps cuBLAS's default SM count target (every SM) whatever the
+// stream's SM budget: a target changes cuBLAS's kernel choice and with it the result's bits, and
+// overlap on and off must give the same bits (an H100 run of scmoe-bench block showed 76818
+// elements differing between them while the target followed the budget). cuBLAS's kernels are not
+// persistent: an exchange's kernels become resident as their blocks finish.
 cublasHandle_t cublas_handle(StreamResources& res);
 // Pinned host memory of at least `bytes` owned by the stream (reallocated when too small).
 void* host_staging(StreamResources& res, std::size_t bytes);

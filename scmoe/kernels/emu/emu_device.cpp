@@ -78,7 +78,9 @@ public:
     }
     void launch(const std::string& name, const OpCost& cost, std::function<void()> effect) override {
         Work w = kernel(name, std::move(effect));
-        const KernelTime t = model_kernel(cost, spec(), sm_budget());
+        // The stream's SM budget is not applied: on CUDA only the persistent grouped GEMM honours it,
+        // and its sm_limit already carries it (grouped_gemm_sm_limit).
+        const KernelTime t = model_kernel(cost, spec());
         w.work_us = t.work_us;
         w.demand = t.demand;
         timeline().enqueue(id_, std::move(w), spec().launch_us);
@@ -90,9 +92,8 @@ public:
     void launch_shaped_at_start(const std::string& name, std::function<OpCost()> cost, KernelShape shape,
                                 std::function<void()> effect) override {
         Work w = kernel(name, std::move(effect));
-        // The budget when the kernel is enqueued, as CUDA's launch fixes the grid then.
-        const int budget = sm_budget();
-        shape.sm_limit = shape.sm_limit <= 0 ? budget : (budget > 0 ? std::min(shape.sm_limit, budget) : shape.sm_limit);
+        // shape.sm_limit: the kernel's own grid limit (the grouped GEMM's carries the stream's SM
+        // budget from when it was enqueued, as CUDA's launch fixes the grid then).
         w.at_start = [cost = std::move(cost), s = &spec(), shape](Work& work) {
             const OpCost c = cost();
             const KernelTime t = model_kernel(c, *s, shape.sm_limit);

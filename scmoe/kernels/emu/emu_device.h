@@ -79,15 +79,16 @@ public:
 struct KernelShape {
     bool persistent = false;
     BlockResources block;  // persistent: what one of its blocks holds on its SM
-    int sm_limit = 0;      // the most SMs its grid covers (0: every SM); the stream's SM budget caps it
+    int sm_limit = 0;      // the most SMs its grid covers (0: every SM)
 };
 
 class EmuStream : public Stream {
 public:
     virtual EmuDevice& device() = 0;
     virtual int id() const = 0;
-    // Enqueues a kernel of the given cost (see cost_model.h); `effect` runs when it completes. On a
-    // stream with an SM budget (Stream::set_sm_budget) the kernel runs on that many SMs.
+    // Enqueues a kernel of the given cost (see cost_model.h); `effect` runs when it completes. It runs
+    // on every SM whatever the stream's SM budget (on CUDA only the grouped GEMM honours the budget,
+    // through GroupedGemmArgs::sm_limit; Stream::set_sm_budget).
     virtual void launch(const std::string& name, const OpCost& cost, std::function<void()> effect = {}) = 0;
     // As launch(), with the cost computed when the kernel starts (from routing metadata in device
     // memory that earlier Work wrote).
