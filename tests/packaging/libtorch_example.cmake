@@ -20,14 +20,7 @@ message(STATUS "torch ${torch_version} (${PYTHON}): ${torch_prefix}")
 
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
-function(run_step what)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${what} failed (${rc}):\n${out}\n${err}")
-  endif()
-  message(STATUS "${what}: ok")
-  set(step_output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run_step.cmake)
 
 run_step("install scmoe" ${CMAKE_COMMAND} --install ${SCMOE_BUILD_DIR} --prefix ${prefix})
 if(NOT EXISTS ${prefix}/include/scmoe/interop/dlpack.h OR NOT EXISTS ${prefix}/include/scmoe/third_party/dlpack/dlpack.h
