@@ -112,6 +112,13 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
     report.print_preamble();
     const double out_tol = dtype == DType::kBF16 ? 2e-2 : 1e-3;
     const double grad_tol = dtype == DType::kBF16 ? 5e-2 : 1e-3;
+    // bf16: every element of out (a probability-weighted sum of V rows) and of grad_qkv (sums over
+    // the sequence) carries the rounding of the terms summed into it, whose scale is the tensor's
+    // largest values, not the element's own: at least 2 bf16 unit roundoffs (2 * 2^-8) of max|ref|
+    // pass. (An H100/H200 run flagged 18-64 of 6-19 M elements of cuDNN's result under the rms
+    // floor alone, with max|diff| 0.30-0.37% of max|ref| and rel L2 0.21-0.23%; the own kernel's
+    // 0.20-0.32%, 0.16-0.17%.)
+    const double bf16_floor = dtype == DType::kBF16 ? 2.0 / 256.0 : 0.0;
     {
         std::ostringstream what;
         what << "causal attention, qkv [batch*seq, 3*heads*head_dim] " << dtype_name(dtype)
@@ -129,6 +136,7 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
         std::ostringstream check;
         check << "check: out and grad_qkv against the CPU f32 op on the same inputs, wrong = |diff| > " << out_tol
               << " (out) / " << grad_tol << " (grad) * max(|ref|, rms(ref))";
+        if (bf16_floor > 0) check << ", and > " << bf16_floor << " * max|ref| (2 bf16 unit roundoffs)";
         if (backend == Backend::kCpu) check << "; on cpu the op is its own reference";
         report.note(check.str());
     }
@@ -205,13 +213,16 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
                                         host_grad_out.data(), ref_grad.data()},
                                        *cpu_stream);
                     cpu_stream->synchronize();
-                    const std::int64_t wrong_out = count_wrong(got_out, ref_out, out_tol);
-                    const std::int64_t wrong_grad = count_wrong(got_grad, ref_grad, grad_tol);
+                    const ErrorStats out_err = error_stats(got_out, ref_out), grad_err = error_stats(got_grad, ref_grad);
+                    const std::int64_t wrong_out =
+                        count_wrong(got_out, ref_out, out_tol, bf16_floor * out_err.max_ref);
+                    const std::int64_t wrong_grad =
+                        count_wrong(got_grad, ref_grad, grad_tol, bf16_floor * grad_err.max_ref);
                     wrong = wrong_out + wrong_grad;
                     report.note(std::string(attention_provider_name(p)) + " seq " + std::to_string(S) + " head_dim " +
-                                std::to_string(D) + ": out " + describe_error(error_stats(got_out, ref_out)) + " (" +
+                                std::to_string(D) + ": out " + describe_error(out_err) + " (" +
                                 std::to_string(wrong_out) + " wrong); grad_qkv " +
-                                describe_error(error_stats(got_grad, ref_grad)) + " (" + std::to_string(wrong_grad) +
+                                describe_error(grad_err) + " (" + std::to_string(wrong_grad) +
                                 " wrong)");
                 }
                 fwd_tflops_sum += tflops(fwd_flops, fwd_us);

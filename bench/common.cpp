@@ -328,7 +328,7 @@ DType resolve_dtype(const std::string& name, const Device& device) {
     throw UsageError("--dtype " + name + ": expected auto, f32 (float) or bf16 (bfloat16)");
 }
 
-std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol) {
+std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol, double abs_floor) {
     double sum_sq = 0.0;
     for (float r : ref) sum_sq += static_cast<double>(r) * r;
     const double rms = ref.empty() ? 0.0 : std::sqrt(sum_sq / static_cast<double>(ref.size()));
@@ -336,7 +336,7 @@ std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>
     for (std::size_t i = 0; i < ref.size(); ++i) {
         const double r = ref[i];
         const double diff = std::fabs(static_cast<double>(got[i]) - r);
-        if (!(diff <= tol * std::max(std::fabs(r), rms))) ++wrong;
+        if (!(diff <= std::max(tol * std::max(std::fabs(r), rms), abs_floor))) ++wrong;
     }
     return wrong;
 }

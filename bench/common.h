@@ -100,9 +100,11 @@ inline double tflops(double flops, double us) { return us > 0.0 ? flops / (us * 
 // -d/--dtype auto | f32 | bf16 (also nccl-tests' names float and bfloat16): auto is the device's compute
 // dtype; bf16 is refused on the CPU backend.
 DType resolve_dtype(const std::string& name, const Device& device);
-// Elements of `got` farther than tol * max(|ref|, rms(ref)) from `ref` (NaN counts as wrong). The
-// rms floor keeps outputs that cancel to near zero from failing on rounding alone.
-std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol);
+// Elements of `got` farther than max(tol * max(|ref|, rms(ref)), abs_floor) from `ref` (NaN counts
+// as wrong). The rms floor keeps outputs that cancel to near zero from failing on rounding alone;
+// abs_floor (default none) is for results whose elements carry the rounding of larger terms.
+std::int64_t count_wrong(const std::vector<float>& got, const std::vector<float>& ref, double tol,
+                         double abs_floor = 0.0);
 
 // How far `got` is from `ref`, for the record beside a wrong-element count: the largest |got - ref|
 // (and where), relative to max |ref| and to rms(ref), and ||got - ref||_2 / ||ref||_2.
