@@ -26,6 +26,7 @@
 #include "scmoe/comm/communicator.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/models/detail/json_integer.h"
+#include "scmoe/models/parallel.h"
 #include "scmoe/models/safetensors.h"
 
 namespace scmoe::models {
@@ -72,26 +73,6 @@ constexpr const char* kStateName = "trainer_state.json";
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kRunIdKey = "scmoe.run_id";
 constexpr const char* kSaveIdKey = "scmoe.save_id";
-
-// Every rank's `mine` (up to kSlot - 1 bytes) in rank order: the all-gather of fixed slots.
-std::vector<std::string> gather_strings(Communicator* world, const std::string& mine, Device& device, Stream& stream) {
-    if (!world || world->size() == 1) return {mine};
-    constexpr std::size_t kSlot = 4096;  // bytes per rank, a multiple of 4 (sent as i32 words)
-    const auto n = static_cast<std::size_t>(world->size());
-    DeviceBuffer buffer(device, kSlot * n);
-    std::vector<char> own(kSlot, 0), all(kSlot * n);
-    std::memcpy(own.data(), mine.data(), std::min(mine.size(), kSlot - 1));
-    char* slots = static_cast<char*>(buffer.data());
-    char* own_slot = slots + kSlot * static_cast<std::size_t>(world->rank());
-    stream.copy(own_slot, own.data(), kSlot);
-    world->all_gather(own_slot, static_cast<std::int64_t>(kSlot / 4), slots, DType::kI32, stream);
-    stream.copy(all.data(), slots, all.size());
-    stream.synchronize();
-    std::vector<std::string> out(n);
-    for (std::size_t r = 0; r < n; ++r)
-        out[r] = std::string(all.data() + r * kSlot, strnlen(all.data() + r * kSlot, kSlot));
-    return out;
-}
 
 // Runs `fn`; then every rank agrees: a local error is rethrown, a peer's becomes an error naming
 // that rank and its cause (every rank's cause is gathered, so none says only "see its error").

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "scmoe/comm/communicator.h"
 #include "scmoe/kernels/adamw.h"
@@ -10,6 +13,26 @@
 #include "scmoe/moe/trace.h"
 
 namespace scmoe::models {
+
+std::vector<std::string> gather_strings(Communicator* world, const std::string& mine, Device& device, Stream& stream) {
+    if (!world || world->size() == 1) return {mine};
+    constexpr std::size_t kSlot = 4096;  // bytes per rank, a multiple of 4 (sent as i32 words)
+    const auto n = static_cast<std::size_t>(world->size());
+    DeviceBuffer buffer(device, kSlot * n);
+    std::vector<char> own(kSlot, 0), all(kSlot * n);
+    std::memcpy(own.data(), mine.data(), std::min(mine.size(), kSlot - 1));
+    char* slots = static_cast<char*>(buffer.data());
+    char* own_slot = slots + kSlot * static_cast<std::size_t>(world->rank());
+    stream.copy(own_slot, own.data(), kSlot);
+    world->all_gather(own_slot, static_cast<std::int64_t>(kSlot / 4), slots, DType::kI32, stream);
+    stream.copy(all.data(), slots, all.size());
+    stream.synchronize();
+    std::vector<std::string> out(n);
+    for (std::size_t r = 0; r < n; ++r)
+        out[r] = std::string(all.data() + r * kSlot, strnlen(all.data() + r * kSlot, kSlot));
+    return out;
+}
+
 
 void ParallelLayout::validate() const {
     SCMOE_CHECK(world > 0 && rank >= 0 && rank < world, "parallel layout: rank " << rank << " of world " << world);

@@ -25,6 +25,11 @@ class Tracer;
 
 namespace scmoe::models {
 
+// Every rank's `mine` (up to 4095 bytes), in rank order: an all-gather over `world` (null or one
+// rank: just `mine`) through `stream`, which is synchronized. For agreeing on causes and names:
+// a rank that failed says why, and every rank can name it.
+std::vector<std::string> gather_strings(Communicator* world, const std::string& mine, Device& device, Stream& stream);
+
 struct ParallelLayout {
     int world = 1, rank = 0, ep = 1;
     // Throws scmoe::Error unless world > 0, 0 <= rank < world, ep > 0 and world % ep == 0.

@@ -287,8 +287,31 @@ EvalMetrics Trainer::evaluate() {
     }
     model_->blocks().synchronize();
     const double total = world_sum_exact(loss_sum);
+    if (!std::isfinite(total)) {
+        // Every rank takes part in naming the ranks whose loss sum was not finite, and why (a rank's
+        // own error, e.g. the layer's NaN check, or the sum), before a rank rethrows its own error:
+        // none says only "another rank", and none is left waiting in the gather.
+        std::string mine;
+        if (local_error) {
+            try {
+                std::rethrow_exception(local_error);
+            } catch (const std::exception& err) {
+                mine = err.what();
+            } catch (...) {
+                mine = "an unknown error";
+            }
+        } else if (!std::isfinite(loss_sum)) {
+            mine = std::to_string(loss_sum);
+        }
+        const std::vector<std::string> causes = gather_strings(comms_.world, mine, model_->device(), model_->stream());
+        if (local_error) std::rethrow_exception(local_error);
+        std::string ranks;
+        for (std::size_t r = 0; r < causes.size(); ++r)
+            if (!causes[r].empty()) ranks += (ranks.empty() ? "" : "; ") + std::to_string(r) + " (" + causes[r] + ")";
+        SCMOE_FAIL("eval at step " << steps_done_ << ": the held-out loss sum is not finite on rank"
+                                   << (ranks.find(';') == std::string::npos ? " " : "s ") << ranks);
+    }
     if (local_error) std::rethrow_exception(local_error);
-    SCMOE_CHECK(std::isfinite(total), "eval at step " << steps_done_ << ": the loss is not finite on another rank");
     EvalMetrics e;
     e.step = steps_done_;
     e.windows = w.num_windows();

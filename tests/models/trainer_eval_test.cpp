@@ -242,5 +242,32 @@ TEST(TrainerEval, BadEvalDataIsAClearError) {
     fs::remove_all(dir);
 }
 
+// A held-out loss that is not finite on one rank (NaN in its copy of the embedding: the layer's NaN
+// check fails there): rank 1 fails with its own cause, rank 0 names rank 1 and that cause (before:
+// "the loss is not finite on another rank", and rank 0 never learnt which or why).
+TEST(TrainerEval, NonFiniteLossNamesTheRank) {
+    const fs::path dir = fresh_dir("eval_nan");
+    const TrainConfig config = eval_training(write_eval_text(dir, 8, small_training(4).model.backbone.seq_len));
+    std::vector<std::string> errors(2);
+    run_train_ranks(2, 1, [&](int rank, const TrainComms& comms) {
+        auto device = make_device("cpu");
+        Trainer t(config, *device, {2, rank, 1}, comms);
+        if (rank == 1) {
+            const ParamGroup& g = t.model().param_groups().front();  // the embedding and head (f32 on CPU)
+            for (std::int64_t i = 0; i < g.numel; ++i) static_cast<float*>(g.params)[i] = std::nanf("");
+        }
+        try {
+            t.evaluate();
+        } catch (const Error& e) {
+            errors[static_cast<std::size_t>(rank)] = e.what();
+        }
+    });
+    EXPECT_NE(errors[1].find("NaN/Inf"), std::string::npos) << errors[1];
+    EXPECT_NE(errors[0].find("the held-out loss sum is not finite on rank 1 ("), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("NaN/Inf"), std::string::npos) << "rank 0 names rank 1's cause: " << errors[0];
+    EXPECT_EQ(errors[0].find("rank 0 ("), std::string::npos) << errors[0];
+    fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace scmoe::models
