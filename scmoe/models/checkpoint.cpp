@@ -365,8 +365,10 @@ std::string verify_complete(const fs::path& dir) {
     }
 }
 
-// Rank 0: the step directory `path` names; a root's `latest` when it names a step with a manifest,
-// else the newest step that verifies (with a note saying so).
+// Rank 0: the step directory `path` names; a root's `latest` when it names a step that verifies
+// (every file's size and CRC), else the newest step that does, with a note saying why `latest`
+// was passed over (missing, dangling, incomplete, or failing its checksums). Verifying reads the
+// step's files once more (rank 0, every rank's files) before each rank reads its own.
 fs::path resolve_step_dir(const std::string& path, std::vector<std::string>& notes) {
     const fs::path p = path;
     if (fs::exists(p / kManifestName) || fs::exists(p / kStateName)) return p;
@@ -386,6 +388,8 @@ fs::path resolve_step_dir(const std::string& path, std::vector<std::string>& not
         } else if (!fs::exists(p / name / kManifestName)) {
             why = latest.string() + " names " + name + ", which " +
                   (fs::exists(p / name) ? "has no manifest.json (incomplete)" : "does not exist");
+        } else if (const std::string bad = verify_complete(p / name); !bad.empty()) {
+            why = latest.string() + " names " + name + ", which fails verification (" + bad + ")";
         } else {
             return p / name;
         }

@@ -94,7 +94,8 @@ TEST(Checkpoint, RankFilesAreChecksummed) {
     const fs::path step4 = dir / "step-00000004";
     const std::string original = slurp(step4 / "rank-00001.json");
     spit(step4 / "rank-00001.json", slurp(dir / "step-00000002" / "rank-00001.json"));
-    std::vector<std::string> errors = load_errors(config, 2, dir.string());
+    // The step itself: refused, by the rank that read the file and, naming it, by the other.
+    std::vector<std::string> errors = load_errors(config, 2, step4.string());
     EXPECT_TRUE(has(errors[1], "rank-00001.json: checksum mismatch")) << errors[1];
     EXPECT_TRUE(has(errors[0], "failed on rank 1: ")) << errors[0];
     EXPECT_TRUE(has(errors[0], "rank-00001.json: checksum mismatch")) << errors[0];
@@ -106,11 +107,21 @@ TEST(Checkpoint, RankFilesAreChecksummed) {
     const std::size_t digit = flipped.find_first_of(",\n", seed) - 1;
     flipped[digit] = static_cast<char>(flipped[digit] ^ 1);
     spit(step4 / "rank-00001.json", flipped);
-    errors = load_errors(config, 2, dir.string());
+    errors = load_errors(config, 2, step4.string());
     EXPECT_TRUE(has(errors[1], "rank-00001.json: checksum mismatch")) << errors[1];
-    spit(step4 / "rank-00001.json", original);
-    errors = load_errors(config, 2, dir.string());
+    // The root (--resume auto): `latest` names the bad step 4, so the newest verified step, 2, loads,
+    // with a note saying why.
+    std::vector<CheckpointLoad> loads;
+    errors = load_errors(config, 2, dir.string(), {}, &loads);
     EXPECT_EQ(errors[0] + errors[1], "");
+    EXPECT_EQ(loads[0].dir, (dir / "step-00000002").string());
+    ASSERT_FALSE(loads[0].notes.empty());
+    EXPECT_TRUE(has(loads[0].notes[0], "names step-00000004, which fails verification")) << loads[0].notes[0];
+    EXPECT_TRUE(has(loads[0].notes[0], "rank-00001.json: checksum mismatch")) << loads[0].notes[0];
+    spit(step4 / "rank-00001.json", original);
+    errors = load_errors(config, 2, dir.string(), {}, &loads);
+    EXPECT_EQ(errors[0] + errors[1], "");
+    EXPECT_EQ(loads[0].dir, step4.string());
     fs::remove_all(dir);
 }
 
@@ -275,11 +286,13 @@ TEST(Checkpoint, BadLatestFallsBackToTheNewestVerifiedStep) {
     errors = load_errors(config, 2, (dir / "moved").string(), {}, &loads);
     EXPECT_EQ(errors[0] + errors[1], "");
     EXPECT_EQ(loads[0].dir, (dir / "moved" / "step-00000004.old").string());
-    // A complete step that `latest` names but that fails its checksums is refused, not skipped.
+    // A complete step that `latest` names but that fails its checksums: with no other step that
+    // verifies (step 4 is incomplete here), the resume is refused naming each step's failure.
     spit(dir / "latest", "step-00000002\n");
     flip_bit(dir / "step-00000002" / "trainer_state.json", 10, 0);
     errors = load_errors(config, 2, dir.string());
     EXPECT_TRUE(has(errors[0], "trainer_state.json: checksum mismatch")) << errors[0];
+    EXPECT_TRUE(has(errors[0], "verifies")) << errors[0];
     fs::remove_all(dir);
 }
 

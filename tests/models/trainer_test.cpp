@@ -380,7 +380,7 @@ TEST(Trainer, RefusesACheckpointOfAnotherConfigOrWorld) {
     fs::remove_all(dir);
 }
 
-TEST(Trainer, CorruptedCheckpointIsRefusedAndThePreviousOneStillLoads) {
+TEST(Trainer, CorruptedCheckpointIsRefusedAndAutoResumeFallsBackToThePreviousOne) {
     const TrainConfig config = small_training(4);
     const fs::path dir = fresh_dir("corrupt");
     std::vector<double> loss_after_2(2);
@@ -412,14 +412,24 @@ TEST(Trainer, CorruptedCheckpointIsRefusedAndThePreviousOneStillLoads) {
         auto device = make_device("cpu");
         Trainer t(config, *device, {2, rank, 2}, comms);
         try {
-            t.load(dir.string());  // latest = step 4, corrupted
+            t.load((dir / "step-00000004").string());  // the corrupted step itself
             ADD_FAILURE() << "loaded a corrupted checkpoint";
         } catch (const Error& e) {
-            // Rank 0 reads the bad dense shard itself; every rank reads it, so all name the CRC.
-            EXPECT_NE(std::string(e.what()).find("corrupted"), std::string::npos) << e.what();
+            // Every rank reads the bad dense shard, so all name its checksum.
+            EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
         }
         EXPECT_EQ(t.steps_done(), 0);
-        t.load((dir / "step-00000002").string());
+        // The root (--resume auto): latest names step 4, which fails verification, so step 2 loads,
+        // with a note saying why; training continues as it did from step 2.
+        const CheckpointLoad l = t.load(dir.string());
+        EXPECT_EQ(l.dir, (dir / "step-00000002").string());
+        if (rank == 0) {  // rank 0 chooses the step and holds the notes
+            EXPECT_FALSE(l.notes.empty());
+            if (!l.notes.empty()) {
+                EXPECT_NE(l.notes[0].find("step-00000004, which fails verification"), std::string::npos)
+                    << l.notes[0];
+            }
+        }
         EXPECT_EQ(t.steps_done(), 2);
         EXPECT_EQ(t.step().loss, loss_after_2[static_cast<std::size_t>(rank)]);
     });
