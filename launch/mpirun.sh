@@ -131,7 +131,7 @@ mkfifo "$state/stderr"
 while IFS= read -r line; do
     printf '%s\n' "$line" >&2
     case $line in
-        "scmoe-train: rank "[0-9]*)
+        *"scmoe-train: rank "[0-9]*)  # anywhere: mpirun may splice another rank's chunk before it
             [ -e "$fatal" ] || { printf '%s\n%s\n' "$(date +%s)" "$line" >"$fatal.new" && mv "$fatal.new" "$fatal"; } ;;
         *"mpirun noticed that process rank "*) [ -e "$died" ] || printf '%s\n' "$line" >"$died" ;;
     esac

@@ -357,20 +357,24 @@ int run_mpi(const Args& launch_args) {
     // way the launcher expects: MPI_Abort, which makes mpirun kill every rank, also those blocked
     // in a collective or stopped, and return kExitError. Does not return.
     const FatalHandler abort_job = [rank](const std::exception& e) {
-        // std::bad_alloc says only "std::bad_alloc": say what ran out.
-        std::cerr << "scmoe-train: rank " << rank << ": "
-                  << (dynamic_cast<const std::bad_alloc*>(&e) != nullptr
-                          ? "out of host memory: an allocation failed (std::bad_alloc); make the model, --batch or "
-                            "the processes per host smaller"
-                          : e.what())
-                  << std::endl;
+        // std::bad_alloc says only "std::bad_alloc": say what ran out. One write() for the whole
+        // line: std::cerr is unbuffered, and mpirun interleaves the ranks' stderr chunk by chunk
+        // ("scmoe-train: rank scmoe-train: rank 0: ..." hid the line from launch/mpirun.sh once).
+        std::ostringstream line;
+        line << "scmoe-train: rank " << rank << ": "
+             << (dynamic_cast<const std::bad_alloc*>(&e) != nullptr
+                     ? "out of host memory: an allocation failed (std::bad_alloc); make the model, --batch or "
+                       "the processes per host smaller"
+                     : e.what())
+             << "\n";
+        std::cerr << line.str() << std::flush;
         MPI_Abort(MPI_COMM_WORLD, kExitError);
         std::_Exit(kExitError);  // MPI_Abort should not return; if it does, still end now
     };
     // The startup's MPI calls (the hello barrier, the communicator splits) have no timeout of their
     // own: a rank that never arrives would hold the others forever. The watchdog ends the job then.
     StartupWatchdog watchdog(comm_timeout_seconds(), [rank, mpi_multiple](const std::string& why) {
-        std::cerr << "scmoe-train: rank " << rank << ": " << why << std::endl;
+        std::cerr << "scmoe-train: rank " + std::to_string(rank) + ": " + why + "\n" << std::flush;  // one write()
         if (mpi_multiple) MPI_Abort(MPI_COMM_WORLD, kExitError);  // from this thread only when MPI allows it
         std::_Exit(kExitError);  // mpirun ends the job when a rank exits without MPI_Finalize
     });
