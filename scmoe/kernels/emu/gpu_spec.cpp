@@ -69,17 +69,27 @@ GpuSpec with_sm_limits(GpuSpec s, int compute_capability) {
 std::vector<GpuSpec> make_specs() {
     // PCIe per direction: Gen4 x16 64 GB/s and Gen5 x16 128 GB/s both directions together.
     return {
-        // gemm_efficiency as the A100 (same GA100 architecture): no A30 measurement found.
+        // gemm_efficiency: ASSUMED, borrowed from the 400 W A100 SXM (same GA100 SM): no published A30
+        // GEMM measurement was found. The A30 is a 165 W board, and a power-capped board sustains a
+        // lower clock under continuous tensor work than its boost clock (NVIDIA's forum on the 70 W T4:
+        // 24 of 65 TFLOPS, "due to power capping"), so this ceiling is more likely high than low.
+        // SM count: the driver's own report (nvidia-smi mig -lgip on an A30: "MIG 4g.24gb ... SM 56",
+        // the whole GPU; "MIG 1g.6gb ... 14" = 1/4 of the SMs, as NVIDIA's MIG User Guide lists), and
+        // 56 SMs x 1024 FMA/clk x 2 x 1.44 GHz = 165.2 TFLOPS, the datasheet's peak.
         with_sm_limits(spec("a30", "NVIDIA A30 PCIe 24GB", 165, 10.3, 933, 24 * kGiB, 56, 32, 0.87,
              {"NVIDIA A30 Tensor Core GPU datasheet (BF16 165 TFLOPS dense, FP32 10.3 TFLOPS, 24GB HBM2, 933 GB/s, "
               "PCIe Gen4 64GB/s)",
-              "56 SMs: NVIDIA A30 product brief / GA100 configuration (docs/emu-sources.md)"}), 80),
-        // gemm_efficiency: the best measured large bf16 matmul on A100 SXM, 86.9% of peak.
+              "56 SMs: nvidia-smi mig -lgip on an A30 (MIG 4g.24gb, the whole GPU: 56 SMs; 1g.6gb: 14 = 1/4, NVIDIA "
+              "MIG User Guide's A30 profile table); 56 x 1024 FMA/clk x 2 x 1.44 GHz = 165 TFLOPS (docs/emu-sources.md)",
+              "assumed: gemm_efficiency 0.87 is the 400 W A100 SXM's; no A30 (165 W) GEMM measurement found"}), 80),
+        // Every number is the A100 SXM4 80GB's (no public A800 SXM datasheet exists; the A800 differs
+        // only in NVLink, which the cluster presets model). gemm_efficiency: the best measured large bf16
+        // matmul on A100 SXM, 86.9% of peak.
         with_sm_limits(spec("a800", "NVIDIA A800 SXM4 80GB", 312, 19.5, 2039, 80 * kGiB, 108, 32, 0.87,
-             {"NVIDIA A800 Tensor Core GPU datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, 80GB HBM2e, "
-              "2039 GB/s, NVLink 400GB/s, PCIe Gen4 64GB/s)",
-              "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A800 is the A100 with NVLink limited to "
-              "400 GB/s)"}), 80),
+             {"NVIDIA A100 80GB SXM datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, 80GB HBM2e, 2039 GB/s, "
+              "PCIe Gen4 64GB/s): NVIDIA publishes no A800 SXM datasheet; the A800 is the A100 with NVLink limited "
+              "to 400 GB/s (Reuters, 2022-11-08; docs/emu-sources.md)",
+              "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper"}), 80),
         // gemm_efficiency: the best measured large bf16 matmul on H100 SXM, 80.3% of peak.
         with_sm_limits(spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
              {"NVIDIA H100 Tensor Core GPU datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, FP32 67 "
