@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""launch/paper_table.py on hand-made tool outputs (--replay): every row's error is predicted / paper
+- 1 from the right columns, a slower-than-paper ordering of variants is reported as a ranking that
+DIFFERS, a sign that flips is counted, block rows read the JSON (a2a share, overlap = 1 - exposed /
+a2a), and a run that failed is listed as not run with the tool's error, never dropped.
+
+  paper_table_test.py launch/paper_table.py
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+script = sys.argv[1]
+
+TRAIN_SUMMARY = """# scmoe-train: 8 in-process rank(s), dp 1 x ep 8, backend emu
+# summary (...)
+#  variant              steps  first loss  final loss     tok/s   ms/step  exposed%   dropped  speedup  loss vs first    fwd ms  fwd speedup
+   top2                     4      0.0000      0.0000    334640     200.0      12.6         0    1.000x        +0.00%     60.00       1.000x
+   top1                     4      0.0000      0.0000    334640     100.0      12.6         0    2.000x        +0.00%     40.00       1.500x
+   shared                   4      0.0000      0.0000    334640     160.0      12.6         0    1.250x        +0.00%     50.00       1.200x
+   scmoe-pos1               4      0.0000      0.0000    334640     150.0      12.6         0    1.333x        +0.00%     40.00       1.500x
+   scmoe-pos2               4      0.0000      0.0000    334640     140.0      12.6         0    1.429x        +0.00%     40.00       1.500x
+   scmoe-pos3               4      0.0000      0.0000    334640     130.0      12.6         0    1.538x        +0.00%     30.00       2.000x
+# top2: 1 model TFLOP/s per rank
+"""
+
+
+def block_row(variant, train_us, a2a_pct, exposed_pct, a2a_us):
+    return {"variant": variant, "fwd_us": train_us / 3, "train_us": train_us, "a2a_us": a2a_us,
+            "a2a_of_moe_pct": a2a_pct, "exposed_comm_pct": exposed_pct}
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "t1.txt"), "w") as f:
+            f.write(TRAIN_SUMMARY)
+        with open(os.path.join(d, "t4.error"), "w") as f:
+            f.write("scmoe-train: unknown preset 'gpt3-moe-xl'\n")
+        with open(os.path.join(d, "t4.txt"), "w") as f:
+            f.write("ignored: the error file wins\n")
+        rows = [block_row("top2", 1000.0, 55.0, 40.0, 500.0), block_row("top1", 800.0, 50.0, 30.0, 300.0),
+                block_row("shared", 900.0, 50.0, 30.0, 300.0),
+                # 300 us of a2a, 5% of 1000 us exposed = 50 us: 83.3% overlapped.
+                block_row("scmoe-pos2", 1000.0 / 1.5, 50.0, 7.5, 300.0)]
+        with open(os.path.join(d, "blk-a30.json"), "w") as f:
+            json.dump({"rows": rows}, f)
+        out = os.path.join(d, "out.json")
+        p = subprocess.run([sys.executable, script, "--replay", d, "--only", "t1,t4,blk-a30", "-J", out],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        doc = json.load(open(out))
+        by = {(r["run"], r["variant"], r["metric"], r.get("baseline")): r for r in doc["rows"]}
+
+        def near(a, b):
+            assert abs(a - b) < 1e-9, (a, b)
+
+        # Table 1, top-1: train 200/100 = 2.0 vs paper 1.27; inference 60/40 = 1.5 vs 1.39.
+        near(by[("t1", "top1", "train", "top2")]["predicted"], 2.0)
+        near(by[("t1", "top1", "train", "top2")]["error"], 2.0 / 1.27 - 1)
+        near(by[("t1", "top1", "infer", "top2")]["predicted"], 1.5)
+        near(by[("t1", "scmoe-pos3", "infer", "top2")]["error"], 2.0 / 1.82 - 1)
+        # Fig. 1 and Fig. 8 from the block JSON.
+        near(by[("blk-a30", "top2", "a2a_share", "top2")]["predicted"], 55.0)
+        near(by[("blk-a30", "scmoe-pos2", "overlap", "top2")]["predicted"], 100.0 * (1 - 50.0 / 300.0))
+        near(by[("blk-a30", "scmoe-pos2", "train", "shared")]["predicted"], 900.0 / (1000.0 / 1.5))
+        # A failed run: every one of its rows is listed, not run, with the tool's words.
+        t4 = [r for r in doc["rows"] if r["run"] == "t4"]
+        assert len(t4) == 6 and all(r["status"].startswith("not run: scmoe-train: unknown preset") for r in t4), t4
+        s = doc["summary"]
+        assert s["not_run"] == 6, s
+        # Rankings: Table 1 train here puts top-1 (2.0) first, above every ScMoE, unlike the paper.
+        rk = {(r["table"], r["metric"]): r for r in s["rankings"]}
+        assert not rk[("Table 1", "train")]["agrees"], rk
+        assert rk[("Table 1", "train")]["predicted"][0] == "top1", rk
+        # Inference: top1 1.5, shared 1.2, pos1 1.5, pos2 1.5, pos3 2.0 (paper: pos3 > pos2 > pos1 > top1 >
+        # shared): pos2 = pos1 = top1 in the prediction while the paper orders them: a tie is not a reversal.
+        assert rk[("Table 1", "infer")]["agrees"], rk
+        # Signs: every Table 1 speedup is above 1 in both.
+        assert s["signs_agree"] == s["signs_checked"], s
+        assert "DIFFERS" in p.stdout and "not run" in p.stdout, p.stdout
+    # A sign that flips is counted: a top-1 slower than top-2.
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "t1.txt"), "w") as f:
+            f.write(TRAIN_SUMMARY.replace("   top1                     4      0.0000      0.0000    334640     100.0",
+                                          "   top1                     4      0.0000      0.0000    334640     250.0"))
+        out = os.path.join(d, "out.json")
+        subprocess.run([sys.executable, script, "--replay", d, "--only", "t1", "-J", out], check=True,
+                       capture_output=True)
+        s = json.load(open(out))["summary"]
+        assert s["signs_agree"] == s["signs_checked"] - 1, s
+    # Bad --only is a usage error naming the runs.
+    p = subprocess.run([sys.executable, script, "--only", "t9"], capture_output=True, text=True)
+    assert p.returncode == 2 and "t9" in p.stderr and "t1" in p.stderr, p.stderr
+    print("ok")
+
+
+main()
