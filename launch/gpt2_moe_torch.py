@@ -224,7 +224,7 @@ def make_lm(torch, a, variant):
             logits = s.float() @ p.gate_w.float()
             probs = logits.softmax(-1)
             weight, index = probs.topk(top_k, dim=-1)
-            if top_k == 2:
+            if top_k >= 2:  # the k weights renormalised to sum to 1
                 weight = weight / weight.sum(-1, keepdim=True)
             # Assignments in priority order: every first choice in token order, then the second choices.
             choice_expert = index.t().reshape(-1)
