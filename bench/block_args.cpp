@@ -16,10 +16,8 @@ cxxopts::Options block_options() {
                        "speedup vs top-2");
     add_common_options(o);
     add_token_options(o, "block", "512", "Tokens per rank per step, each a multiple of --seq (one set of rows each)");
-    std::string names;
-    for (const std::string& n : block_variant_names()) names += (names.empty() ? "" : ",") + n;
     o.add_options("block")
-        ("variants", "comma list of: " + names,
+        ("variants", "comma list of: " + block_variant_list(),
          cxxopts::value<std::string>()->default_value("top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3,scmoe2"))
         ("ranks", "in-process expert-parallel ranks (threads); under mpirun the world size is used",
          cxxopts::value<int>()->default_value("1"))
@@ -30,7 +28,7 @@ cxxopts::Options block_options() {
         ("experts", "routed experts (a multiple of the ranks)", cxxopts::value<int>()->default_value("8"))
         ("heads", "attention heads", cxxopts::value<int>()->default_value("8"))
         ("seq", "tokens per sequence", cxxopts::value<std::int64_t>()->default_value("128"))
-        ("blocks", "blocks of the every-block-pos1 variant", cxxopts::value<int>()->default_value("4"))
+        ("blocks", "blocks of the every-block-* variants (an MoE in each)", cxxopts::value<int>()->default_value("4"))
         ("mode", "fwd | train", cxxopts::value<std::string>()->default_value("train"))
         ("dispatch", "capacity | dropless", cxxopts::value<std::string>()->default_value("capacity"))
         ("activation", "swiglu | gelu (dense MLP and experts)", cxxopts::value<std::string>()->default_value("swiglu"))
@@ -62,10 +60,9 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
     BlockArgs a;
     a.variants = split_list(r["variants"].as<std::string>());
     if (a.variants.empty()) throw UsageError("--variants is empty");
-    for (const std::string& v : a.variants) {
-        const auto names = block_variant_names();
-        if (std::find(names.begin(), names.end(), v) == names.end()) throw UsageError("--variants: unknown variant '" + v + "'");
-    }
+    for (const std::string& v : a.variants)
+        if (!is_block_variant(v))
+            throw UsageError("--variants: unknown variant '" + v + "' (one of: " + block_variant_list() + ")");
     a.mpi = launch::launched_by_mpirun();
     a.ranks = a.mpi ? launch::launcher_world_size() : r["ranks"].as<int>();
     if (a.ranks < 1) throw UsageError("--ranks must be >= 1");

@@ -37,7 +37,7 @@ cxxopts::Options layer_options() {
         ("hidden", "Model width H", cxxopts::value<std::int64_t>()->default_value("1024"))
         ("ffn", "Expert FFN width F (SwiGLU experts hold W1 [H, 2F])", cxxopts::value<std::int64_t>()->default_value("2048"))
         ("E,experts", "Number of routed experts (all ranks together)", cxxopts::value<int>()->default_value("8"))
-        ("k,top-k", "Experts per token: 1 or 2", cxxopts::value<int>()->default_value("2"))
+        ("k,top-k", "Experts per token: 1 .. min(experts, 8)", cxxopts::value<int>()->default_value("2"))
         ("dispatch", "Dispatch modes, comma list: capacity, dropless", cxxopts::value<std::string>()->default_value("capacity"))
         ("capacity-factor", "Capacity mode: slots per expert = ceil(factor * tokens * top_k / experts), per rank",
          cxxopts::value<float>()->default_value("1.25"))

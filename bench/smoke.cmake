@@ -41,6 +41,8 @@ if(NOT DEFINED GROUP OR GROUP STREQUAL "single")
   run_bench(layer layer --tokens 40,64 --hidden 32 --ffn 48 --experts 4 --top-k 2 --dispatch capacity,dropless
             --shared-expert --cg -n 2 -w 1)
   run_bench(layer_gelu layer -b 16 -e 64 -f 4 --hidden 16 --ffn 24 --experts 3 --top-k 1 --activation gelu -n 1 -w 0)
+  run_bench(layer_top3 layer --tokens 40,64 --hidden 32 --ffn 48 --experts 4 --top-k 3 --dispatch capacity,dropless
+            --capacity-factor 1.25 -n 2 -w 1)
   run_bench(attention attention --batch 2 --seq 33,64 --heads 2 --head-dim 8,16 --provider auto,own -n 2 -w 1)
 endif()
 
@@ -49,6 +51,8 @@ if(NOT DEFINED GROUP OR GROUP STREQUAL "ranks")
   run_bench(layer_ep2_ranks layer --ep 2 --tokens 40,64 --hidden 32 --ffn 48 --experts 4 --top-k 2
             --dispatch capacity,dropless --shared-expert --cg -n 2 -w 1)
   check_a2a_share(layer_ep2_ranks)
+  run_bench(layer_ep2_ranks_top3 layer --ep 2 --tokens 40,64 --hidden 32 --ffn 48 --experts 4 --top-k 3
+            --dispatch capacity,dropless --capacity-factor 1.25 --shared-expert --cg -n 2 -w 1)
   run_bench(layer_ep2_ranks_pcie4 layer --ep 2 --tokens 64 --hidden 32 --ffn 48 --experts 4 --link pcie4 -n 2 -w 1)
   check_a2a_share(layer_ep2_ranks_pcie4)
   run_bench(layer_ep4_ranks_custom_link layer --ep 4 --tokens 16,24 --hidden 16 --ffn 24 --experts 8 --top-k 1

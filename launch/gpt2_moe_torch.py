@@ -80,7 +80,11 @@ VARIANTS = {
     "scmoe-pos3": (1, True, "pos3"),
     "scmoe2": (2, True, "pos2"),
     "every-block-pos1": (1, True, "pos1"),
+    "top3": (3, False, "current"),
+    "every-block-top2": (2, False, "current"),
+    "every-block-shared": (1, True, "current"),
 }
+EVERY_BLOCK = {"every-block-pos1", "every-block-top2", "every-block-shared"}  # an MoE in every block
 MODES = ("eager", "compile")
 CAPACITY_FACTOR, AUX_LOSS_COEF, Z_LOSS_COEF, NORM_EPS = 1.25, 0.01, 0.001, 1e-5  # scmoe/moe/config.h, scmoe/moe/backbone.h
 LR, BETAS, EPS, CLIP = 3e-4, (0.9, 0.95), 1e-8, 1.0
@@ -144,7 +148,7 @@ def parse_args(argv):
     if a.peak_tflops < 0 or a.compile_budget_s <= 0:
         p.error("--peak-tflops must be >= 0 and --compile-budget-s > 0")
     for v in a.variant_list:
-        if v != "every-block-pos1" and a.layers % 2:
+        if v not in EVERY_BLOCK and a.layers % 2:
             p.error(f"--layers {a.layers} must be even for the pair variant '{v}'")
         if VARIANTS[v][0] > a.experts:
             p.error(f"--variants {v}: top-{VARIANTS[v][0]} needs at least that many experts")
@@ -161,7 +165,7 @@ def make_lm(torch, a, variant):
     nn, F = torch.nn, torch.nn.functional
     top_k, shared, shortcut = VARIANTS[variant]
     H, V, S, E = a.hidden, a.vocab, a.seq, a.experts
-    moe_blocks = [True] * a.layers if variant == "every-block-pos1" else [b % 2 == 1 for b in range(a.layers)]
+    moe_blocks = [True] * a.layers if variant in EVERY_BLOCK else [b % 2 == 1 for b in range(a.layers)]
 
     def tensors(**shapes):
         m = nn.Module()
@@ -224,7 +228,7 @@ def make_lm(torch, a, variant):
             logits = s.float() @ p.gate_w.float()
             probs = logits.softmax(-1)
             weight, index = probs.topk(top_k, dim=-1)
-            if top_k == 2:
+            if top_k >= 2:  # the k weights renormalised to sum to 1
                 weight = weight / weight.sum(-1, keepdim=True)
             # Assignments in priority order: every first choice in token order, then the second choices.
             choice_expert = index.t().reshape(-1)

@@ -14,7 +14,7 @@ What is compared (also in the JSON's "peer_note"):
     scmoe's --activation gelu has two matrices (2/3 of the FLOPs) and is NOT comparable: the layer step
     of launch/gpu_check.sh runs gelu, so compare against a swiglu run as above.
   - Mixtral is dropless (every token reaches its top-k experts): compare with --dispatch dropless.
-  - Routing is the same rule (softmax, top-k, the top-2 weights renormalised to sum to 1); Mixtral's
+  - Routing is the same rule (softmax, top-k, the k >= 2 weights renormalised to sum to 1); Mixtral's
     block computes no load-balancing or z-loss (scmoe's backward includes their gradients) and keeps
     its weight gradients in bf16 (scmoe's are f32).
   - Weights and inputs: uniform in [-1, 1), weights / sqrt(fan_in), as scmoe-bench layer (different
@@ -153,7 +153,7 @@ def main(argv):
     peer_note = ("transformers MixtralSparseMoeBlock: SwiGLU experts (3 matrices: W1 gate, W3 up, W2 down) = "
                  "scmoe --activation swiglu (W1 [H, 2F] = gate|up, W2 [F, H]), same FLOPs; scmoe's gelu experts "
                  "have 2 matrices and 2/3 of the FLOPs, not comparable. Dropless like scmoe --dispatch dropless. "
-                 "Same routing rule (softmax, top-k, top-2 weights renormalised); no aux/z-loss; bf16 weight "
+                 "Same routing rule (softmax, top-k, k >= 2 weights renormalised); no aux/z-loss; bf16 weight "
                  "gradients (scmoe: f32). TFLOP/s = expert GEMM FLOPs (bench/layer_common.cpp "
                  "expert_forward_flops, dropless) over the whole layer's time.")
     print(f"# moe_layer_torch.py: torch {torch.__version__}, transformers {transformers.__version__}"

@@ -65,8 +65,7 @@ Args parse(int argc, char** argv) {
                        "emulated GPUs of your cluster (--backend emu) and ranks them by predicted tokens/s.\n"
                        "Predictions of a model (scmoe/kernels/emu/, scmoe/comm/topology.h), not measurements.");
     o.set_width(110);
-    std::string variants;
-    for (const std::string& n : block_variant_names()) variants += (variants.empty() ? "" : ", ") + n;
+    const std::string variants = block_variant_list();
     add_model_shape_options(o, "gpt2-moe-small", "50257");
     // clang-format off
     o.add_options("cluster")

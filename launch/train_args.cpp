@@ -21,6 +21,7 @@
 #include "scmoe/kernels/error.h"
 #include "scmoe/kernels/grouped_gemm.h"
 #include "scmoe/models/memory_estimate.h"
+#include "scmoe/moe/block_stack.h"
 
 namespace scmoe::launch {
 namespace {
@@ -143,8 +144,7 @@ Args parse(int argc, const char* const* argv) {
     // clang-format off
     add_model_shape_options(o, "tiny", "256");
     o.add_options("model")
-        ("variants", "Block variants to train in turn, compared side by side (top2, top1, shared, scmoe-pos1, "
-                     "scmoe-pos2, scmoe-pos3, scmoe2, every-block-pos1)",
+        ("variants", "Block variants to train in turn, compared side by side (" + block_variant_list() + ")",
          cxxopts::value<std::string>()->default_value("scmoe-pos2"))
         ("dispatch", "capacity or dropless", cxxopts::value<std::string>())
         ("capacity-factor", "Capacity factor (capacity dispatch)", cxxopts::value<float>())

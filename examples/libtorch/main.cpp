@@ -42,7 +42,7 @@ cxxopts::Options make_options() {
         ("hidden", "Model width H", cxxopts::value<std::int64_t>()->default_value("32"))
         ("ffn", "Expert FFN width F", cxxopts::value<std::int64_t>()->default_value("48"))
         ("E,experts", "Routed experts", cxxopts::value<int>()->default_value("4"))
-        ("k,top-k", "Experts per token: 1 or 2", cxxopts::value<int>()->default_value("2"))
+        ("k,top-k", "Experts per token: 1 .. min(experts, 8)", cxxopts::value<int>()->default_value("2"))
         ("activation", "Experts' activation: swiglu or gelu", cxxopts::value<std::string>()->default_value("swiglu"))
         ("aux-coef", "Load-balancing loss weight", cxxopts::value<float>()->default_value("0.1"))
         ("z-coef", "Router z-loss weight", cxxopts::value<float>()->default_value("0.01"))

@@ -142,9 +142,10 @@ SCMOE_HOST_DEVICE bool ranks_before(float p_a, int e_a, float p_b, int e_b) {
 }
 
 // One token's routing, in place: p [E] holds the (noisy) gate logits on entry and their softmax on
-// exit. Writes the top-k experts (k = 1 or 2, ties to the lower index) to best[k] and their gate
-// weights to weight[k] (k = 1: the probability; k = 2: the two renormalised to sum to 1). Returns
-// the logsumexp of the logits (for the z-loss).
+// exit. Writes the top-K experts (1 <= K <= E; in rank order: higher probability first, ties to the
+// lower index) to best[K] and their gate weights to weight[K] (K = 1: the probability; K >= 2: the K
+// probabilities renormalised to sum to 1, the denominator summed in rank order). Returns the
+// logsumexp of the logits (for the z-loss).
 SCMOE_HOST_DEVICE float route_token(float* p, int E, int K, int* best, float* weight) {
     float mx = -INFINITY;
     for (int e = 0; e < E; ++e) mx = fmaxf(mx, p[e]);
@@ -154,10 +155,12 @@ SCMOE_HOST_DEVICE float route_token(float* p, int E, int K, int* best, float* we
         sum += p[e];
     }
     for (int e = 0; e < E; ++e) p[e] /= sum;
-    best[0] = best[1] = -1;
     for (int j = 0; j < K; ++j) {
+        best[j] = -1;
         for (int e = 0; e < E; ++e) {
-            if (e == best[0]) continue;
+            bool taken = false;
+            for (int i = 0; i < j; ++i) taken = taken || best[i] == e;
+            if (taken) continue;
             if (best[j] < 0 || ranks_before(p[e], e, p[best[j]], best[j])) best[j] = e;
         }
     }
@@ -165,6 +168,23 @@ SCMOE_HOST_DEVICE float route_token(float* p, int E, int K, int* best, float* we
     for (int j = 0; j < K; ++j) denom += p[best[j]];
     for (int j = 0; j < K; ++j) weight[j] = K == 1 ? p[best[j]] : p[best[j]] / denom;
     return mx + logf(sum);
+}
+
+// The backward of route_token's gate weights for one token: dp[j] = d loss / d p[idx[j]] through
+// the weights alone, from gw[j] = d loss / d weight[j]. K = 1: weight = p, so gw. K >= 2:
+// w_j = p_j / s with s = sum_i p_i (rank order): gw_j / s - (sum_i gw_i p_i) / s^2.
+SCMOE_HOST_DEVICE void gate_weight_backward(const float* p, const std::int32_t* idx, const float* gw, int K,
+                                            float* dp) {
+    if (K == 1) {
+        dp[0] = gw[0];
+        return;
+    }
+    float s = 0.0f, dot = 0.0f;
+    for (int j = 0; j < K; ++j) {
+        s += p[idx[j]];
+        dot += gw[j] * p[idx[j]];
+    }
+    for (int j = 0; j < K; ++j) dp[j] = gw[j] / s - dot / (s * s);
 }
 
 }  // namespace scmoe::math

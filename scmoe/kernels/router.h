@@ -1,8 +1,9 @@
-// Router: softmax over gate logits, optional noisy gate, top-k (k = 1 or 2), load-balancing aux
-// loss and router z-loss, and their backward.
+// Router: softmax over gate logits, optional noisy gate, top-k (1 <= k <= min(E, kMaxTopK)),
+// load-balancing aux loss and router z-loss, and their backward.
 //
-// Gate weights: k = 1 -> w = p[e1]; k = 2 -> the two probabilities renormalised to sum to 1.
-// Ties in top-k go to the lower expert index.
+// Gate weights: k = 1 -> w = p[e1]; k >= 2 -> the k probabilities renormalised to sum to 1.
+// The k choices are distinct experts in rank order (higher probability first); ties go to the lower
+// expert index.
 // Aux loss (Switch/GShard): aux = E * sum_e f_e * P_e, f_e = share of the T*k assignments routed to
 //   e (not differentiable), P_e = mean_t p[t, e].
 // z-loss (ST-MoE): z = mean_t logsumexp(logits_t)^2.
@@ -19,6 +20,13 @@
 #include "scmoe/kernels/op_cost.h"
 
 namespace scmoe {
+
+// Most experts one token is routed to: a per-token array bound of the router kernels (the CUDA
+// kernels hold a token's choices in registers). MoeConfig::validate refuses more.
+inline constexpr int kMaxTopK = 8;
+
+// Throws naming the value unless 1 <= top_k <= min(num_experts, kMaxTopK); `what` names the caller.
+void check_router_top_k(const char* what, int top_k, int num_experts);
 
 struct RouterForwardArgs {
     std::int64_t tokens = 0;

@@ -17,8 +17,6 @@ DType parse_dtype(const std::string& s) {
     SCMOE_FAIL("LmConfig: unknown dtype '" << s << "' (f32 or bf16)");
 }
 
-bool is_pair_variant(const std::string& v) { return v != "every-block-pos1"; }
-
 // Most layers a model may have (BlockStackConfig's limit on blocks): a corrupted or mistyped count is
 // refused before the blocks are built.
 constexpr std::int64_t kMaxLayers = 1 << 16;
@@ -29,7 +27,7 @@ void LmConfig::validate() const {
     SCMOE_CHECK(vocab > 0, "LmConfig.vocab = " << vocab << " must be > 0");
     SCMOE_CHECK(layers > 0 && layers <= kMaxLayers,
                 "LmConfig.layers = " << layers << " must be in [1, " << kMaxLayers << "]");
-    if (is_pair_variant(variant))
+    if (block_variant_is_pair(variant))
         SCMOE_CHECK(layers % 2 == 0, "LmConfig.layers = " << layers << " must be even for the pair variant '" << variant
                                                           << "' (a [dense, MoE] pair per 2 layers)");
     block_stack();  // validates the variant name and every shape
@@ -42,7 +40,7 @@ BlockStackConfig LmConfig::block_stack() const {
     base.hidden = backbone.hidden;
     base.dtype = backbone.dtype;
     BlockStackConfig c = block_variant(variant, backbone, base, coefficient_gate, static_cast<int>(layers));
-    if (is_pair_variant(variant)) {
+    if (block_variant_is_pair(variant)) {
         const std::vector<BlockSpec> pair = c.blocks;
         c.blocks.clear();
         for (std::int64_t i = 0; i < layers / 2; ++i) c.blocks.insert(c.blocks.end(), pair.begin(), pair.end());

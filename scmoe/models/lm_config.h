@@ -4,8 +4,8 @@
 //   tokens -> token embedding + learned positions -> blocks -> RMSNorm -> tied LM head -> softmax CE
 //
 // The blocks follow a block_variant() name: the paper's pair variants ("top2", "scmoe-pos2", ...)
-// tile their [dense, MoE] pair over `layers` (an MoE in every 2nd block), "every-block-pos1" puts an
-// MoE with the Pos-1 shortcut in every block.
+// tile their [dense, MoE] pair over `layers` (an MoE in every 2nd block), the every-block layouts
+// ("every-block-pos1", "every-block-top2", "every-block-shared") put an MoE in every block.
 #pragma once
 
 #include <cstdint>

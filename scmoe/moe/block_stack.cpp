@@ -8,6 +8,7 @@
 #include "scmoe/comm/comm_sms.h"
 #include "scmoe/comm/communicator.h"
 #include "scmoe/kernels/error.h"
+#include "scmoe/kernels/router.h"
 #include "scmoe/moe/detail/block.h"
 
 namespace scmoe {
@@ -69,8 +70,43 @@ std::string BlockStackConfig::to_string() const {
     return o.str();
 }
 
+namespace {
+
+// K of a "topK" name (K one or more digits, no sign or leading zero), else 0.
+int top_k_of_variant(const std::string& name) {
+    if (name.size() < 4 || name.size() > 6 || name.compare(0, 3, "top") != 0 || name[3] == '0') return 0;
+    int k = 0;
+    for (std::size_t i = 3; i < name.size(); ++i) {
+        if (name[i] < '0' || name[i] > '9') return 0;
+        k = 10 * k + (name[i] - '0');
+    }
+    return k;
+}
+
+bool is_every_block_variant(const std::string& name) {
+    return name == "every-block-pos1" || name == "every-block-top2" || name == "every-block-shared";
+}
+
+}  // namespace
+
 std::vector<std::string> block_variant_names() {
-    return {"top2", "top1", "shared", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "scmoe2", "every-block-pos1"};
+    return {"top2",       "top1",       "top3",       "shared",           "scmoe-pos1",       "scmoe-pos2",
+            "scmoe-pos3", "scmoe2",     "every-block-pos1", "every-block-top2", "every-block-shared"};
+}
+
+bool is_block_variant(const std::string& name) {
+    const int k = top_k_of_variant(name);
+    if (k >= 1 && k <= kMaxTopK) return true;
+    const std::vector<std::string> names = block_variant_names();
+    return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+bool block_variant_is_pair(const std::string& name) { return !is_every_block_variant(name); }
+
+std::string block_variant_list() {
+    std::string names;
+    for (const std::string& n : block_variant_names()) names += (names.empty() ? "" : ", ") + n;
+    return names + "; topK for any K in 1.." + std::to_string(kMaxTopK);
 }
 
 BlockStackConfig block_variant(const std::string& name, const BackboneShape& backbone, const MoeConfig& base,
@@ -88,23 +124,28 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
         c.moe.coefficient_gate = shared && coefficient_gate;
         c.blocks = {BlockSpec{FfnKind::kDense, ShortcutSource::kCurrent}, BlockSpec{FfnKind::kMoe, s}};
     };
-    if (name == "top2") pair(2, false, ShortcutSource::kCurrent);
-    else if (name == "top1") pair(1, false, ShortcutSource::kCurrent);
-    else if (name == "shared") pair(1, true, ShortcutSource::kCurrent);
+    // The LLaMA2-MoE layouts: the pair's MoE in each of `num_blocks` blocks.
+    auto every_block = [&](int top_k, bool shared, ShortcutSource s) {
+        SCMOE_CHECK(num_blocks >= 1 && num_blocks <= kMaxBlocks,
+                    "block_variant: num_blocks = " << num_blocks << " outside [1, " << kMaxBlocks << "]");
+        pair(top_k, shared, s);
+        c.blocks.assign(static_cast<std::size_t>(num_blocks), BlockSpec{FfnKind::kMoe, s});
+    };
+    const int top_k = top_k_of_variant(name);
+    if (top_k > 0) {
+        SCMOE_CHECK(top_k <= kMaxTopK, "block variant '" << name << "': top-" << top_k << " exceeds the router's limit of "
+                                                         << kMaxTopK << " experts per token (top1 .. top" << kMaxTopK
+                                                         << ")");
+        pair(top_k, false, ShortcutSource::kCurrent);
+    } else if (name == "shared") pair(1, true, ShortcutSource::kCurrent);
     else if (name == "scmoe-pos1") pair(1, true, ShortcutSource::kPos1);
     else if (name == "scmoe-pos2") pair(1, true, ShortcutSource::kPos2);
     else if (name == "scmoe-pos3") pair(1, true, ShortcutSource::kPos3);
     else if (name == "scmoe2") pair(2, true, ShortcutSource::kPos2);
-    else if (name == "every-block-pos1") {
-        SCMOE_CHECK(num_blocks >= 1 && num_blocks <= kMaxBlocks,
-                    "block_variant: num_blocks = " << num_blocks << " outside [1, " << kMaxBlocks << "]");
-        pair(1, true, ShortcutSource::kPos1);
-        c.blocks.assign(static_cast<std::size_t>(num_blocks), BlockSpec{FfnKind::kMoe, ShortcutSource::kPos1});
-    } else {
-        std::string names;
-        for (const std::string& n : block_variant_names()) names += (names.empty() ? "" : ", ") + n;
-        SCMOE_FAIL("unknown block variant '" << name << "' (one of: " << names << ")");
-    }
+    else if (name == "every-block-pos1") every_block(1, true, ShortcutSource::kPos1);
+    else if (name == "every-block-top2") every_block(2, false, ShortcutSource::kCurrent);
+    else if (name == "every-block-shared") every_block(1, true, ShortcutSource::kCurrent);
+    else SCMOE_FAIL("unknown block variant '" << name << "' (one of: " << block_variant_list() << ")");
     c.validate();
     return c;
 }

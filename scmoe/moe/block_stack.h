@@ -9,9 +9,9 @@
 //              Pos-1: H_b (the previous block's output)      Pos-2: H_{b-1}^MH (its post-attention)
 //              Pos-3: H_{b-1} (its input)
 //            H_{b+1} = H_b^MH + sum_j G(s)_j E_j(s) [+ c * SE(x)]   (MoeLayer: routed on s, shared on x)
-// The pair the ScMoE paper studies is two blocks [dense, MoE]; the every-block layout is MoE blocks
-// with Pos-1 shortcuts (block b's dispatch overlaps block b-1's FFN). block_variant() builds the
-// paper's configurations with equal compute per token.
+// The pair the ScMoE paper studies is two blocks [dense, MoE]; the every-block layouts are MoE blocks
+// with Pos-1 shortcuts (block b's dispatch overlaps block b-1's FFN) or on the current
+// representation (the LLaMA2-MoE baselines). block_variant() builds the paper's configurations.
 //
 // Overlap never changes numerics: outputs and every gradient are bitwise identical with overlap
 // on and off (every op writes its own buffers; all accumulations run on the backbone stream in
@@ -55,19 +55,34 @@ struct BlockStackConfig {
     std::string to_string() const;
 };
 
-// The ScMoE paper's configurations as a [dense, MoE] pair, all with the compute per token of top-2:
+// The ScMoE paper's configurations as a [dense, MoE] pair, all but top-K (K >= 3) and scmoe2 with the
+// compute per token of top-2:
 //   "top2"        top-2 routed on the current representation (baseline)
 //   "top1"        top-1 routed on the current representation
+//   "topK"        top-K routed on the current representation, any K in 1..kMaxTopK ("top3": the
+//                 paper's top-3, one routed expert's compute more than top-2)
 //   "shared"      shared expert + top-1, both on the current representation
 //   "scmoe-pos1|scmoe-pos2|scmoe-pos3"  shared expert on the current + top-1 on the shortcut
 //   "scmoe2"      shared expert on the current + top-2 on the Pos-2 shortcut
-//   "every-block-pos1"  `num_blocks` MoE blocks, each shared + top-1 on its Pos-1 shortcut
+// and with an MoE in every one of `num_blocks` blocks (the paper's LLaMA2-MoE layouts, Table 2):
+//   "every-block-pos1"    shared + top-1 on each block's Pos-1 shortcut (ScMoE)
+//   "every-block-top2"    top-2 on the current representation (the standard MoE baseline)
+//   "every-block-shared"  shared expert + top-1, both on the current representation
 // base: the backbone shape and the MoE's experts/ffn/dispatch; top_k, shared_expert and the
-// shortcut are set here; coefficient_gate = CG-1 (false: direct add).
+// shortcut are set here; coefficient_gate = CG-1 (false: direct add). Throws for an unknown name
+// (listing the names) or a K the router cannot take.
 BlockStackConfig block_variant(const std::string& name, const BackboneShape& backbone, const MoeConfig& moe_base,
                                bool coefficient_gate = true, int num_blocks = 2);
-// The names block_variant accepts.
+// The names block_variant accepts, with top1, top2 and top3 standing for every topK (tests and tools
+// run each listed name; K > 3 needs more experts than small configurations have).
 std::vector<std::string> block_variant_names();
+// Whether block_variant accepts `name`: a listed name or topK for K in 1..kMaxTopK.
+bool is_block_variant(const std::string& name);
+// The listed names and the topK rule, for help texts and errors: "top2, top1, ...; topK for any K in 1..8".
+std::string block_variant_list();
+// Whether `name` is a [dense, MoE] pair (an LM tiles it over its layers) rather than an every-block
+// layout (one MoE block per layer).
+bool block_variant_is_pair(const std::string& name);
 
 // The scratch group of each MoE block, in block order: blocks in one group never have branch windows
 // that share a block, so their layers share one MoeLayer scratch (BlockStack). Pos-1 MoE in every

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "scmoe/kernels/error.h"
+#include "scmoe/kernels/router.h"
 
 namespace scmoe {
 
@@ -27,9 +28,11 @@ void MoeConfig::validate() const {
     SCMOE_CHECK(hidden > 0, "MoeConfig.hidden = " << hidden << ": must be > 0");
     SCMOE_CHECK(ffn > 0, "MoeConfig.ffn = " << ffn << ": must be > 0");
     SCMOE_CHECK(num_experts > 0, "MoeConfig.num_experts = " << num_experts << ": must be > 0");
-    SCMOE_CHECK(top_k == 1 || top_k == 2, "MoeConfig.top_k = " << top_k << ": must be 1 or 2");
-    SCMOE_CHECK(top_k <= num_experts,
-                "MoeConfig.top_k = " << top_k << ": exceeds num_experts = " << num_experts);
+    SCMOE_CHECK(top_k >= 1 && top_k <= kMaxTopK,
+                "MoeConfig.top_k = " << top_k << ": must be in [1, " << kMaxTopK
+                                     << "] (kMaxTopK, the router kernels' per-token limit)");
+    SCMOE_CHECK(top_k <= num_experts, "MoeConfig.top_k = " << top_k << ": exceeds num_experts = " << num_experts
+                                                           << " (a token's choices are distinct experts)");
     SCMOE_CHECK(std::isfinite(capacity_factor) && capacity_factor > 0.0f,
                 "MoeConfig.capacity_factor = " << capacity_factor << ": must be a finite number > 0");
     SCMOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,

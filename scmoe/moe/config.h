@@ -23,7 +23,7 @@ struct MoeConfig {
     std::int64_t hidden = 0;          // model width H
     std::int64_t ffn = 0;             // expert FFN width F (SwiGLU experts hold W1 [H, 2F])
     int num_experts = 0;              // E routed experts
-    int top_k = 2;                    // 1 or 2
+    int top_k = 2;                    // experts per token: 1 .. min(num_experts, kMaxTopK = 8)
     float capacity_factor = 1.25f;    // capacity mode: C = ceil(capacity_factor * T * k / E)
     DispatchMode dispatch = DispatchMode::kCapacity;
     Activation activation = Activation::kSwiGLU;

@@ -355,8 +355,8 @@ void MoeLayer::force_routing(std::vector<std::int32_t> expert_index, std::vector
                                                       << config_.num_experts);
         SCMOE_CHECK(std::isfinite(gate_weight[i]),
                     "MoeLayer.force_routing: gate weight " << i << " is " << gate_weight[i]);
-        if (i % K == 1)
-            SCMOE_CHECK(expert_index[i] != expert_index[i - 1],
+        for (std::size_t earlier = i - i % K; earlier < i; ++earlier)
+            SCMOE_CHECK(expert_index[i] != expert_index[earlier],
                         "MoeLayer.force_routing: token " << i / K << " chooses expert " << expert_index[i]
                                                          << " twice");
     }

@@ -336,8 +336,8 @@ TEST_P(BlockRanks, DistributedEqualsSingleRankAndOverlapIsBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, BlockRanks,
-                         ::testing::Values("top2", "top1", "shared", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "scmoe2",
-                                           "every-block-pos1"),
+                         ::testing::Values("top2", "top1", "top3", "shared", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3",
+                                           "scmoe2", "every-block-pos1", "every-block-top2", "every-block-shared"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return testing::gtest_name(p.param); });
 
 TEST(BlockStackErrors, NanInputFailsCleanlyWithOverlap) {
@@ -363,12 +363,13 @@ TEST(BlockStackErrors, NanInputFailsCleanlyWithOverlap) {
 }
 
 // MoE layers share a scratch when their branch windows share no block (moe_scratch_groups): MoE
-// every other block, or Pos-1 MoE in every block, one group; Pos-3 MoE in adjacent blocks, whose
+// every other block, or Pos-1 or current-representation MoE in every block, one group; Pos-3 MoE in adjacent blocks, whose
 // windows [b-1, b] overlap, alternate between two. (The overlap and multi-rank tests above run the
 // shared scratch; TSan runs them in CI.)
 TEST(BlockStackScratch, GroupsHaveDisjointBranchWindows) {
     auto groups = [](const char* variant) { return moe_scratch_groups(testing::small_variant(variant).blocks); };
-    for (const char* v : {"top2", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "every-block-pos1"}) {
+    for (const char* v : {"top2", "top3", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3", "every-block-pos1", "every-block-top2",
+                          "every-block-shared"}) {
         const std::vector<int> g = groups(v);
         EXPECT_FALSE(g.empty()) << v;
         for (int x : g) EXPECT_EQ(x, 0) << v << ": one scratch is enough";
@@ -395,7 +396,78 @@ TEST(BlockStackErrors, BadShapesAndConfigs) {
     EXPECT_THROW(stack.forward(testing::host_tensor(big, 12, 16), testing::host_tensor(big, 12, 16)), Error);
     config.blocks[0] = BlockSpec{FfnKind::kMoe, ShortcutSource::kPos2};
     EXPECT_THROW(config.validate(), Error);
-    EXPECT_THROW(block_variant("top3", testing::small_backbone(), testing::small_moe()), Error);
+    EXPECT_THROW(block_variant("top9", testing::small_backbone(), testing::small_moe()), Error);
+}
+
+// The paper's other workloads: topK for any K up to the router's limit (standard MoE in every other
+// block, like the pair variants) and the LLaMA2-MoE baselines with an MoE in every block.
+TEST(BlockVariants, TopKIsTheStandardPairWithKRoutedExperts) {
+    for (int k = 1; k <= 4; ++k) {
+        const std::string name = "top" + std::to_string(k);
+        ASSERT_TRUE(is_block_variant(name)) << name;
+        ASSERT_TRUE(block_variant_is_pair(name)) << name;
+        const BlockStackConfig c = testing::small_variant(name);  // 4 experts
+        EXPECT_EQ(c.moe.top_k, k) << name;
+        EXPECT_FALSE(c.moe.shared_expert) << name;
+        ASSERT_EQ(c.blocks.size(), 2u) << name;
+        EXPECT_EQ(c.blocks[0].ffn, FfnKind::kDense) << name;
+        EXPECT_EQ(c.blocks[1].ffn, FfnKind::kMoe) << name;
+        EXPECT_EQ(c.blocks[1].shortcut, ShortcutSource::kCurrent) << name;
+    }
+    EXPECT_TRUE(is_block_variant("top8"));
+    for (const char* bad : {"top0", "top9", "top03", "top", "top-3", "top3x", "every-block-top3"})
+        EXPECT_FALSE(is_block_variant(bad)) << bad;
+    auto error_of = [](const std::string& name) -> std::string {
+        try {
+            MoeConfig moe = testing::small_moe();
+            moe.num_experts = 16;
+            block_variant(name, testing::small_backbone(), moe);
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    EXPECT_NE(error_of("top9").find("top-9 exceeds the router's limit of 8 experts per token (top1 .. top8)"),
+              std::string::npos)
+        << error_of("top9");
+    EXPECT_NE(error_of("top0").find("unknown block variant 'top0'"), std::string::npos) << error_of("top0");
+    EXPECT_NE(error_of("top0").find("every-block-shared; topK for any K in 1..8"), std::string::npos)
+        << error_of("top0");
+    // More routed experts per token than there are experts: MoeConfig names it.
+    try {
+        testing::small_variant("top5");
+        ADD_FAILURE() << "top5 of 4 experts accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("MoeConfig.top_k = 5: exceeds num_experts = 4"), std::string::npos)
+            << e.what();
+    }
+}
+
+TEST(BlockVariants, EveryBlockBaselinesPutTheirMoeInEveryBlock) {
+    struct Want {
+        const char* name;
+        int top_k;
+        bool shared;
+        ShortcutSource shortcut;
+    };
+    for (const Want& w : {Want{"every-block-pos1", 1, true, ShortcutSource::kPos1},
+                          Want{"every-block-top2", 2, false, ShortcutSource::kCurrent},
+                          Want{"every-block-shared", 1, true, ShortcutSource::kCurrent}}) {
+        ASSERT_TRUE(is_block_variant(w.name)) << w.name;
+        EXPECT_FALSE(block_variant_is_pair(w.name)) << w.name;
+        for (bool cg : {true, false}) {
+            const BlockStackConfig c =
+                block_variant(w.name, testing::small_backbone(), testing::small_moe(), cg, 5);
+            EXPECT_EQ(c.moe.top_k, w.top_k) << w.name;
+            EXPECT_EQ(c.moe.shared_expert, w.shared) << w.name;
+            EXPECT_EQ(c.moe.coefficient_gate, w.shared && cg) << w.name;
+            ASSERT_EQ(c.blocks.size(), 5u) << w.name;
+            for (const BlockSpec& b : c.blocks) {
+                EXPECT_EQ(b.ffn, FfnKind::kMoe) << w.name;
+                EXPECT_EQ(b.shortcut, w.shortcut) << w.name;
+            }
+        }
+    }
 }
 
 // The block-count limit behind LmConfig's layer limit (tests/fuzz/config_fuzz found LmConfig::validate

@@ -240,7 +240,9 @@ INSTANTIATE_TEST_SUITE_P(Bf16, GpuMoeEpLocalRanks,
                          ::testing::Values(GpuEpCase{"capacity_top1", DispatchMode::kCapacity, 1, false},
                                            GpuEpCase{"capacity_top2_shared", DispatchMode::kCapacity, 2, true},
                                            GpuEpCase{"dropless_top1", DispatchMode::kDropless, 1, false},
-                                           GpuEpCase{"dropless_top2_shared", DispatchMode::kDropless, 2, true}),
+                                           GpuEpCase{"dropless_top2_shared", DispatchMode::kDropless, 2, true},
+                                           GpuEpCase{"capacity_top3", DispatchMode::kCapacity, 3, false},
+                                           GpuEpCase{"dropless_top3_shared", DispatchMode::kDropless, 3, true}),
                          [](const ::testing::TestParamInfo<GpuEpCase>& p) { return std::string(p.param.name); });
 
 }  // namespace

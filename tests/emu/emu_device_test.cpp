@@ -305,6 +305,55 @@ TEST(EmuRouting, DrawsAreDistinctPerTokenDeterministicAndFollowTheModel) {
     EXPECT_THROW(emu::parse_routing_model("uniform"), Error);
 }
 
+// Top-3 on the emulated router: every token's three choices are distinct experts, the dropless
+// layout places all T*3 assignments, and the shares follow the model; top-k past the router's
+// limit is refused with the same error as on the other backends.
+TEST(EmuRouting, Top3DrawsThreeDistinctExpertsAndTheLayoutPlacesEveryAssignment) {
+    auto device = round_device(emu::parse_routing_model("balanced"));
+    auto stream = device->create_stream();
+    const std::int64_t tokens = 6000;
+    const int experts = 8, k = 3;
+    const std::int64_t n = tokens * k;
+    DeviceBuffer index(*device, n * 4), fraction(*device, experts * 4), counts(*device, experts * 4),
+        offsets(*device, (experts + 1) * 4), slot(*device, n * 4), choice(*device, n * 4), dropped(*device, 4),
+        logits(*device, tokens * experts * 4), probs(*device, tokens * experts * 4), lse(*device, tokens * 4),
+        gates(*device, n * 4), losses(*device, 8);
+    RouterForwardArgs r;
+    r.tokens = tokens, r.num_experts = experts, r.top_k = k;
+    r.logits = logits.as<float>(), r.probs = probs.as<float>(), r.logsumexp = lse.as<float>();
+    r.expert_index = index.as<std::int32_t>(), r.gate_weight = gates.as<float>();
+    r.expert_fraction = fraction.as<float>(), r.losses = losses.as<float>();
+    router_forward(r, *stream);
+    LayoutArgs l;
+    l.tokens = tokens, l.num_experts = experts, l.top_k = k;
+    l.expert_index = index.as<std::int32_t>(), l.expert_counts = counts.as<std::int32_t>();
+    l.group_offsets = offsets.as<std::int32_t>(), l.slot_of_choice = slot.as<std::int32_t>();
+    l.choice_of_row = choice.as<std::int32_t>(), l.dropped = dropped.as<std::int32_t>();
+    compute_layout(l, *stream);
+    std::vector<std::int32_t> idx(static_cast<std::size_t>(n)), c(experts), off(experts + 1);
+    std::vector<float> f(experts);
+    stream->copy(idx.data(), index.data(), n * 4);  // pageable: each returns when done
+    stream->copy(c.data(), counts.data(), experts * 4);
+    stream->copy(off.data(), offsets.data(), (experts + 1) * 4);
+    stream->copy(f.data(), fraction.data(), experts * 4);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+        const std::int32_t* mine = idx.data() + t * k;
+        ASSERT_TRUE(mine[0] != mine[1] && mine[0] != mine[2] && mine[1] != mine[2])
+            << "token " << t << " chose " << mine[0] << ", " << mine[1] << ", " << mine[2];
+    }
+    EXPECT_EQ(std::accumulate(c.begin(), c.end(), 0), n);
+    EXPECT_EQ(off[experts], n);
+    for (float share : f) EXPECT_NEAR(share, 1.0 / experts, 0.01);
+
+    r.top_k = 9;
+    try {
+        router_forward(r, *stream);
+        ADD_FAILURE() << "the emulated router accepted top_k 9";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("top_k = 9 outside [1, 8]"), std::string::npos) << e.what();
+    }
+}
+
 TEST(EmuDevice, BuiltInSpecsAndBackendNames) {
     for (const char* name : {"a30", "a800", "h100", "h200"}) {
         const emu::GpuSpec& s = emu::builtin_gpu_spec(name);

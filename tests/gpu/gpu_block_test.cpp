@@ -97,7 +97,8 @@ TEST_P(GpuBlock, OverlapIsBitwiseAndMatchesCpu) {
         gpu_testing::expect_rel_l2(off[3 + m], ref.moe_grads[m], 1e-1, "moe grads");
 }
 
-INSTANTIATE_TEST_SUITE_P(Bf16, GpuBlock, ::testing::Values("top2", "scmoe-pos2", "scmoe-pos3", "every-block-pos1"),
+INSTANTIATE_TEST_SUITE_P(Bf16, GpuBlock, ::testing::Values("top2", "scmoe-pos2", "scmoe-pos3", "every-block-pos1", "top3",
+                                                           "every-block-top2", "every-block-shared"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return testing::gtest_name(p.param); });
 
 }  // namespace

@@ -23,12 +23,12 @@ namespace {
 
 using namespace gpu_testing;
 
-MoeConfig small_config(DispatchMode dispatch, DType dtype) {
+MoeConfig small_config(DispatchMode dispatch, DType dtype, int top_k = 2) {
     MoeConfig c;
     c.hidden = 64;
     c.ffn = 128;
     c.num_experts = 4;
-    c.top_k = 2;
+    c.top_k = top_k;
     c.capacity_factor = 1.0f;  // with 96 tokens some expert usually overflows: drops are exercised
     c.dispatch = dispatch;
     c.activation = Activation::kSwiGLU;
@@ -138,6 +138,7 @@ struct LayerCase {
     const char* name;
     DispatchMode dispatch;
     GroupedGemmProvider provider;
+    int top_k = 2;
 };
 
 void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.name; }
@@ -150,8 +151,8 @@ TEST_P(GpuMoeLayer, ForwardBackwardMatchesCpuAndRepeatsBitwise) {
     if (!grouped_gemm_provider_built(lc.provider))
         GTEST_SKIP() << grouped_gemm_provider_name(lc.provider, Backend::kCuda) << " is not built (no CUTLASS)";
     Backends b;
-    const MoeConfig cpu_config = small_config(lc.dispatch, DType::kF32);
-    const MoeConfig gpu_config = small_config(lc.dispatch, DType::kBF16);
+    const MoeConfig cpu_config = small_config(lc.dispatch, DType::kF32, lc.top_k);
+    const MoeConfig gpu_config = small_config(lc.dispatch, DType::kBF16, lc.top_k);
     const Inputs in(cpu_config);
     const LayerOutputs want = run_cpu(b, cpu_config, in);
     GpuLayer gpu(b, gpu_config, in, lc.provider);
@@ -219,7 +220,12 @@ INSTANTIATE_TEST_SUITE_P(
                       LayerCase{"capacity_cutlass_grouped", DispatchMode::kCapacity,
                                 GroupedGemmProvider::kCutlassGrouped},
                       LayerCase{"dropless_cutlass_grouped", DispatchMode::kDropless,
-                                GroupedGemmProvider::kCutlassGrouped}),
+                                GroupedGemmProvider::kCutlassGrouped},
+                      // Top-3 (of 4 experts): three renormalised gates per token through every stage.
+                      LayerCase{"top3_capacity_auto", DispatchMode::kCapacity, GroupedGemmProvider::kAuto, 3},
+                      LayerCase{"top3_dropless_auto", DispatchMode::kDropless, GroupedGemmProvider::kAuto, 3},
+                      LayerCase{"top3_dropless_cutlass_grouped", DispatchMode::kDropless,
+                                GroupedGemmProvider::kCutlassGrouped, 3}),
     [](const ::testing::TestParamInfo<LayerCase>& param_info) { return std::string(param_info.param.name); });
 
 TEST(GpuMoeLayerErrors, NanInputRaisesOnSynchronize) {

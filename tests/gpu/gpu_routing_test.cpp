@@ -8,9 +8,11 @@
 // grad_gate_weight (f32 dot product, other summation order) 1e-4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "gpu_test_util.h"
+#include "scmoe/kernels/error.h"
 #include "scmoe/kernels/layout.h"
 #include "scmoe/kernels/permute.h"
 #include "scmoe/kernels/router.h"
@@ -118,7 +120,7 @@ TEST(GpuRouting, RouterForwardBackwardMatchesCpu) {
     const std::int64_t T = 300;
     const int E = 8;
     std::uint64_t seed = 1;
-    for (int K : {1, 2}) {
+    for (int K : {1, 2, 3, kMaxTopK}) {
         for (float noise : {0.0f, 0.5f}) {
             for (DType grad_dtype : {DType::kF32, DType::kBF16}) {
                 SCOPED_TRACE("k=" + std::to_string(K) + " noise=" + std::to_string(noise) + " grad " +
@@ -139,17 +141,29 @@ TEST(GpuRouting, RouterForwardBackwardMatchesCpu) {
                 EXPECT_NEAR(g.losses[1], c.losses[1], 1e-5f * std::abs(c.losses[1])) << "z loss";
                 expect_close(g.grad_logits, c.grad_logits, grad_dtype == DType::kF32 ? 1e-5f : 1e-2f, "grad_logits");
                 if (noise == 0.0f) {
-                    EXPECT_EQ(g.expert_index[static_cast<std::size_t>(5 * K)], 0);
-                    if (K == 2) {
-                        EXPECT_EQ(g.expert_index[static_cast<std::size_t>(5 * K + 1)], 1);
-                    }
+                    // All tied: experts 0 .. K-1 in order.
+                    for (int j = 0; j < K; ++j)
+                        EXPECT_EQ(g.expert_index[static_cast<std::size_t>(5 * K + j)], j) << "choice " << j;
                     EXPECT_EQ(g.expert_index[static_cast<std::size_t>(7 * K)], 3);
-                    if (K == 2) {
+                    if (K >= 2) {
                         EXPECT_EQ(g.expert_index[static_cast<std::size_t>(7 * K + 1)], 6);
                     }
                 }
             }
         }
+    }
+}
+
+TEST(GpuRouting, TopKBeyondTheKernelLimitIsNamed) {
+    SCMOE_REQUIRE_GPU();
+    Backends b;
+    const std::int64_t T = 4;
+    const int E = 16, K = kMaxTopK + 1;
+    try {
+        run_router_gpu(b, random_uniform(T * E, 1.0f, 3), T, E, K, 0.0f, random_uniform(T * K, 1.0f, 4), DType::kF32);
+        ADD_FAILURE() << "the CUDA router accepted top_k " << K;
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("router: top_k = 9 outside [1, 8]"), std::string::npos) << e.what();
     }
 }
 
@@ -198,16 +212,19 @@ LayoutResult layout_cpu(Backends& b, const I& idx, std::int64_t T, int E, int K,
     return r;
 }
 
-// Expert choices skewed towards expert 0 (so capacity drops happen), distinct per token for k = 2.
+// Expert choices skewed towards expert 0 (so capacity drops happen), distinct per token for any k.
 I skewed_choices(std::int64_t T, int E, int K, std::uint64_t seed) {
     std::mt19937_64 rng(seed);
     I idx(static_cast<std::size_t>(T * K));
     for (std::int64_t t = 0; t < T; ++t) {
-        int first = rng() % 3 == 0 ? 0 : static_cast<int>(rng() % static_cast<std::uint64_t>(E));
-        idx[static_cast<std::size_t>(t * K)] = first;
-        if (K == 2) {
-            int second = static_cast<int>(rng() % static_cast<std::uint64_t>(E - 1));
-            idx[static_cast<std::size_t>(t * K + 1)] = second >= first ? second + 1 : second;
+        std::int32_t* mine = idx.data() + t * K;
+        mine[0] = rng() % 3 == 0 ? 0 : static_cast<int>(rng() % static_cast<std::uint64_t>(E));
+        for (int j = 1; j < K; ++j) {
+            bool taken = true;
+            while (taken) {
+                mine[j] = static_cast<int>(rng() % static_cast<std::uint64_t>(E));
+                taken = std::find(mine, mine + j, mine[j]) != mine + j;
+            }
         }
     }
     return idx;
@@ -218,7 +235,7 @@ TEST(GpuRouting, LayoutMatchesCpuExactly) {
     Backends b;
     const int E = 8;
     for (std::int64_t T : {std::int64_t{1}, std::int64_t{37}, std::int64_t{1000}}) {
-        for (int K : {1, 2}) {
+        for (int K : {1, 2, 3, E}) {
             for (float cf : {0.0f, 1.0f, 1.25f}) {  // 0 = dropless
                 const std::int64_t C = cf > 0.0f ? expert_capacity(T, E, K, cf) : 0;
                 SCOPED_TRACE("T=" + std::to_string(T) + " k=" + std::to_string(K) + " capacity=" + std::to_string(C));
@@ -229,7 +246,7 @@ TEST(GpuRouting, LayoutMatchesCpuExactly) {
                 EXPECT_EQ(g.slots, c.slots);
                 EXPECT_EQ(g.rows, c.rows);
                 EXPECT_EQ(g.dropped, c.dropped);
-                if (C > 0 && T == 1000) {
+                if (C > 0 && T == 1000 && K < E) {
                     EXPECT_GT(c.dropped[0], 0) << "the skewed load should overflow expert 0";
                 }
             }
@@ -240,57 +257,59 @@ TEST(GpuRouting, LayoutMatchesCpuExactly) {
 TEST(GpuRouting, PermuteCombineAndBackwardMatchCpu) {
     SCMOE_REQUIRE_GPU();
     Backends b;
-    const int E = 4, K = 2;
+    const int E = 4;
     const std::int64_t T = 200, H = 72;
-    for (float cf : {0.0f, 1.0f}) {
-        const std::int64_t C = cf > 0.0f ? expert_capacity(T, E, K, cf) : 0;
-        const std::int64_t R = permuted_rows(T, E, K, C);
-        SCOPED_TRACE("capacity=" + std::to_string(C));
-        const I idx = skewed_choices(T, E, K, 99);
-        const LayoutResult lay = layout_cpu(b, idx, T, E, K, C);
-        const F x = round_bf16(random_uniform(T * H, 1.0f, 1));
-        const F yp = round_bf16(random_uniform(R * H, 1.0f, 2));
-        const F gy = round_bf16(random_uniform(T * H, 1.0f, 3));
-        const F gxp = round_bf16(random_uniform(R * H, 1.0f, 4));
-        const F y0 = round_bf16(random_uniform(T * H, 1.0f, 5));
-        const F gw = random_uniform(T * K, 1.0f, 6);
-        DeviceBuffer dx = upload(b, x, DType::kBF16), dyp = upload(b, yp, DType::kBF16),
-                     dgy = upload(b, gy, DType::kBF16), dgxp = upload(b, gxp, DType::kBF16),
-                     dgw = upload(b, gw, DType::kF32);
-        DeviceBuffer dslots = upload_i32(b, lay.slots), drows = upload_i32(b, lay.rows);
-        DeviceBuffer dxp(*b.gpu, static_cast<std::size_t>(R * H) * 2),
-            dgyp(*b.gpu, static_cast<std::size_t>(R * H) * 2), dggw(*b.gpu, static_cast<std::size_t>(T * K) * 4);
+    for (int K : {2, 3}) {
+        for (float cf : {0.0f, 1.0f}) {
+            const std::int64_t C = cf > 0.0f ? expert_capacity(T, E, K, cf) : 0;
+            const std::int64_t R = permuted_rows(T, E, K, C);
+            SCOPED_TRACE("k=" + std::to_string(K) + " capacity=" + std::to_string(C));
+            const I idx = skewed_choices(T, E, K, 99);
+            const LayoutResult lay = layout_cpu(b, idx, T, E, K, C);
+            const F x = round_bf16(random_uniform(T * H, 1.0f, 1));
+            const F yp = round_bf16(random_uniform(R * H, 1.0f, 2));
+            const F gy = round_bf16(random_uniform(T * H, 1.0f, 3));
+            const F gxp = round_bf16(random_uniform(R * H, 1.0f, 4));
+            const F y0 = round_bf16(random_uniform(T * H, 1.0f, 5));
+            const F gw = random_uniform(T * K, 1.0f, 6);
+            DeviceBuffer dx = upload(b, x, DType::kBF16), dyp = upload(b, yp, DType::kBF16),
+                         dgy = upload(b, gy, DType::kBF16), dgxp = upload(b, gxp, DType::kBF16),
+                         dgw = upload(b, gw, DType::kF32);
+            DeviceBuffer dslots = upload_i32(b, lay.slots), drows = upload_i32(b, lay.rows);
+            DeviceBuffer dxp(*b.gpu, static_cast<std::size_t>(R * H) * 2),
+                dgyp(*b.gpu, static_cast<std::size_t>(R * H) * 2), dggw(*b.gpu, static_cast<std::size_t>(T * K) * 4);
 
-        for (bool accumulate : {false, true}) {
-            SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
-            DeviceBuffer dy = upload(b, y0, DType::kBF16), dgx = upload(b, y0, DType::kBF16);
-            permute({R, H, K, DType::kBF16, dx.data(), drows.as<std::int32_t>(), dxp.data()}, *b.gpu_stream);
-            permute_backward({T, H, K, accumulate, DType::kBF16, dgxp.data(), dslots.as<std::int32_t>(), dgx.data()},
-                             *b.gpu_stream);
-            combine(
-                {T, H, K, accumulate, DType::kBF16, dyp.data(), dslots.as<std::int32_t>(), dgw.as<float>(), dy.data()},
-                *b.gpu_stream);
-            combine_backward({T, R, H, K, DType::kBF16, dgy.data(), dyp.data(), dslots.as<std::int32_t>(),
-                              drows.as<std::int32_t>(), dgw.as<float>(), dgyp.data(), dggw.as<float>()},
-                             *b.gpu_stream);
+            for (bool accumulate : {false, true}) {
+                SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+                DeviceBuffer dy = upload(b, y0, DType::kBF16), dgx = upload(b, y0, DType::kBF16);
+                permute({R, H, K, DType::kBF16, dx.data(), drows.as<std::int32_t>(), dxp.data()}, *b.gpu_stream);
+                permute_backward({T, H, K, accumulate, DType::kBF16, dgxp.data(), dslots.as<std::int32_t>(), dgx.data()},
+                                 *b.gpu_stream);
+                combine(
+                    {T, H, K, accumulate, DType::kBF16, dyp.data(), dslots.as<std::int32_t>(), dgw.as<float>(), dy.data()},
+                    *b.gpu_stream);
+                combine_backward({T, R, H, K, DType::kBF16, dgy.data(), dyp.data(), dslots.as<std::int32_t>(),
+                                  drows.as<std::int32_t>(), dgw.as<float>(), dgyp.data(), dggw.as<float>()},
+                                 *b.gpu_stream);
 
-            F xp(static_cast<std::size_t>(R * H)), gx = y0, y = y0, gyp(static_cast<std::size_t>(R * H)),
-                                                   ggw(static_cast<std::size_t>(T * K));
-            permute({R, H, K, DType::kF32, x.data(), lay.rows.data(), xp.data()}, *b.cpu_stream);
-            permute_backward({T, H, K, accumulate, DType::kF32, gxp.data(), lay.slots.data(), gx.data()},
-                             *b.cpu_stream);
-            combine({T, H, K, accumulate, DType::kF32, yp.data(), lay.slots.data(), gw.data(), y.data()},
-                    *b.cpu_stream);
-            combine_backward({T, R, H, K, DType::kF32, gy.data(), yp.data(), lay.slots.data(), lay.rows.data(),
-                              gw.data(), gyp.data(), ggw.data()},
-                             *b.cpu_stream);
-            b.cpu_stream->synchronize();
+                F xp(static_cast<std::size_t>(R * H)), gx = y0, y = y0, gyp(static_cast<std::size_t>(R * H)),
+                                                       ggw(static_cast<std::size_t>(T * K));
+                permute({R, H, K, DType::kF32, x.data(), lay.rows.data(), xp.data()}, *b.cpu_stream);
+                permute_backward({T, H, K, accumulate, DType::kF32, gxp.data(), lay.slots.data(), gx.data()},
+                                 *b.cpu_stream);
+                combine({T, H, K, accumulate, DType::kF32, yp.data(), lay.slots.data(), gw.data(), y.data()},
+                        *b.cpu_stream);
+                combine_backward({T, R, H, K, DType::kF32, gy.data(), yp.data(), lay.slots.data(), lay.rows.data(),
+                                  gw.data(), gyp.data(), ggw.data()},
+                                 *b.cpu_stream);
+                b.cpu_stream->synchronize();
 
-            EXPECT_EQ(download(b, dxp.data(), R * H, DType::kBF16), xp) << "permute is a copy";
-            EXPECT_EQ(download(b, dgx.data(), T * H, DType::kBF16), round_bf16(gx)) << "permute_backward";
-            expect_close(download(b, dy.data(), T * H, DType::kBF16), y, 1e-2f, "combine");
-            EXPECT_EQ(download(b, dgyp.data(), R * H, DType::kBF16), round_bf16(gyp)) << "combine_backward grad_yp";
-            expect_close(download(b, dggw.data(), T * K, DType::kF32), ggw, 1e-4f, "grad_gate_weight");
+                EXPECT_EQ(download(b, dxp.data(), R * H, DType::kBF16), xp) << "permute is a copy";
+                EXPECT_EQ(download(b, dgx.data(), T * H, DType::kBF16), round_bf16(gx)) << "permute_backward";
+                expect_close(download(b, dy.data(), T * H, DType::kBF16), y, 1e-2f, "combine");
+                EXPECT_EQ(download(b, dgyp.data(), R * H, DType::kBF16), round_bf16(gyp)) << "combine_backward grad_yp";
+                expect_close(download(b, dggw.data(), T * K, DType::kF32), ggw, 1e-4f, "grad_gate_weight");
+            }
         }
     }
 }

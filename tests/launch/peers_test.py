@@ -57,7 +57,7 @@ FLAGS = {
 BAD = {
     "moe-layer": [["--bogus"], ["--tokens", "0"], ["--tokens", "1X"], ["--top-k", "9", "--experts", "8"],
                   ["--experts-impl", "fast"], ["--dtype", "f16"], ["-n", "0"], ["extra"]],
-    "gpt2-moe": [["--bogus"], ["--mode", "jit"], ["--variants", "top3"], ["--steps", "1"], ["--layers", "3"],
+    "gpt2-moe": [["--bogus"], ["--mode", "jit"], ["--variants", "top9"], ["--steps", "1"], ["--layers", "3"],
                  ["--hidden", "30", "--heads", "4"], ["--compile-budget-s", "0"], ["--vocab", "100"]],
 }
 RUN_ARGS = {"moe-layer": ["--device", "cpu", "--tokens", "64"], "gpt2-moe": ["--device", "cpu", "--steps", "2"]}

@@ -63,10 +63,45 @@ TEST(LmConfig, BadConfigsAreRejected) {
     c = small_lm("every-block-pos1");
     c.layers = 3;
     EXPECT_NO_THROW(c.validate());
-    c = small_lm("top3");
+    c = small_lm("top9");  // beyond the router's 8 experts per token
     EXPECT_THROW(c.validate(), Error);
+    c = small_lm("top5");  // more than the 4 experts
+    EXPECT_THROW(c.validate(), Error);
+    c = small_lm("every-block-top3");
+    EXPECT_THROW(c.validate(), Error);
+    c = small_lm("top3");
+    c.layers = 3;
+    EXPECT_THROW(c.validate(), Error);  // top-K is a pair variant
     EXPECT_THROW(lm_preset("huge"), Error);
     EXPECT_THROW(LmConfig::from_json("{\"vocab\": 256}"), Error);
+}
+
+// The paper's other workloads as LMs: top-3 tiles its [dense, MoE] pair and charges one routed
+// expert more per token than top-2; the LLaMA2-MoE baselines put an MoE in every layer.
+TEST(LmConfig, TopKPairsAndEveryBlockBaselines) {
+    LmConfig top3 = small_lm("top3");
+    top3.layers = 4;
+    const BlockStackConfig b = top3.block_stack();
+    EXPECT_EQ(b.moe.top_k, 3);
+    ASSERT_EQ(b.blocks.size(), 4u);
+    for (std::size_t i = 0; i < b.blocks.size(); ++i)
+        EXPECT_EQ(b.blocks[i].ffn, i % 2 ? FfnKind::kMoe : FfnKind::kDense) << i;
+    for (const char* v : {"every-block-top2", "every-block-shared"}) {
+        LmConfig c = small_lm(v);
+        c.layers = 3;  // any count: no pairs
+        ASSERT_NO_THROW(c.validate()) << v;
+        const BlockStackConfig e = c.block_stack();
+        ASSERT_EQ(e.blocks.size(), 3u) << v;
+        for (const BlockSpec& block : e.blocks) EXPECT_EQ(block.ffn, FfnKind::kMoe) << v;
+        EXPECT_EQ(e.moe.shared_expert, std::string(v) == "every-block-shared") << v;
+    }
+    auto device = make_device("cpu");
+    LmConfig top2 = top3;
+    top2.variant = "top2";
+    const double extra = LanguageModel(top3, *device, 8).train_flops_per_token() -
+                         LanguageModel(top2, *device, 8).train_flops_per_token();
+    // 2 MoE blocks x one more GeLU expert (W1 [16, 16] + W2 [16, 16]) x 6 FLOPs per parameter.
+    EXPECT_EQ(extra, 2.0 * (16 * 16 + 16 * 16) * 6);
 }
 
 // Loss (mean CE + router losses off) by finite differences against the analytic gradient, for
@@ -260,7 +295,8 @@ TEST_P(LmGradsReady, EachStageIsFinalWhenAnnounced) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, LmGradsReady,
                          ::testing::Combine(::testing::Values("top2", "scmoe-pos1", "scmoe-pos2", "scmoe-pos3",
-                                                              "every-block-pos1"),
+                                                              "every-block-pos1", "top3", "every-block-top2",
+                                                              "every-block-shared"),
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& p) {
                              return testing::gtest_name(std::get<0>(p.param)) +
@@ -275,7 +311,7 @@ TEST(LmMemoryEstimate, IsALowerBoundOfTheParametersForEveryVariant) {
         TrainConfig config;
         config.model = small_lm();
         config.model.variant = variant;
-        if (variant == "every-block-pos1") config.model.layers = 2;
+        if (!block_variant_is_pair(variant)) config.model.layers = 2;
         LanguageModel lm(config.model, *device, 16);
         const TrainMemoryEstimate e = estimate_train_memory(config, 1);
         EXPECT_GT(e.params, 0.5 * static_cast<double>(lm.num_params())) << variant;

@@ -26,12 +26,16 @@ std::vector<EpCase> cases_for(int world) {
     if (world == 2)
         return {EpCase{"ep2_top1_capacity", 1, 2, 1, cap, {12, 12}, false},
                 EpCase{"ep2_top2_dropless", 1, 2, 2, dropless, {12, 9}, false},
-                EpCase{"ep2_top2_capacity_shared_zero_token_rank", 1, 2, 2, cap, {10, 0}, true}};
+                EpCase{"ep2_top2_capacity_shared_zero_token_rank", 1, 2, 2, cap, {10, 0}, true},
+                EpCase{"ep2_top3_capacity_shared", 1, 2, 3, cap, {12, 9}, true},
+                EpCase{"ep2_top3_dropless", 1, 2, 3, dropless, {7, 12}, false}};
     if (world == 4)
         return {EpCase{"ep4_top2_capacity", 1, 4, 2, cap, {8, 8, 8, 8}, false},
                 EpCase{"ep4_top1_dropless_skewed", 1, 4, 1, dropless, {9, 0, 5, 13}, true},
                 EpCase{"dp2_ep2_top2_dropless", 2, 2, 2, dropless, {6, 11, 8, 4}, false},
-                EpCase{"dp2_ep2_top1_capacity", 2, 2, 1, cap, {10, 10, 10, 10}, true}};
+                EpCase{"dp2_ep2_top1_capacity", 2, 2, 1, cap, {10, 10, 10, 10}, true},
+                EpCase{"ep4_top3_capacity_skewed", 1, 4, 3, cap, {16, 3, 0, 7}, false},
+                EpCase{"dp2_ep2_top3_dropless", 2, 2, 3, dropless, {6, 11, 8, 4}, true}};
     return {};
 }
 

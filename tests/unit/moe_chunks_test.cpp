@@ -152,7 +152,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(EpCase{"ep2_top2_dropless", 1, 2, 2, kDropless, {12, 9}, false},
                       EpCase{"ep2_top1_capacity", 1, 2, 1, kCap, {12, 12}, false},
                       EpCase{"ep4_top2_capacity_uneven", 1, 4, 2, kCap, {16, 3, 0, 7}, false},
-                      EpCase{"ep4_top1_dropless_zero_token_rank", 1, 4, 1, kDropless, {9, 0, 5, 13}, false}),
+                      EpCase{"ep4_top1_dropless_zero_token_rank", 1, 4, 1, kDropless, {9, 0, 5, 13}, false},
+                      EpCase{"ep2_top3_capacity", 1, 2, 3, kCap, {12, 12}, false},
+                      EpCase{"ep4_top3_dropless_uneven", 1, 4, 3, kDropless, {16, 3, 0, 7}, false}),
     [](const ::testing::TestParamInfo<EpCase>& p) { return p.param.name; });
 
 TEST(MoeChunks, BadChunkCountsAreRejected) {

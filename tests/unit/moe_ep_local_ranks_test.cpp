@@ -58,7 +58,10 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{"ep4_top1_dropless_zero_token_rank", 1, 4, 1, kDropless, {9, 0, 5, 13}, false},
                       EpCase{"ep4_top2_capacity_uneven", 1, 4, 2, kCap, {16, 3, 0, 7}, true},
                       EpCase{"dp2_ep2_top2_dropless", 2, 2, 2, kDropless, {6, 11, 8, 4}, false},
-                      EpCase{"dp2_ep2_top1_capacity", 2, 2, 1, kCap, {10, 10, 10, 10}, true}),
+                      EpCase{"dp2_ep2_top1_capacity", 2, 2, 1, kCap, {10, 10, 10, 10}, true},
+                      EpCase{"ep2_top3_capacity_shared", 1, 2, 3, kCap, {12, 9}, true},
+                      EpCase{"ep4_top3_dropless_zero_token_rank", 1, 4, 3, kDropless, {9, 0, 5, 13}, false},
+                      EpCase{"ep4_top3_capacity_uneven", 1, 4, 3, kCap, {16, 3, 0, 7}, false}),
     [](const ::testing::TestParamInfo<EpCase>& param_info) { return param_info.param.name; });
 
 TEST(MoeEpLocalRanks, MismatchedConfigGivesTheSameErrorOnEveryRank) {
@@ -191,7 +194,9 @@ INSTANTIATE_TEST_SUITE_P(Cpu, MoeEpRoutingTable,
                          ::testing::Values(TableCase{"ep2_top1_dropless", 2, 1, kDropless, 12},
                                            TableCase{"ep2_top2_capacity_drops", 2, 2, kCap, 12},
                                            TableCase{"ep4_top2_dropless", 4, 2, kDropless, 10},
-                                           TableCase{"ep4_top1_capacity", 4, 1, kCap, 8}),
+                                           TableCase{"ep4_top1_capacity", 4, 1, kCap, 8},
+                                           TableCase{"ep2_top3_capacity_drops", 2, 3, kCap, 12},
+                                           TableCase{"ep4_top3_dropless", 4, 3, kDropless, 10}),
                          [](const ::testing::TestParamInfo<TableCase>& p) { return std::string(p.param.name); });
 
 struct ToOneRank {
@@ -350,6 +355,15 @@ TEST(MoeEpLocalRanks, ForcedRoutingRejectsBadTables) {
     expect_error({3, 3}, {1, 1}, "chooses expert 3 twice");
     expect_error({0, 1, 2}, {1, 1, 1}, "not a multiple of top_k");
     expect_error({0, 1}, {1}, "2 expert indices but 1 gate weights");
+    // Top-3: a token's third choice repeating its first (not only its second) is refused too.
+    MoeLayer top3(testing::ep_config(EpCase{"", 1, 2, 3, kCap, {}, false}), *device, 4);
+    try {
+        top3.force_routing({0, 1, 2, 4, 5, 4}, {1, 1, 1, 1, 1, 1});
+        ADD_FAILURE() << "accepted token 1 choosing expert 4 twice";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("token 1 chooses expert 4 twice"), std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(top3.force_routing({0, 1, 2, 4, 5, 6}, {1, 1, 1, 1, 1, 1}));
 }
 
 // A rank that stops taking part in the middle of the layer (after the count exchange of dispatch,

@@ -160,7 +160,14 @@ INSTANTIATE_TEST_SUITE_P(
                       GradCase{"top1_gelu_shortcut_no_shared", 1, kGeLU, false, false, kDropless, 1.0f, true, 0.0f},
                       GradCase{"top2_swiglu_capacity_drops", 2, kSwiGLU, true, false, kCap, 0.5f, false, 0.0f},
                       GradCase{"top1_gelu_capacity_drops_cg", 1, kGeLU, true, true, kCap, 0.5f, true, 0.0f},
-                      GradCase{"top2_swiglu_noisy_gate", 2, kSwiGLU, false, false, kDropless, 1.0f, false, 0.5f}),
+                      GradCase{"top2_swiglu_noisy_gate", 2, kSwiGLU, false, false, kDropless, 1.0f, false, 0.5f},
+                      // Top-3 (of 4 experts): three renormalised gate weights per token.
+                      GradCase{"top3_swiglu", 3, kSwiGLU, false, false, kCap, 4.0f, false, 0.0f},
+                      GradCase{"top3_gelu_dropless", 3, kGeLU, false, false, kDropless, 1.0f, false, 0.0f},
+                      GradCase{"top3_swiglu_shared_cg_shortcut", 3, kSwiGLU, true, true, kCap, 4.0f, true, 0.0f},
+                      GradCase{"top3_gelu_capacity_drops", 3, kGeLU, false, false, kCap, 0.5f, false, 0.0f},
+                      GradCase{"top3_swiglu_capacity_1_25", 3, kSwiGLU, true, false, kCap, 1.25f, false, 0.0f},
+                      GradCase{"top3_swiglu_noisy_gate", 3, kSwiGLU, false, false, kDropless, 1.0f, false, 0.5f}),
     case_name);
 
 }  // namespace

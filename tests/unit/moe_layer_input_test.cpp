@@ -10,6 +10,7 @@
 
 #include "scmoe/kernels/emu/emu_device.h"
 #include "scmoe/kernels/error.h"
+#include "scmoe/kernels/router.h"
 #include "scmoe/kernels/workspace.h"
 #include "scmoe/moe/params.h"
 #include "test_util.h"
@@ -46,8 +47,14 @@ TEST(MoeConfigValidate, NamesTheField) {
         {[](MoeConfig& c) { c.hidden = 0; }, "MoeConfig.hidden"},
         {[](MoeConfig& c) { c.ffn = -3; }, "MoeConfig.ffn"},
         {[](MoeConfig& c) { c.num_experts = 0; }, "MoeConfig.num_experts"},
-        {[](MoeConfig& c) { c.top_k = 3; }, "MoeConfig.top_k"},
-        {[](MoeConfig& c) { c.num_experts = 1; }, "MoeConfig.top_k"},
+        {[](MoeConfig& c) { c.top_k = 0; }, "MoeConfig.top_k = 0: must be in [1, 8]"},
+        {[](MoeConfig& c) { c.top_k = 5; }, "MoeConfig.top_k = 5: exceeds num_experts = 4"},
+        {[](MoeConfig& c) { c.num_experts = 1; }, "MoeConfig.top_k = 2: exceeds num_experts = 1"},
+        {[](MoeConfig& c) {
+             c.num_experts = 16;
+             c.top_k = 9;
+         },
+         "MoeConfig.top_k = 9: must be in [1, 8]"},
         {[](MoeConfig& c) { c.capacity_factor = 0.0f; }, "MoeConfig.capacity_factor"},
         {[](MoeConfig& c) { c.capacity_factor = std::numeric_limits<float>::quiet_NaN(); }, "MoeConfig.capacity_factor"},
         {[](MoeConfig& c) { c.dtype = DType::kI32; }, "MoeConfig.dtype"},
@@ -64,6 +71,17 @@ TEST(MoeConfigValidate, NamesTheField) {
     EXPECT_NO_THROW(valid_config().validate());
     expect_error([] { parse_dispatch_mode("lossy"); }, "MoeConfig.dispatch");
     expect_error([] { parse_activation("relu"); }, "MoeConfig.activation");
+}
+
+// Any k from 1 to min(E, kMaxTopK) is a valid config (the paper's top-3 among them).
+TEST(MoeConfigValidate, EveryTopKUpToTheExpertsAndTheKernelLimitIsValid) {
+    for (int experts : {1, 3, 8, 16})
+        for (int k = 1; k <= std::min(experts, kMaxTopK); ++k) {
+            MoeConfig c = valid_config();
+            c.num_experts = experts;
+            c.top_k = k;
+            EXPECT_NO_THROW(c.validate()) << experts << " experts, top_k " << k;
+        }
 }
 
 // Found by tests/fuzz/config_fuzz (corpus/config/regression-expert-width-overflow.bin): validate()

@@ -2,6 +2,7 @@
 // one expert, empty experts, capacity overflow (drops counted exactly), ties.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <utility>
@@ -63,6 +64,32 @@ TEST(Layout, DroplessTableByHand) {
     EXPECT_EQ(r.dropped, 0);
 }
 
+// Top-3 over 4 experts: t0 -> (0, 1, 2), t1 -> (1, 0, 3), t2 -> (0, 3, 1), t3 -> (2, 0, 1).
+const I kTop3Table = {0, 1, 2, 1, 0, 3, 0, 3, 1, 2, 0, 1};
+
+TEST(Layout, Top3CapacityTableByHand) {
+    // C = 2 per expert, rows e*2 .. e*2+1. First choices in token order: t0->e0 row0, t1->e1 row2,
+    // t2->e0 row1, t3->e2 row4. Second: t0->e1 row3, t1->e0 full (drop), t2->e3 row6, t3->e0 drop.
+    // Third: t0->e2 row5, t1->e3 row7, t2->e1 full (drop), t3->e1 drop.
+    LayoutResult r = run_layout(kTop3Table, 4, 4, 3, 2);
+    EXPECT_EQ(r.counts, (I{4, 4, 2, 2}));
+    EXPECT_EQ(r.offsets, (I{0, 2, 4, 6, 8}));
+    EXPECT_EQ(r.slots, (I{0, 3, 5, 2, -1, 7, 1, 6, -1, 4, -1, -1}));
+    EXPECT_EQ(r.choice_of_row, (I{0, 6, 3, 1, 9, 2, 7, 5}));
+    EXPECT_EQ(r.dropped, 4);
+}
+
+TEST(Layout, Top3DroplessTableByHand) {
+    // e0 rows 0-3: t0, t2 (first choices), t1, t3 (second); e1 rows 4-7: t1 | t0 | t2, t3 (third);
+    // e2 rows 8-9: t3 | t0; e3 rows 10-11: t2 | t1.
+    LayoutResult r = run_layout(kTop3Table, 4, 4, 3, 0);
+    EXPECT_EQ(r.counts, (I{4, 4, 2, 2}));
+    EXPECT_EQ(r.offsets, (I{0, 4, 8, 10, 12}));
+    EXPECT_EQ(r.slots, (I{0, 5, 9, 4, 2, 11, 1, 10, 6, 8, 3, 7}));
+    EXPECT_EQ(r.choice_of_row, (I{0, 6, 4, 10, 3, 1, 8, 11, 9, 2, 7, 5}));
+    EXPECT_EQ(r.dropped, 0);
+}
+
 TEST(Layout, EmptyExpertsAndPaddingRows) {
     // Everything to expert 3 of 4, top-1, C = 3: experts 0-2 empty, two assignments dropped.
     LayoutResult r = run_layout(I{3, 3, 3, 3, 3}, 5, 4, 1, 3);
@@ -90,6 +117,9 @@ TEST(Capacity, Formula) {
     EXPECT_EQ(expert_capacity(1, 64, 1, 1.0f), 1);    // at least one slot
     EXPECT_EQ(expert_capacity(10, 4, 2, 3.0f), 10);   // at most the tokens: one row per token per expert
     EXPECT_EQ(expert_capacity(10, 4, 2, 1e30f), 10);  // --capacity-factor 1e30 ran with a garbage capacity
+    EXPECT_EQ(expert_capacity(16, 8, 3, 1.25f), 8);   // top-3: ceil(1.25 * 48 / 8) = ceil(7.5)
+    EXPECT_EQ(expert_capacity(16, 8, 3, 1.0f), 6);    // ceil(48 / 8)
+    EXPECT_EQ(permuted_rows(16, 8, 3, 0), 48);        // dropless: every one of the T*k assignments
     EXPECT_EQ(permuted_rows(10, 4, 2, 7), 28);
     EXPECT_EQ(permuted_rows(10, 4, 2, 0), 20);
 }
@@ -158,6 +188,73 @@ TEST(Router, AllTiedGoesToLowestExperts) {
     RouterResult r = run_router(std::vector<float>(8, 0.5f), 2, 4, 2);
     EXPECT_EQ(r.index, (I{0, 1, 0, 1}));
     EXPECT_EQ(r.weights, (std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f}));
+}
+
+TEST(Router, Top3TableByHand) {
+    const float l2 = std::log(2.0f), l3 = std::log(3.0f), l4 = std::log(4.0f);
+    // Token 0: probs {1, 2, 3, 4} / 10 -> experts (3, 2, 1), weights 4/9, 3/9, 2/9.
+    // Token 1: probs {4, 1, 4, 1} / 10 -> the tie 0 vs 2 goes to 0, then 2, then the tie 1 vs 3 to 1;
+    // weights 4/9, 4/9, 1/9.
+    std::vector<float> logits = {0.0f, l2, l3, l4, l4, 0.0f, l4, 0.0f};
+    RouterResult r = run_router(logits, 2, 4, 3);
+    EXPECT_EQ(r.index, (I{3, 2, 1, 0, 2, 1}));
+    const float want[] = {4.0f / 9, 3.0f / 9, 2.0f / 9, 4.0f / 9, 4.0f / 9, 1.0f / 9};
+    for (int i = 0; i < 6; ++i) EXPECT_NEAR(r.weights[static_cast<std::size_t>(i)], want[i], 1e-6f) << "choice " << i;
+    EXPECT_NEAR(r.lse[0], std::log(10.0f), 1e-6f);
+    // f = share of the 6 assignments: {1, 2, 2, 1} / 6; P = {(1 + 4) / 20, (2 + 1) / 20, (3 + 4) / 20, (4 + 1) / 20}
+    EXPECT_NEAR(r.fraction[0], 1.0f / 6, 1e-7f);
+    EXPECT_NEAR(r.fraction[1], 2.0f / 6, 1e-7f);
+    EXPECT_NEAR(r.fraction[2], 2.0f / 6, 1e-7f);
+    EXPECT_NEAR(r.fraction[3], 1.0f / 6, 1e-7f);
+    const double aux = 4.0 * (1.0 / 6 * 5 / 20 + 2.0 / 6 * 3 / 20 + 2.0 / 6 * 7 / 20 + 1.0 / 6 * 5 / 20);
+    EXPECT_NEAR(r.losses[0], aux, 1e-6);
+}
+
+TEST(Router, EveryKUpToTheLimitChoosesDistinctExpertsInRankOrder) {
+    // 8 experts with distinct logits per token: the k choices are the k largest, largest first, and
+    // their weights (k >= 2: renormalised) sum to 1.
+    const int E = 8;
+    const std::int64_t T = 5;
+    std::vector<float> logits(static_cast<std::size_t>(T * E));
+    testing::fill_uniform(logits.data(), T * E, 2.0f, 17);
+    for (int k = 1; k <= kMaxTopK; ++k) {
+        RouterResult r = run_router(logits, T, E, k);
+        for (std::int64_t t = 0; t < T; ++t) {
+            std::vector<int> order(E);
+            for (int e = 0; e < E; ++e) order[static_cast<std::size_t>(e)] = e;
+            const float* p = r.probs.data() + t * E;
+            std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+            double sum = 0;
+            for (int j = 0; j < k; ++j) {
+                EXPECT_EQ(r.index[static_cast<std::size_t>(t * k + j)], order[static_cast<std::size_t>(j)])
+                    << "k " << k << " token " << t << " choice " << j;
+                sum += r.weights[static_cast<std::size_t>(t * k + j)];
+            }
+            if (k >= 2) {
+                EXPECT_NEAR(sum, 1.0, 1e-6) << "k " << k << " token " << t;
+            }
+        }
+    }
+}
+
+TEST(Router, AllTiedTop3GoesToTheThreeLowestExperts) {
+    RouterResult r = run_router(std::vector<float>(10, -1.0f), 2, 5, 3);
+    EXPECT_EQ(r.index, (I{0, 1, 2, 0, 1, 2}));
+    for (float w : r.weights) EXPECT_NEAR(w, 1.0f / 3, 1e-7f);
+}
+
+TEST(Router, TopKOutsideTheLimitsIsNamed) {
+    auto expect_error = [](int experts, int k, const std::string& needle) {
+        try {
+            run_router(std::vector<float>(static_cast<std::size_t>(2 * experts), 0.0f), 2, experts, k);
+            ADD_FAILURE() << "router accepted top_k " << k << " of " << experts << " experts";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        }
+    };
+    expect_error(16, 9, "router: top_k = 9 outside [1, 8]");
+    expect_error(4, 0, "router: top_k = 0 outside [1, 8]");
+    expect_error(3, 4, "router: top_k = 4 exceeds num_experts = 3");
 }
 
 // A layer whose gate sends every token to expert 2 (and, top-2, the tied rest to expert 0).

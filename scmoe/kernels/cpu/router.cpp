@@ -9,8 +9,7 @@ namespace scmoe::cpu {
 
 void router_forward(const RouterForwardArgs& a) {
     const int E = a.num_experts, K = a.top_k;
-    SCMOE_CHECK(K == 1 || K == 2, "router: top_k must be 1 or 2, got " << K);
-    SCMOE_CHECK(E >= K, "router: top_k " << K << " exceeds num_experts " << E);
+    check_router_top_k("router", K, E);
     std::vector<double> routed(static_cast<std::size_t>(E), 0.0), mean_prob(static_cast<std::size_t>(E), 0.0);
     double z_sum = 0.0;
     const std::uint64_t noise_key = math::noise_key(a.noise_seed, a.noise_stream, a.noise_step);
@@ -23,8 +22,8 @@ void router_forward(const RouterForwardArgs& a) {
                 v += a.noise_std * math::normal_sample(noise_key, static_cast<std::uint64_t>(t * E + e));
             p[e] = v;
         }
-        int best[2];
-        float weight[2];
+        int best[kMaxTopK];
+        float weight[kMaxTopK];
         const float lse = math::route_token(p, E, K, best, weight);
         a.logsumexp[t] = lse;
         z_sum += static_cast<double>(lse) * lse;
@@ -49,6 +48,7 @@ void router_forward(const RouterForwardArgs& a) {
 void router_backward(const RouterBackwardArgs& a) {
     SCMOE_CHECK(a.grad_dtype == DType::kF32, "CPU router backward writes f32 gradients only");
     const int E = a.num_experts, K = a.top_k;
+    check_router_top_k("router backward", K, E);
     const float inv_t = a.tokens ? 1.0f / static_cast<float>(a.tokens) : 0.0f;
     std::vector<float> dp(static_cast<std::size_t>(E));
     for (std::int64_t t = 0; t < a.tokens; ++t) {
@@ -56,14 +56,9 @@ void router_backward(const RouterBackwardArgs& a) {
         for (int e = 0; e < E; ++e) dp[static_cast<std::size_t>(e)] = a.aux_loss_coef * static_cast<float>(E) * a.expert_fraction[e] * inv_t;
         const std::int32_t* idx = a.expert_index + t * K;
         const float* gw = a.grad_gate_weight + t * K;
-        if (K == 1) {
-            dp[static_cast<std::size_t>(idx[0])] += gw[0];
-        } else {
-            // w_j = p_j / s with s = p_0 + p_1:  dL/dp_j = gw_j / s - (sum_i gw_i p_i) / s^2
-            const float s = p[idx[0]] + p[idx[1]];
-            const float dot = gw[0] * p[idx[0]] + gw[1] * p[idx[1]];
-            for (int j = 0; j < 2; ++j) dp[static_cast<std::size_t>(idx[j])] += gw[j] / s - dot / (s * s);
-        }
+        float dp_chosen[kMaxTopK];
+        math::gate_weight_backward(p, idx, gw, K, dp_chosen);
+        for (int j = 0; j < K; ++j) dp[static_cast<std::size_t>(idx[j])] += dp_chosen[j];
         float dot_pp = 0.0f;
         for (int e = 0; e < E; ++e) dot_pp += dp[static_cast<std::size_t>(e)] * p[e];
         const float dz = a.z_loss_coef * 2.0f * a.logsumexp[t] * inv_t;

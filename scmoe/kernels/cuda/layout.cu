@@ -1,6 +1,6 @@
 // Layout on CUDA: one CTA per expert scans the T*k assignments in (choice j, token t) order with a
 // block-wide prefix sum, so positions inside an expert follow the CPU order exactly (first choices
-// in token order, then second choices) and the result is deterministic.
+// in token order, then second choices, and so on for any k) and the result is deterministic.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -110,7 +110,7 @@ __global__ void layout_assign_kernel(LayoutArgs a, const std::int32_t* invalid) 
 void compute_layout(const LayoutArgs& a, void* stream) {
     cudaStream_t s = as_stream(stream);
     StreamDeviceGuard guard(s);
-    SCMOE_CHECK(a.top_k == 1 || a.top_k == 2, "layout: top_k must be 1 or 2, got " << a.top_k);
+    SCMOE_CHECK(a.top_k >= 1, "layout: top_k = " << a.top_k << ": must be >= 1");
     SCMOE_CHECK(a.num_experts > 0 && a.tokens >= 0 && a.capacity >= 0,
                 "layout: experts " << a.num_experts << ", tokens " << a.tokens << ", capacity " << a.capacity);
     SCMOE_CHECK(permuted_rows(a.tokens, a.num_experts, a.top_k, a.capacity) <= INT32_MAX,

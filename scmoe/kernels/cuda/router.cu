@@ -1,4 +1,4 @@
-// Router on CUDA: softmax (+ optional noise), top-k with renormalised top-2 weights, aux and z
+// Router on CUDA: softmax (+ optional noise), top-k (k <= kMaxTopK) with renormalised weights, aux and z
 // losses with deterministic reductions, and the backward. One thread per token mirrors the CPU
 // loop order (scmoe/kernels/cpu/router.cpp) so both backends do the same arithmetic.
 #include <climits>
@@ -27,8 +27,8 @@ __global__ void router_token_kernel(RouterForwardArgs a) {
             v += a.noise_std * math::normal_sample(noise_key, static_cast<std::uint64_t>(t * E + e));
         p[e] = v;
     }
-    int best[2];
-    float weight[2];
+    int best[kMaxTopK];
+    float weight[kMaxTopK];
     a.logsumexp[t] = math::route_token(p, E, K, best, weight);
     for (int j = 0; j < K; ++j) {
         a.expert_index[t * K + j] = best[j];
@@ -105,14 +105,8 @@ __global__ void router_backward_kernel(RouterBackwardArgs a) {
     const std::int32_t* idx = a.expert_index + t * K;
     const float* gw = a.grad_gate_weight + t * K;
     // dL/dp_e = aux term + gate-weight term for the chosen experts (as in the CPU loop).
-    float extra[2] = {0.0f, 0.0f};
-    if (K == 1) {
-        extra[0] = gw[0];
-    } else {
-        const float s = p[idx[0]] + p[idx[1]];
-        const float dot = gw[0] * p[idx[0]] + gw[1] * p[idx[1]];
-        for (int j = 0; j < 2; ++j) extra[j] = gw[j] / s - dot / (s * s);
-    }
+    float extra[kMaxTopK];
+    math::gate_weight_backward(p, idx, gw, K, extra);
     auto dp = [&](int e) {
         float v = a.aux_loss_coef * static_cast<float>(E) * a.expert_fraction[e] * inv_t;
         for (int j = 0; j < K; ++j)
@@ -127,8 +121,7 @@ __global__ void router_backward_kernel(RouterBackwardArgs a) {
 }
 
 void check_router(std::int64_t tokens, int E, int K) {
-    SCMOE_CHECK(K == 1 || K == 2, "router: top_k must be 1 or 2, got " << K);
-    SCMOE_CHECK(E >= K, "router: top_k " << K << " exceeds num_experts " << E);
+    check_router_top_k("router", K, E);
     SCMOE_CHECK(tokens >= 0, "router: tokens = " << tokens);
 }
 

@@ -58,6 +58,7 @@ void grouped_gemm(const GroupedGemmArgs& a, Stream& s) {
 // The choices come from the device's RoutingModel, keyed by the layer's noise stream (the rank)
 // and a per-device call count, so ranks and steps draw different choices; the losses are zero.
 void router_forward(const RouterForwardArgs& a, Stream& s) {
+    check_router_top_k("emu router", a.top_k, a.num_experts);
     EmuStream& es = as_emu(s);
     const RoutingModel* model = &es.device().routing();
     const std::uint64_t key = math::noise_key(a.noise_stream, es.device().next_router_draw(), a.noise_seed);
