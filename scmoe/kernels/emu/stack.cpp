@@ -35,10 +35,11 @@ Stack paper_stack() {
     // "output = torch.bmm(attn, v)"; fairseq's transformer_lm_gpt sets attention_dropout 0.1.
     s.attention = AttentionImpl::kUnfused;
     s.attention_dropout = true;
-    // PyTorch's operator micro-benchmark, eager mode, an op on CUDA tensors with no kernel (split,
-    // M8_N8 .. M512_N512): "Forward Execution Time (us) : 3.340" .. 3.468 (pytorch/pytorch PR #32194,
-    // Jan 2020, the timings on master before the PR): the host time of one eager op through Python
-    // and the dispatcher, before any launch (GpuSpec::launch_us is the launch itself).
+    // PyTorch's operator micro-benchmark, eager mode, an op that launches no kernel (split, M8_N8 ..
+    // M512_N512): "Forward Execution Time (us) : 3.333" .. 3.416 on CUDA tensors, 3.340 .. 3.468 on CPU
+    // ones (pytorch/pytorch PR #32194, Jan 2020, the timings on master before the PR): the host time of
+    // one eager op through Python and the dispatcher, before any launch (GpuSpec::launch_us is the
+    // launch itself).
     s.framework_us = 3.34;
     // Tutel's all-to-all within a node is NCCL's: tutel/impls/communicate.py simple_all_to_all ->
     // torch.distributed.all_to_all_single (use_2dh=False by default, moe_layer.py); nothing in Tutel's
