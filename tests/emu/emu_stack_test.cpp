@@ -12,6 +12,7 @@
 #include "emu/emu_test_util.h"
 #include "launch/emu_choice.h"
 #include "launch/emu_stack.h"
+#include "scmoe/comm/emu_communicator.h"
 #include "scmoe/comm/topology.h"
 #include "scmoe/kernels/emu/cost_model.h"
 #include "scmoe/kernels/emu/emu_device.h"
@@ -134,6 +135,24 @@ TEST(EmuStack, FrameworkTimeDelaysEachLaunchByThePerOpTime) {
     EXPECT_DOUBLE_EQ(plain->host_time_us(), 6.0);
     s2->synchronize();
     EXPECT_DOUBLE_EQ(plain->host_time_us(), 17.0);
+}
+
+// The communicator's launches carry it too (a framework's collective is an op like any other): one
+// member's all-reduce of a large buffer (not moved for real) costs the host launch + framework.
+TEST(EmuStack, FrameworkTimeDelaysTheCommunicatorsLaunchesToo) {
+    for (const double framework : {0.0, 5.0}) {
+        emu::Stack stack;
+        stack.framework_us = framework;
+        auto device = device_with(stack);
+        auto group = EmuGroup::create(cluster_topology("a800-nvlink-8"), {0});
+        auto comm = group->communicator(0);
+        auto stream = device->create_stream();
+        DeviceBuffer buf(*device, 64 << 20);
+        const double t0 = device->host_time_us();
+        comm->all_reduce_sum(buf.data(), 32 << 20, DType::kBF16, *stream);
+        EXPECT_DOUBLE_EQ(device->host_time_us() - t0, 2.0 + framework) << "framework " << framework;
+        stream->synchronize();
+    }
 }
 
 TEST(EmuStack, TheAllToAllFactorScalesTheAllToAllAndNotTheAllReduce) {
