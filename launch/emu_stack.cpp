@@ -37,8 +37,9 @@ emu::Stack load_stack(const std::string& name) {
     for (const auto& [key, value] : j.items()) {
         bool ok = false;
         for (const char* k : known) ok = ok || key == k;
-        SCMOE_CHECK(ok, where << ": unknown field '" << key << "' (fields: base, name, description, attention, "
-                              << "attention_dropout, framework_us, all_to_all_efficiency, small_gemm, sources)");
+        if (!ok)
+            SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: base, name, description, attention, "
+                             << "attention_dropout, framework_us, all_to_all_efficiency, small_gemm, sources)");
     }
     auto str = [&](const char* key) {
         const auto& v = j.at(key);
@@ -49,7 +50,15 @@ emu::Stack load_stack(const std::string& name) {
         SCMOE_CHECK(v.is_number(), where << ": field '" << key << "' must be a number, got " << type_name(v));
         return v.get<double>();
     };
-    emu::Stack s = j.contains("base") ? emu::builtin_stack(str("base")) : emu::builtin_stack("scmoe");
+    emu::Stack s = emu::builtin_stack("scmoe");
+    if (j.contains("base")) {
+        const std::string base = str("base");
+        try {
+            s = emu::builtin_stack(base);
+        } catch (const Error&) {
+            SCMOE_FAIL(where << ": field 'base' is '" << base << "': scmoe or paper");
+        }
+    }
     s.name = j.contains("name") ? str("name") : name;
     s.description = j.contains("description") ? str("description") : "stack file " + name;
     if (j.contains("attention")) {

@@ -328,7 +328,8 @@ TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
         {R"({"sources": "a paper"})", "sources"},
         {R"({"sources": ["ok", 3]})", "sources[1]"},
         {R"({"name": 7})", "name"},
-        {R"({"base": "pytorch"})", "pytorch"},
+        {R"({"base": "pytorch"})", "field 'base'"},
+        {R"({"base": 2})", "field 'base'"},
     };
     for (const auto& c : cases) {
         const std::string error = stack_error(c.json);
