@@ -26,6 +26,7 @@
 #include <optional>
 #include <thread>
 
+#include "launch/emu_stack.h"
 #include "benches.h"
 #include "block_args.h"
 #include "scmoe/comm/comm_sms.h"
@@ -456,7 +457,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     if (emulated && a.ranks > 1) {
         std::vector<int> ranks(static_cast<std::size_t>(a.ranks));
         for (int r = 0; r < a.ranks; ++r) ranks[static_cast<std::size_t>(r)] = r;
-        emu_group = EmuGroup::create(cluster_topology(a.cluster), ranks);
+        emu_group = EmuGroup::create(launch::stack_topology(a.cluster, launch::load_stack(common.stack)), ranks);
     }
     std::vector<std::thread> threads;
     for (int r = 0; r < a.ranks; ++r) {

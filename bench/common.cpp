@@ -9,6 +9,7 @@
 
 #include "scmoe/kernels/elementwise.h"
 #include "launch/emu_choice.h"
+#include "launch/emu_stack.h"
 #include "scmoe/kernels/error.h"
 
 namespace scmoe::bench {
@@ -24,6 +25,8 @@ void add_common_options(cxxopts::Options& options) {
          cxxopts::value<std::string>())
         ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
          cxxopts::value<std::string>()->default_value("balanced"))
+        ("stack", "emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on "
+                  "PyTorch) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>())
         ("n,iters", "Timed iterations (default: " + std::to_string(kDefaultItersCuda) + " on cuda, " +
                     std::to_string(kDefaultItersCpu) + " on cpu)", cxxopts::value<int>())
         ("w,warmup", "Untimed warmup iterations before the timed loop", cxxopts::value<int>()->default_value("2"))
@@ -104,11 +107,13 @@ CommonArgs read_common_options(const cxxopts::ParseResult& result) {
         throw UsageError("--backend " + a.backend + ": expected auto, cpu, cuda or emu");
     if (result.count("gpu")) a.gpu = result["gpu"].as<std::string>();
     a.routing = result["routing"].as<std::string>();
-    if (a.backend != "emu" && (!a.gpu.empty() || result["routing"].count()))
-        throw UsageError("--gpu and --routing describe an emulated GPU: they need --backend emu");
+    if (result.count("stack")) a.stack = result["stack"].as<std::string>();
+    if (a.backend != "emu" && (!a.gpu.empty() || result["routing"].count() || result.count("stack")))
+        throw UsageError("--gpu, --routing and --stack describe an emulated GPU: they need --backend emu");
     if (a.backend == "emu") {
         try {
             launch::resolve_emu_choice(a.gpu, "", a.routing, 1);
+            launch::load_stack(a.stack);
         } catch (const Error& e) {
             throw UsageError(e.what());
         }
@@ -135,7 +140,9 @@ void resolve_iters(CommonArgs& args, Backend backend) {
 
 std::unique_ptr<Device> make_bench_device(const CommonArgs& args) {
     if (args.backend != "emu") return make_device(args.backend);
-    return launch::make_emu_device(launch::resolve_emu_choice(args.gpu, "", args.routing, 1));
+    launch::EmuChoice choice = launch::resolve_emu_choice(args.gpu, "", args.routing, 1);
+    choice.stack = args.stack;
+    return launch::make_emu_device(choice);
 }
 
 nlohmann::ordered_json common_args_json(const CommonArgs& args) {
@@ -144,6 +151,7 @@ nlohmann::ordered_json common_args_json(const CommonArgs& args) {
     if (args.backend == "emu") {
         j["gpu"] = args.gpu.empty() ? "h100" : args.gpu;
         j["routing"] = args.routing;
+        if (args.stack != "scmoe") j["stack"] = args.stack;
     }
     j["iters"] = args.iters;
     j["warmup"] = args.warmup;

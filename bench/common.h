@@ -31,6 +31,7 @@ struct CommonArgs {
     std::string backend = "auto";  // auto | cpu | cuda | emu
     std::string gpu;               // emu: the emulated GPU (a30, a800, h100, h200; default h100)
     std::string routing = "balanced";  // emu: the synthetic router's model (scmoe/kernels/emu/routing.h)
+    std::string stack = "scmoe";   // emu: the software stack (launch/emu_stack.h)
     int iters = 0;                 // timed iterations; 0 until resolved for the backend
     int warmup = 2;                // untimed iterations before the timed loop
     bool check = true;             // correctness check after the timed loop
@@ -41,7 +42,7 @@ inline constexpr int kDefaultItersCuda = 20;
 inline constexpr int kDefaultItersCpu = 5;
 inline constexpr int kDefaultItersEmu = 3;  // emulated time is deterministic: a few steps show it
 
-// Adds -h --backend --gpu --routing -n -w -c -J to `options` (group "common").
+// Adds -h --backend --gpu --routing --stack -n -w -c -J to `options` (group "common").
 void add_common_options(cxxopts::Options& options);
 // Adds, after a subcommand's own options, the nccl-tests short flags that scmoe-bench lacks (-t -g -i
 // -m -N -p -o -d -r -z -y -T -G -C -S -a -R -x -D -V -M -u -I -K; any the subcommand gives a meaning

@@ -1,5 +1,7 @@
 #include "launch/emu_choice.h"
 
+#include "launch/emu_stack.h"
+
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -89,6 +91,7 @@ std::unique_ptr<Device> make_emu_device(const EmuChoice& choice) {
     emu::EmuOptions options;
     options.spec = choice.spec.name.empty() ? load_gpu(choice.gpu) : choice.spec;
     options.routing = emu::parse_routing_model(choice.routing);
+    options.stack = load_stack(choice.stack);
     return emu::make_device(std::move(options));
 }
 

@@ -16,6 +16,7 @@ struct EmuChoice {
     std::string gpu = "h100";  // a built-in name or a profile's path
     std::string cluster;       // a Topology preset; default: the GPU's 8-GPU node
     std::string routing = "balanced";
+    std::string stack = "scmoe";  // --stack: a built-in stack or a stack JSON (launch/emu_stack.h)
     emu::GpuSpec spec;         // resolved from `gpu`
 };
 

@@ -17,6 +17,7 @@
 #include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "launch/emu_choice.h"
+#include "launch/emu_stack.h"
 #include "launch/plan.h"
 #include "scmoe/moe/config.h"
 
@@ -79,7 +80,9 @@ Args parse(int argc, char** argv) {
                    "switch)", cxxopts::value<std::string>())
         ("nic-gbps", "Per node, one direction, all NICs together, GB/s (overrides the preset's)", cxxopts::value<double>())
         ("routing", "How the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
-         cxxopts::value<std::string>()->default_value("balanced"));
+         cxxopts::value<std::string>()->default_value("balanced"))
+        ("stack", "The software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch) or a "
+                  "stack JSON (docs/emu.md)", cxxopts::value<std::string>()->default_value("scmoe"));
     o.add_options("search")
         ("variants", "Comma list of: " + variants, cxxopts::value<std::string>()->default_value("top2,shared,scmoe-pos2"))
         ("ep", "Expert-parallel sizes to try (default: every one that divides the GPUs and the experts)",
@@ -109,7 +112,8 @@ Args parse(int argc, char** argv) {
                                                     r.count("cluster") ? r["cluster"].as<std::string>() : "",
                                                     r["routing"].as<std::string>(), 1);
         q.emu = choice;
-        q.cluster = cluster_topology(choice.cluster);
+        q.emu.stack = r["stack"].as<std::string>();
+        q.cluster = stack_topology(choice.cluster, load_stack(q.emu.stack));
         if (r.count("nodes")) q.cluster.nodes = r["nodes"].as<int>();
         if (r.count("gpus-per-node")) q.cluster.gpus_per_node = r["gpus-per-node"].as<int>();
         if (r.count("nic-gbps")) q.cluster.nic_gbps = r["nic-gbps"].as<double>();

@@ -1,5 +1,7 @@
 #include "launch/train_args.h"
 
+#include "launch/emu_stack.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -190,6 +192,8 @@ Args parse(int argc, const char* const* argv) {
                     "h200-nvlink-8; default: the --gpu's 8-GPU node)", cxxopts::value<std::string>())
         ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
          cxxopts::value<std::string>()->default_value("balanced"))
+        ("stack", "emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on "
+                  "PyTorch) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>())
         ("device", "GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK)",
          cxxopts::value<int>())
         ("link", "Emulated link under the expert-parallel all-to-all: pcie4, nvlink4, ib-ndr, 100gbe or gbps=X,latency_us=Y",
@@ -348,14 +352,16 @@ Args parse(int argc, const char* const* argv) {
     a.backend = r["backend"].as<std::string>();
     if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda" && a.backend != "emu")
         throw UsageError("--backend " + a.backend + ": expected auto, cpu, cuda or emu");
-    if (a.backend != "emu" && (r.count("gpu") || r.count("cluster") || r["routing"].count()))
-        throw UsageError("--gpu, --cluster and --routing describe emulated GPUs: they need --backend emu");
+    if (a.backend != "emu" && (r.count("gpu") || r.count("cluster") || r["routing"].count() || r.count("stack")))
+        throw UsageError("--gpu, --cluster, --routing and --stack describe emulated GPUs: they need --backend emu");
     if (a.backend == "emu") {
         if (a.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
         try {
             a.emu = resolve_emu_choice(r.count("gpu") ? r["gpu"].as<std::string>() : "",
                                        r.count("cluster") ? r["cluster"].as<std::string>() : "",
                                        r["routing"].as<std::string>(), a.ranks);
+            if (r.count("stack")) a.emu.stack = r["stack"].as<std::string>();
+            load_stack(a.emu.stack);  // checked here: a bad stack is a usage error
         } catch (const Error& e) {
             throw UsageError(e.what());
         }

@@ -40,6 +40,7 @@
 #include "scmoe/kernels/error.h"
 #include "launch/cli_options.h"
 #include "launch/emu_choice.h"
+#include "launch/emu_stack.h"
 #include "launch/local_rank.h"
 #include "launch/startup_watchdog.h"
 #include "launch/stop_signals.h"
@@ -309,7 +310,8 @@ int run_in_process(const Args& args) {
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
         std::unique_ptr<LocalTrainGroups> groups =
-            emulated ? std::make_unique<LocalTrainGroups>(world, ep, cluster_topology(args.emu.cluster))
+            emulated ? std::make_unique<LocalTrainGroups>(world, ep,
+                                                          stack_topology(args.emu.cluster, load_stack(args.emu.stack)))
                      : std::make_unique<LocalTrainGroups>(world, ep, args.link, args.link_scope);
         std::vector<RunSummary> results(static_cast<std::size_t>(world));
         std::vector<emu::MemoryStats> memory(static_cast<std::size_t>(world));

@@ -285,7 +285,7 @@ private:
         w.fixed_us = spec.kernel_gap_us;
         w.work_us = emu::host_copy_us(bytes, spec);
         w.effect = std::move(effect);
-        s.device().timeline().enqueue(s.id(), std::move(w), spec.launch_us);
+        s.device().timeline().enqueue(s.id(), std::move(w), s.device().launch_host_us());
     }
 
     void enqueue_comm(emu::EmuStream& s, const char* name, std::shared_ptr<emu::Rendezvous> meet,
@@ -302,7 +302,7 @@ private:
         w.rendezvous = std::move(meet);
         w.member = member_;
         w.effect = std::move(effect);
-        s.device().timeline().enqueue(s.id(), std::move(w), spec.launch_us);
+        s.device().timeline().enqueue(s.id(), std::move(w), s.device().launch_host_us());
     }
 
     // Enqueues, zero-time, the staging of this member's `bytes` of `data` into call `seq` when they

@@ -222,18 +222,20 @@ std::vector<double> all_to_all_us(const Topology& t, std::span<const int> ranks,
         }
     }
     const double latency = t.base_latency_us + (crosses_nodes ? t.net_latency_us : t.hop_latency_us);
+    const double a2a = t.all_to_all_efficiency;  // the all-to-all implementation's factor (the stack's)
     std::vector<double> out(n);
     for (std::size_t i = 0; i < n; ++i) {
         const int r = ranks[i];
-        double busiest = gbps_us(std::max(link_out[i], link_in[i]), t.gpu_link_gbps * t.link_efficiency);
+        double busiest = gbps_us(std::max(link_out[i], link_in[i]), t.gpu_link_gbps * t.link_efficiency * a2a);
         if (t.fabric == Topology::Fabric::kPcie) {
             const auto s = static_cast<std::size_t>(t.switch_of(r));
             busiest = std::max(busiest, gbps_us(std::max(switch_up[s], switch_down[s]),
-                                                t.switch_uplink_gbps * t.link_efficiency));
+                                                t.switch_uplink_gbps * t.link_efficiency * a2a));
         }
         if (t.nodes > 1) {
             const auto node = static_cast<std::size_t>(t.node_of(r));
-            busiest = std::max(busiest, gbps_us(std::max(nic_out[node], nic_in[node]), t.nic_gbps * t.nic_efficiency));
+            busiest = std::max(busiest,
+                               gbps_us(std::max(nic_out[node], nic_in[node]), t.nic_gbps * t.nic_efficiency * a2a));
         }
         out[i] = latency + busiest;
     }

@@ -37,6 +37,7 @@ struct Topology {
     double nic_gbps = 0;            // per node, one direction, all its NICs together
     double link_efficiency = 0.8;   // achieved fraction of a GPU link or uplink for NCCL
     double nic_efficiency = 0.95;   // achieved fraction of the NICs' line rate
+    double all_to_all_efficiency = 1.0;  // the all-to-all implementation's factor on both (emu Stack)
     double base_latency_us = 8.4;   // per collective
     double hop_latency_us = 3.4;    // per step within a node (NVLink 3.4, PCIe 5.7)
     double net_latency_us = 14.0;   // per step that crosses nodes

@@ -27,8 +27,9 @@ struct KernelTime {
     double demand = 1;   // (0, 1]
 };
 
-// sm_limit: the most SMs the kernel's grid may cover (0: every SM).
-KernelTime model_kernel(const OpCost& cost, const GpuSpec& spec, int sm_limit = 0);
+// sm_limit: the most SMs the kernel's grid may cover (0: every SM). gemm_fraction: a further factor on
+// a tensor op's efficiency (the stack's small-GEMM curve, stack.h; 1: none).
+KernelTime model_kernel(const OpCost& cost, const GpuSpec& spec, int sm_limit = 0, double gemm_fraction = 1.0);
 
 // Copies over the host link (one direction) and device-to-device copies (read + write of HBM).
 double host_copy_us(double bytes, const GpuSpec& spec);

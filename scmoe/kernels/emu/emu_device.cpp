@@ -80,10 +80,10 @@ public:
         Work w = kernel(name, std::move(effect));
         // The stream's SM budget is not applied: on CUDA only the persistent grouped GEMM honours it,
         // and its sm_limit already carries it (grouped_gemm_sm_limit).
-        const KernelTime t = model_kernel(cost, spec());
+        const KernelTime t = model_kernel(cost, spec(), 0, small_gemm_fraction(stack(), cost));
         w.work_us = t.work_us;
         w.demand = t.demand;
-        timeline().enqueue(id_, std::move(w), spec().launch_us);
+        timeline().enqueue(id_, std::move(w), launch_host_us());
     }
     void launch_sized_at_start(const std::string& name, std::function<OpCost()> cost,
                                std::function<void()> effect) override {
@@ -94,9 +94,9 @@ public:
         Work w = kernel(name, std::move(effect));
         // shape.sm_limit: the kernel's own grid limit (the grouped GEMM's carries the stream's SM
         // budget from when it was enqueued, as CUDA's launch fixes the grid then).
-        w.at_start = [cost = std::move(cost), s = &spec(), shape](Work& work) {
+        w.at_start = [cost = std::move(cost), s = &spec(), st = &stack(), shape](Work& work) {
             const OpCost c = cost();
-            const KernelTime t = model_kernel(c, *s, shape.sm_limit);
+            const KernelTime t = model_kernel(c, *s, shape.sm_limit, small_gemm_fraction(*st, c));
             work.work_us = t.work_us;
             work.demand = t.demand;
             if (shape.persistent) {
@@ -107,7 +107,7 @@ public:
                 if (work.resident_sms > 0) work.demand = static_cast<double>(work.resident_sms) / s->sms;
             }
         };
-        timeline().enqueue(id_, std::move(w), spec().launch_us);
+        timeline().enqueue(id_, std::move(w), launch_host_us());
     }
     // Enqueues a record of `state`; the host-side generation bump (as CpuEvent's) makes waits
     // enqueued from now on wait for it.
@@ -123,6 +123,8 @@ public:
 
 private:
     const GpuSpec& spec() const;
+    const Stack& stack() const;
+    double launch_host_us() const;
     // A kernel's Work without its time: the stream's kernel gap first, `effect` at its end.
     Work kernel(const std::string& name, std::function<void()> effect) const {
         Work w;
@@ -146,7 +148,8 @@ public:
     Backend backend() const override { return Backend::kEmu; }
     std::string description() const override {
         return "emu: " + describe(options_.spec) + " (modeled, nothing computed); routing " +
-               emu::describe(options_.routing);
+               emu::describe(options_.routing) +
+               (options_.stack.name == "scmoe" ? std::string() : "; stack " + emu::describe(options_.stack));
     }
     DType compute_dtype() const override { return options_.spec.compute_dtype; }
     void* allocate(std::size_t bytes) override {
@@ -203,6 +206,7 @@ public:
     std::uint64_t next_router_draw() override { return router_draws_++; }
     const GpuSpec& spec() const override { return options_.spec; }
     const RoutingModel& routing() const override { return options_.routing; }
+    const Stack& stack() const override { return options_.stack; }
     Timeline& timeline() override { return timeline_; }
     MemoryStats memory() const override {
         std::scoped_lock lock(mu_);
@@ -249,6 +253,8 @@ EmuStreamImpl::~EmuStreamImpl() { device_.timeline().remove_stream(id_); }
 EmuDevice& EmuStreamImpl::device() { return device_; }
 Timeline& EmuStreamImpl::timeline() { return device_.timeline(); }
 const GpuSpec& EmuStreamImpl::spec() const { return device_.spec(); }
+const Stack& EmuStreamImpl::stack() const { return device_.stack(); }
+double EmuStreamImpl::launch_host_us() const { return device_.launch_host_us(); }
 
 void EmuStreamImpl::synchronize() {
     detail::count_host_sync();
@@ -270,7 +276,7 @@ void EmuStreamImpl::copy(void* dst, const void* src, std::size_t bytes) {
     w.work_us = dst_device && src_device ? device_copy_us(static_cast<double>(bytes), spec())
                                          : host_copy_us(static_cast<double>(bytes), spec());
     if (!dst_device || bytes <= kRealCopyBytes) w.effect = [=] { std::memcpy(dst, src, bytes); };
-    timeline().enqueue(id_, std::move(w), spec().launch_us);
+    timeline().enqueue(id_, std::move(w), launch_host_us());
     if (pageable) synchronize();
 }
 
@@ -295,6 +301,7 @@ std::unique_ptr<Device> make_device(EmuOptions options) {
                     options.spec.memory_bytes > 0 && options.spec.gemm_efficiency > 0 &&
                     options.spec.bandwidth_efficiency > 0 && options.spec.host_link_gbps > 0,
                 "emulated GPU '" << options.spec.name << "': its spec needs SMs, peaks, capacity and efficiencies > 0");
+    check_stack(options.stack);
     return std::make_unique<EmuDeviceImpl>(std::move(options));
 }
 

@@ -3,7 +3,8 @@
 // CUDA's execution semantics, each rule next to the CUDA documentation it models:
 //  - "Kernel launches are asynchronous ... control returns to the host thread before the device has
 //    completed the requested task" (CUDA C++ Programming Guide, Asynchronous Concurrent Execution):
-//    every enqueue returns at once, costing the host thread GpuSpec::launch_us of its clock.
+//    every enqueue returns at once, costing the host thread GpuSpec::launch_us of its clock, plus the
+//    stack's per-op framework time for kernels and copies (Stack::framework_us, stack.h).
 //  - "Operations within a stream are executed in order" / cudaStreamWaitEvent makes "all future work
 //    submitted to stream wait for all work captured in event" (CUDA Runtime API): see timeline.h.
 //  - cudaStreamSynchronize / cudaEventSynchronize "blocks until ... completed" (Runtime API): the
@@ -37,6 +38,7 @@
 #include "scmoe/kernels/emu/gpu_spec.h"
 #include "scmoe/kernels/emu/residency.h"
 #include "scmoe/kernels/emu/routing.h"
+#include "scmoe/kernels/emu/stack.h"
 #include "scmoe/kernels/emu/timeline.h"
 #include "scmoe/kernels/op_cost.h"
 
@@ -49,6 +51,7 @@ inline constexpr std::size_t kRealCopyBytes = std::size_t{4} << 20;
 struct EmuOptions {
     GpuSpec spec;
     RoutingModel routing;
+    Stack stack;  // what runs around the kernels (stack.h); the default, scmoe, adds nothing
 };
 
 std::unique_ptr<Device> make_device(EmuOptions options);
@@ -62,6 +65,10 @@ public:
     int sm_count() const override { return spec().sms; }
     virtual const GpuSpec& spec() const = 0;
     virtual const RoutingModel& routing() const = 0;
+    virtual const Stack& stack() const = 0;
+    // Host time one launch costs the issuing thread: GpuSpec::launch_us plus the stack's framework time
+    // before it (Stack::framework_us: Python and eager dispatch delay the launch).
+    double launch_host_us() const { return spec().launch_us + stack().framework_us; }
     virtual Timeline& timeline() = 0;
     virtual MemoryStats memory() const = 0;
     // Numbers the router's draws on this device (one host thread issues them, so the sequence is

@@ -115,8 +115,19 @@ void copy_row_segments(const RowSegmentsArgs& a, Stream& s) {
 
 void rmsnorm_forward(const RmsNormArgs& a, Stream& s) { timed("rmsnorm_forward", op_cost(a), s); }
 void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) { timed("rmsnorm_backward", op_cost(a), s); }
-void attention_forward(const AttentionArgs& a, Stream& s) { timed("attention_forward", op_cost(a), s); }
-void attention_backward(const AttentionBackwardArgs& a, Stream& s) { timed("attention_backward", op_cost(a), s); }
+// The stack's attention (stack.h): scmoe's fused kernel, or the unfused kernels a framework runs.
+void attention_forward(const AttentionArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    const Stack& stack = es.device().stack();
+    if (stack.attention == AttentionImpl::kFused) return timed("attention_forward", op_cost(a), s);
+    for (const StackKernel& k : unfused_attention_forward(a, stack.attention_dropout)) es.launch(k.name, k.cost);
+}
+void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    const Stack& stack = es.device().stack();
+    if (stack.attention == AttentionImpl::kFused) return timed("attention_backward", op_cost(a), s);
+    for (const StackKernel& k : unfused_attention_backward(a, stack.attention_dropout)) es.launch(k.name, k.cost);
+}
 void adamw_step(const AdamWArgs& a, Stream& s) { timed("adamw_step", op_cost(a), s); }
 void sum_of_squares(const float*, std::int64_t n, float*, void*, Stream& s) {
     timed("sum_of_squares", sum_of_squares_cost(n), s);

@@ -1,0 +1,116 @@
+#include "launch/emu_stack.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "scmoe/kernels/error.h"
+#include "scmoe/models/data.h"
+
+namespace scmoe::launch {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+const char* type_name(const nlohmann::json& v) { return v.type_name(); }
+
+}  // namespace
+
+emu::Stack load_stack(const std::string& name) {
+    if (!ends_with(name, ".json")) return emu::builtin_stack(name);
+    const std::string where = "--stack " + name;
+    if (const std::string why = models::data_file_problem(name); !why.empty())
+        SCMOE_FAIL(where << ": the stack file " << why << "; expected a JSON file (docs/emu.md)");
+    std::ifstream in(name);
+    SCMOE_CHECK(in, where << ": cannot open the stack file");
+    nlohmann::json j;
+    try {
+        in >> j;
+    } catch (const std::exception& e) {
+        SCMOE_FAIL(where << ": not JSON: " << e.what());
+    }
+    SCMOE_CHECK(j.is_object(), where << ": a stack is a JSON object");
+    static const char* const known[] = {"base", "name", "description", "attention", "attention_dropout",
+                                        "framework_us", "all_to_all_efficiency", "small_gemm", "sources"};
+    for (const auto& [key, value] : j.items()) {
+        bool ok = false;
+        for (const char* k : known) ok = ok || key == k;
+        if (!ok)
+            SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: base, name, description, attention, "
+                             << "attention_dropout, framework_us, all_to_all_efficiency, small_gemm, sources)");
+    }
+    auto str = [&](const char* key) {
+        const auto& v = j.at(key);
+        SCMOE_CHECK(v.is_string(), where << ": field '" << key << "' must be a string, got " << type_name(v));
+        return v.get<std::string>();
+    };
+    auto num = [&](const char* key, const nlohmann::json& v) {
+        SCMOE_CHECK(v.is_number(), where << ": field '" << key << "' must be a number, got " << type_name(v));
+        return v.get<double>();
+    };
+    emu::Stack s = emu::builtin_stack("scmoe");
+    if (j.contains("base")) {
+        const std::string base = str("base");
+        try {
+            s = emu::builtin_stack(base);
+        } catch (const Error&) {
+            SCMOE_FAIL(where << ": field 'base' is '" << base << "': scmoe or paper");
+        }
+    }
+    s.name = j.contains("name") ? str("name") : name;
+    s.description = j.contains("description") ? str("description") : "stack file " + name;
+    if (j.contains("attention")) {
+        const std::string a = str("attention");
+        SCMOE_CHECK(a == "fused" || a == "unfused",
+                    where << ": field 'attention' is '" << a << "': fused or unfused");
+        s.attention = a == "fused" ? emu::AttentionImpl::kFused : emu::AttentionImpl::kUnfused;
+    }
+    if (j.contains("attention_dropout")) {
+        const auto& v = j.at("attention_dropout");
+        SCMOE_CHECK(v.is_boolean(), where << ": field 'attention_dropout' must be a boolean, got " << type_name(v));
+        s.attention_dropout = v.get<bool>();
+    }
+    if (j.contains("framework_us")) s.framework_us = num("framework_us", j.at("framework_us"));
+    if (j.contains("all_to_all_efficiency"))
+        s.all_to_all_efficiency = num("all_to_all_efficiency", j.at("all_to_all_efficiency"));
+    if (j.contains("small_gemm")) {
+        const auto& v = j.at("small_gemm");
+        SCMOE_CHECK(v.is_array(), where << ": field 'small_gemm' must be an array of [size, fraction] pairs, got "
+                                        << type_name(v));
+        s.small_gemm.clear();
+        for (std::size_t i = 0; i < v.size(); ++i) {
+            const auto& p = v[i];
+            const std::string field = "small_gemm[" + std::to_string(i) + "]";
+            SCMOE_CHECK(p.is_array() && p.size() == 2,
+                        where << ": field '" << field << "' must be a [size, fraction] pair, got " << p.dump());
+            s.small_gemm.push_back({num((field + "[0]").c_str(), p[0]), num((field + "[1]").c_str(), p[1])});
+        }
+    }
+    if (j.contains("sources")) {
+        const auto& v = j.at("sources");
+        SCMOE_CHECK(v.is_array(), where << ": field 'sources' must be an array of strings, got " << type_name(v));
+        s.sources.clear();
+        for (std::size_t i = 0; i < v.size(); ++i) {
+            SCMOE_CHECK(v[i].is_string(), where << ": field 'sources[" << i << "]' must be a string, got "
+                                                << type_name(v[i]));
+            s.sources.push_back(v[i].get<std::string>());
+        }
+    }
+    try {
+        emu::check_stack(s);
+    } catch (const Error& e) {
+        SCMOE_FAIL(where << ": " << e.what());
+    }
+    s.sources.push_back("stack file " + name);
+    return s;
+}
+
+Topology stack_topology(const std::string& cluster, const emu::Stack& stack) {
+    Topology t = cluster_topology(cluster);
+    t.all_to_all_efficiency = stack.all_to_all_efficiency;
+    return t;
+}
+
+}  // namespace scmoe::launch

@@ -1,0 +1,22 @@
+// The stack an emulated run is for (--stack scmoe|paper|FILE.json of scmoe-train, scmoe-bench and
+// scmoe-plan; scmoe/kernels/emu/stack.h): a built-in name or a stack JSON, read strictly.
+//
+// A stack JSON: {"base": "scmoe"|"paper" (optional; default scmoe), "name": string, "description":
+// string, "attention": "fused"|"unfused", "attention_dropout": bool, "framework_us": number,
+// "all_to_all_efficiency": number, "small_gemm": [[size, fraction], ...], "sources": [string, ...]};
+// every field optional, overriding the base's. An unknown key, a wrong type or a value out of range
+// throws scmoe::Error naming the field.
+#pragma once
+
+#include <string>
+
+#include "scmoe/comm/topology.h"
+#include "scmoe/kernels/emu/stack.h"
+
+namespace scmoe::launch {
+
+emu::Stack load_stack(const std::string& name_or_file);
+// The cluster preset with the stack's all-to-all factor (Topology::all_to_all_efficiency).
+Topology stack_topology(const std::string& cluster, const emu::Stack& stack);
+
+}  // namespace scmoe::launch

@@ -1,0 +1,204 @@
+#include "scmoe/kernels/emu/stack.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <sstream>
+
+#include "scmoe/kernels/error.h"
+
+namespace scmoe::emu {
+namespace {
+
+Stack scmoe_stack() {
+    Stack s;  // the defaults: what the emulator modelled before stacks existed, bit for bit
+    s.sources = {"scmoe: its own fused attention kernel (attention.h), C++ host code with no framework between "
+                 "it and the launch, NCCL's all-to-all (the topology's efficiency as is)"};
+    return s;
+}
+
+// fairseq + Tutel on PyTorch, as the ScMoE paper ran its language models ("standard implementations of
+// GPT-2, GPT-3 and LLaMA-2 from Fairseq, augmented with Tutel MoE", App. A.8; docs/scmoe-paper-setup.md
+// 1.3). The paper gives no versions; Tutel's fairseq example pins fairseq b5e7b250 (2022-05-23,
+// tutel/examples/fairseq_moe/README.md) and trains with --fp16. Every number: docs/emu-sources.md,
+// "Stacks".
+Stack paper_stack() {
+    Stack s;
+    s.name = "paper";
+    s.description = "paper: fairseq b5e7b250 + Tutel on PyTorch 1.x eager (unfused attention with dropout, "
+                    "eager per-op host time, Tutel's NCCL all-to-all)";
+    // fairseq/modules/multihead_attention.py (b5e7b250): in training (no incremental state, not ONNX,
+    // not scripted) MultiheadAttention.forward returns F.multi_head_attention_forward(...), whose
+    // PyTorch 1.x core (_scaled_dot_product_attention in torch/nn/functional.py) is
+    // "q = q / math.sqrt(E)", "attn = torch.baddbmm(attn_mask, q, k.transpose(-2, -1))",
+    // "attn = softmax(attn, dim=-1)", "if dropout_p > 0.0: attn = dropout(attn, p=dropout_p)",
+    // "output = torch.bmm(attn, v)"; fairseq's transformer_lm_gpt sets attention_dropout 0.1.
+    s.attention = AttentionImpl::kUnfused;
+    s.attention_dropout = true;
+    // PyTorch's operator micro-benchmark, eager mode, an op that launches no kernel (split, M8_N8 ..
+    // M512_N512): "Forward Execution Time (us) : 3.333" .. 3.416 on CUDA tensors, 3.340 .. 3.468 on CPU
+    // ones (pytorch/pytorch PR #32194, Jan 2020, the timings on master before the PR): the host time of
+    // one eager op through Python and the dispatcher, before any launch (GpuSpec::launch_us is the
+    // launch itself).
+    s.framework_us = 3.34;
+    // Tutel's all-to-all within a node is NCCL's: tutel/impls/communicate.py simple_all_to_all ->
+    // torch.distributed.all_to_all_single (use_2dh=False by default, moe_layer.py); nothing in Tutel's
+    // sources or README measures it slower than NCCL, so the factor on NCCL's efficiency is 1.
+    s.all_to_all_efficiency = 1.0;
+    // No published sweep of achieved GEMM efficiency versus size was read (docs/emu-sources.md,
+    // "Stacks"): no fall-off beyond the base model's wave and tile quantization and roofline.
+    s.small_gemm = {};
+    s.sources = {"fairseq b5e7b250 fairseq/modules/multihead_attention.py, transformer_lm.py",
+                 "PyTorch 1.x torch/nn/functional.py _scaled_dot_product_attention",
+                 "pytorch/pytorch PR #32194 operator micro-benchmark (eager op host time)",
+                 "microsoft/tutel 82af7aa tutel/impls/communicate.py, moe_layer.py, examples/fairseq_moe"};
+    return s;
+}
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+
+double d(std::int64_t v) { return static_cast<double>(v); }
+
+// A batched GEMM of `count` [m, k] x [k, n] products; reads `read` and writes `written` bytes.
+OpCost batched_gemm(std::int64_t count, std::int64_t m, std::int64_t n, std::int64_t k, double read,
+                    double written) {
+    OpCost c;
+    c.unit = OpUnit::kTensor;
+    c.flops = 2.0 * d(count) * d(m) * d(n) * d(k);
+    c.bytes = read + written;
+    c.threads = d(count) * gemm_threads(m, n);
+    c.gemm_m = m, c.gemm_n = n, c.gemm_k = k, c.gemm_count = count;
+    return c;
+}
+
+}  // namespace
+
+const std::vector<Stack>& builtin_stacks() {
+    static const std::vector<Stack> stacks = {scmoe_stack(), paper_stack()};
+    return stacks;
+}
+
+const Stack& builtin_stack(std::string_view name) {
+    const std::string n = lower(name);
+    for (const Stack& s : builtin_stacks())
+        if (s.name == n) return s;
+    SCMOE_FAIL("--stack " << name << ": no such stack; built in: scmoe, paper (or a stack JSON file, docs/emu.md)");
+}
+
+void check_stack(const Stack& s) {
+    SCMOE_CHECK(std::isfinite(s.framework_us) && s.framework_us >= 0,
+                "stack " << s.name << ": framework_us " << s.framework_us << ": must be >= 0");
+    SCMOE_CHECK(s.all_to_all_efficiency > 0 && s.all_to_all_efficiency <= 1,
+                "stack " << s.name << ": all_to_all_efficiency " << s.all_to_all_efficiency << ": must be in (0, 1]");
+    for (std::size_t i = 0; i < s.small_gemm.size(); ++i) {
+        const GemmEfficiencyPoint& p = s.small_gemm[i];
+        SCMOE_CHECK(p.size > 0 && std::isfinite(p.size),
+                    "stack " << s.name << ": small_gemm[" << i << "].size " << p.size << ": must be > 0");
+        SCMOE_CHECK(p.fraction > 0 && p.fraction <= 1,
+                    "stack " << s.name << ": small_gemm[" << i << "].fraction " << p.fraction << ": must be in (0, 1]");
+        if (i > 0) {
+            SCMOE_CHECK(p.size > s.small_gemm[i - 1].size,
+                        "stack " << s.name << ": small_gemm[" << i << "].size: sizes must increase");
+            SCMOE_CHECK(p.fraction >= s.small_gemm[i - 1].fraction,
+                        "stack " << s.name << ": small_gemm[" << i << "].fraction: fractions must not decrease");
+        }
+    }
+    SCMOE_CHECK(s.small_gemm.empty() || s.small_gemm.back().fraction == 1.0,
+                "stack " << s.name << ": small_gemm: the last point's fraction must be 1 (the ceiling at large sizes)");
+}
+
+std::string describe(const Stack& s) {
+    std::ostringstream os;
+    os << s.name << ": " << (s.attention == AttentionImpl::kFused ? "fused" : "unfused") << " attention"
+       << (s.attention == AttentionImpl::kUnfused && s.attention_dropout ? " (dropout)" : "") << ", framework "
+       << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency << ", small-GEMM curve "
+       << (s.small_gemm.empty() ? std::string("none") : std::to_string(s.small_gemm.size()) + " points");
+    return os.str();
+}
+
+double small_gemm_fraction(const Stack& s, double size) {
+    const auto& c = s.small_gemm;
+    if (c.empty()) return 1.0;
+    if (size <= c.front().size) return c.front().fraction;
+    if (size >= c.back().size) return c.back().fraction;
+    auto hi = std::upper_bound(c.begin(), c.end(), size,
+                               [](double v, const GemmEfficiencyPoint& p) { return v < p.size; });
+    auto lo = hi - 1;
+    const double t = (std::log2(size) - std::log2(lo->size)) / (std::log2(hi->size) - std::log2(lo->size));
+    return lo->fraction + t * (hi->fraction - lo->fraction);
+}
+
+double small_gemm_fraction(const Stack& s, const OpCost& c) {
+    if (s.small_gemm.empty() || c.unit != OpUnit::kTensor || c.gemm_count <= 0) return 1.0;
+    const double side = d(std::min({c.gemm_m, c.gemm_n, c.gemm_k}));
+    return side > 0 ? small_gemm_fraction(s, side) : 1.0;
+}
+
+// Unfused causal attention, PyTorch 1.x's F.multi_head_attention_forward core (stack.cpp's paper
+// stack quotes it), with B = batch*heads GEMMs, S = B*s*s score elements, Q = batch*s*heads*d
+// elements of q (or k, v, out), e = the op's dtype size (fairseq --fp16: 2; the scores, softmax and
+// dropout run in it), full (not causal) score matrices: the batched GEMMs compute every score and the
+// mask sets the upper triangle to -inf. Each kernel reads and writes its operands once (op_cost.h):
+//   attn_q_scale    q / sqrt(d): reads and writes Q
+//   attn_qk_bmm     baddbmm(mask, q, k^T): 2*S*d FLOPs; reads q, k (2Q) and the mask as C (S), writes S
+//   attn_softmax    reads S, writes S
+//   attn_dropout    reads S, writes S and its mask (S bytes)               (with dropout)
+//   attn_pv_bmm     bmm(p, v): 2*S*d FLOPs; reads S and Q, writes Q
+//   attn_out_copy   transpose(0, 1).contiguous(): reads and writes Q
+std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, bool dropout) {
+    const std::int64_t B = a.batch * a.heads, q = a.batch * a.seq * a.heads * a.head_dim;
+    const double e = static_cast<double>(dtype_size(a.dtype)), S = d(B) * d(a.seq) * d(a.seq), Q = d(q);
+    std::vector<StackKernel> k;
+    k.push_back({"attn_q_scale", elementwise_cost(q, q, a.dtype)});
+    k.push_back({"attn_qk_bmm", batched_gemm(B, a.seq, a.seq, a.head_dim, e * (2 * Q + S), e * S)});
+    OpCost softmax = elementwise_cost(0, 0, a.dtype);
+    softmax.bytes = 2 * e * S, softmax.flops = 5 * S, softmax.threads = S / 4;
+    k.push_back({"attn_softmax", softmax});
+    if (dropout) {
+        OpCost drop = softmax;
+        drop.bytes = 2 * e * S + S, drop.flops = S;
+        k.push_back({"attn_dropout", drop});
+    }
+    k.push_back({"attn_pv_bmm", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
+    k.push_back({"attn_out_copy", elementwise_cost(q, q, a.dtype, 0.0)});
+    return k;
+}
+
+// Its autograd backward, in the order autograd runs it:
+//   attn_out_copy_backward   reads and writes Q
+//   attn_pv_bmm_grad_p       dP = dO v^T: 2*S*d FLOPs; reads 2Q, writes S
+//   attn_pv_bmm_grad_v       dV = P^T dO: 2*S*d FLOPs; reads S and Q, writes Q
+//   attn_dropout_backward    dP * mask * scale: reads S and the mask (S bytes), writes S   (with dropout)
+//   attn_softmax_backward    reads dP and P (2S), writes S
+//   attn_qk_bmm_grad_q       dQ = dS k: 2*S*d FLOPs; reads S and Q, writes Q
+//   attn_qk_bmm_grad_k       dK = dS^T q: 2*S*d FLOPs; reads S and Q, writes Q
+//   attn_q_scale_backward    reads and writes Q
+// The additive mask's gradient is the incoming one (autograd passes it through: no kernel).
+std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& a, bool dropout) {
+    const std::int64_t B = a.batch * a.heads, q = a.batch * a.seq * a.heads * a.head_dim;
+    const double e = static_cast<double>(dtype_size(a.dtype)), S = d(B) * d(a.seq) * d(a.seq), Q = d(q);
+    std::vector<StackKernel> k;
+    k.push_back({"attn_out_copy_backward", elementwise_cost(q, q, a.dtype, 0.0)});
+    k.push_back({"attn_pv_bmm_grad_p", batched_gemm(B, a.seq, a.seq, a.head_dim, e * 2 * Q, e * S)});
+    k.push_back({"attn_pv_bmm_grad_v", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
+    OpCost pass = elementwise_cost(0, 0, a.dtype);
+    pass.threads = S / 4;
+    if (dropout) {
+        OpCost drop = pass;
+        drop.bytes = 2 * e * S + S, drop.flops = S;
+        k.push_back({"attn_dropout_backward", drop});
+    }
+    OpCost softmax = pass;
+    softmax.bytes = 3 * e * S, softmax.flops = 3 * S;
+    k.push_back({"attn_softmax_backward", softmax});
+    k.push_back({"attn_qk_bmm_grad_q", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
+    k.push_back({"attn_qk_bmm_grad_k", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
+    k.push_back({"attn_q_scale_backward", elementwise_cost(q, q, a.dtype)});
+    return k;
+}
+
+}  // namespace scmoe::emu

@@ -1,0 +1,73 @@
+// Stack: what runs around the emulated kernels, the software stack a prediction is for (issue 25,
+// "a stack model"). The GPU spec (gpu_spec.h) says what the hardware does with a kernel; the stack
+// says which kernels a framework runs and what it adds around them:
+//  - attention: scmoe's fused flash kernel (one op, attention.h's op_cost), or unfused, as PyTorch
+//    1.x's F.multi_head_attention_forward runs it (scores [b*h, s, s] materialised: the q scaling,
+//    QK^T as a batched GEMM with the causal mask read as its C operand, softmax, dropout, PV, the
+//    output transpose; and their backward), each kernel costed through the same roofline;
+//  - framework_us: host time the framework spends before each op's launch (Python, eager dispatch),
+//    on top of GpuSpec::launch_us; it delays the issuing host thread (emu_device.cpp, and the
+//    communicator's launches);
+//  - all_to_all_efficiency: a factor on the link and NIC efficiency of the all-to-all only
+//    (Topology::all_to_all_efficiency, scmoe/comm/topology.h);
+//  - small_gemm: the achieved fraction of the GEMM ceiling versus the GEMM's size (its smallest side,
+//    e.g. the tokens of an expert), a piecewise-linear curve in log2(size), flat beyond its ends.
+// Built-in stacks (stack.cpp cites every number; docs/emu-sources.md, "Stacks", quotes them): `scmoe`
+// (this runtime, the default: changes nothing) and `paper` (fairseq + Tutel on PyTorch, as the ScMoE
+// paper ran them). A stack JSON (launch/emu_stack.h) gives its own.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "scmoe/kernels/attention.h"
+#include "scmoe/kernels/op_cost.h"
+
+namespace scmoe::emu {
+
+enum class AttentionImpl { kFused, kUnfused };
+
+struct GemmEfficiencyPoint {
+    double size = 0;      // the GEMM's smallest side (M, N or K), > 0
+    double fraction = 1;  // achieved fraction of the GEMM ceiling (GpuSpec::gemm_efficiency), (0, 1]
+};
+
+struct Stack {
+    std::string name = "scmoe";
+    std::string description = "scmoe: fused attention, no framework time, NCCL all-to-all, no small-GEMM fall-off";
+    AttentionImpl attention = AttentionImpl::kFused;
+    bool attention_dropout = false;      // unfused: a dropout pass over the probabilities (forward and backward)
+    double framework_us = 0;             // host time per op before its launch, us
+    double all_to_all_efficiency = 1.0;  // factor on the all-to-all's link and NIC efficiency, (0, 1]
+    std::vector<GemmEfficiencyPoint> small_gemm;  // sizes increasing, fractions non-decreasing; empty: 1
+    std::vector<std::string> sources;
+};
+
+// The built-in stacks: scmoe (the default) and paper.
+const std::vector<Stack>& builtin_stacks();
+// A built-in stack by name; throws Error listing the names otherwise.
+const Stack& builtin_stack(std::string_view name);
+// Throws Error naming the first field out of range (framework_us < 0, all_to_all_efficiency not in
+// (0, 1], a curve point out of range or out of order).
+void check_stack(const Stack& stack);
+// One line: "paper: unfused attention (dropout), framework 3.3 us/op, all-to-all x1.00, ..."
+std::string describe(const Stack& stack);
+
+// The small-GEMM fraction at `size` (1 for an empty curve).
+double small_gemm_fraction(const Stack& stack, double size);
+// The fraction for a kernel's cost: the curve at its GEMM's smallest side for tensor ops that carry a
+// GEMM shape (gemm_count > 0), else 1.
+double small_gemm_fraction(const Stack& stack, const OpCost& cost);
+
+// One kernel of an unfused attention.
+struct StackKernel {
+    const char* name;
+    OpCost cost;
+};
+// The kernels of the unfused attention forward and backward, in issue order (stack.cpp gives the
+// formulas; `dropout`: with the dropout pass).
+std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& args, bool dropout);
+std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& args, bool dropout);
+
+}  // namespace scmoe::emu

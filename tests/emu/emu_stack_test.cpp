@@ -1,0 +1,345 @@
+// The stack model (scmoe/kernels/emu/stack.h, launch/emu_stack.h): unfused attention costs its formula,
+// framework time delays every launch by the per-op time, the all-to-all factor scales the all-to-all
+// and nothing else, the small-GEMM curve is monotone with the ceiling at large sizes, the default
+// (scmoe) stack leaves a hand-checked timeline as it was, and bad stack files are refused naming the
+// field. Each expected time is worked out by hand on test::round_spec()'s round numbers.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "emu/emu_test_util.h"
+#include "launch/emu_choice.h"
+#include "launch/emu_stack.h"
+#include "scmoe/comm/emu_communicator.h"
+#include "scmoe/comm/topology.h"
+#include "scmoe/kernels/emu/cost_model.h"
+#include "scmoe/kernels/emu/emu_device.h"
+#include "scmoe/kernels/emu/emu_ops.h"
+#include "scmoe/kernels/emu/stack.h"
+#include "scmoe/kernels/error.h"
+#include "scmoe/kernels/gemm.h"
+
+namespace scmoe {
+namespace {
+
+std::unique_ptr<Device> device_with(emu::Stack stack, emu::GpuSpec spec = test::round_spec()) {
+    emu::EmuOptions options;
+    options.spec = std::move(spec);
+    options.stack = std::move(stack);
+    return emu::make_device(std::move(options));
+}
+
+emu::Stack unfused(bool dropout) {
+    emu::Stack s;
+    s.name = "unfused-test";
+    s.attention = emu::AttentionImpl::kUnfused;
+    s.attention_dropout = dropout;
+    return s;
+}
+
+// Modeled time between two events around `enqueue` on a fresh stream of `device` (events report float
+// milliseconds: compare to about 1e-4 us).
+double elapsed_us(Device& device, const std::function<void(Stream&)>& enqueue) {
+    auto stream = device.create_stream();
+    auto start = device.create_event(), end = device.create_event();
+    start->record(*stream);
+    enqueue(*stream);
+    end->record(*stream);
+    end->synchronize();
+    return end->elapsed_ms_since(*start) * 1000.0;
+}
+
+// batch 1, 10 heads of 128, seq 1280, bf16: Q = 10*1280*128 = 1,638,400 elements of q (k, v, out),
+// S = 10*1280*1280 = 16,384,000 scores. round_spec: 1e8 tensor FLOP/us, 1e7 vector FLOP/us, 1e6 B/us,
+// 100 SMs, no launch cost here (launch_us 0), a 1 us gap before each kernel.
+TEST(EmuStack, UnfusedAttentionCostsWhatTheFormulaSays) {
+    emu::GpuSpec spec = test::round_spec();
+    spec.launch_us = 0;
+    AttentionArgs a;
+    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
+    const std::vector<emu::StackKernel> fwd = emu::unfused_attention_forward(a, true);
+    ASSERT_EQ(fwd.size(), 6u);
+    // Per kernel, us: max(FLOPs / rate, bytes / 1e6).
+    //   q_scale  reads and writes Q bf16: 4Q B = 6,553,600 B                         -> 6.5536
+    //   qk_bmm   2*S*128 = 4.194e9 FLOP -> 41.94304 (1000 tiles: 10 full waves);
+    //            q, k and the mask read, the scores written: 2(2Q + S) + 2S = 72,089,600 B -> 72.0896
+    //   softmax  4S B                                                                 -> 65.536
+    //   dropout  4S B + the S-byte mask                                               -> 81.92
+    //   pv_bmm   4.194e9 FLOP over 10 x 10 tiles = one full wave -> 41.94304; 2(S + Q) + 2Q B -> 39.3216
+    //   out_copy 4Q B                                                                 -> 6.5536
+    const double expect_fwd[] = {6.5536, 72.0896, 65.536, 81.92, 41.94304, 6.5536};
+    const char* names_fwd[] = {"attn_q_scale", "attn_qk_bmm", "attn_softmax", "attn_dropout", "attn_pv_bmm",
+                               "attn_out_copy"};
+    double sum = 0;
+    for (std::size_t i = 0; i < fwd.size(); ++i) {
+        EXPECT_STREQ(fwd[i].name, names_fwd[i]);
+        EXPECT_NEAR(emu::model_kernel(fwd[i].cost, spec).work_us, expect_fwd[i], 1e-9) << fwd[i].name;
+        sum += 1.0 + expect_fwd[i];
+    }
+    EXPECT_NEAR(sum, 280.59584, 1e-9);
+    // On the emulated device under the stack: the kernels back to back on the stream.
+    auto device = device_with(unfused(true), spec);
+    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2);
+    std::vector<float> lse(12800);
+    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584, 1e-4);
+    // Without the dropout pass: 5 kernels, 280.59584 - 82.92.
+    auto no_dropout = device_with(unfused(false), spec);
+    DeviceBuffer qkv2(*no_dropout, 3 * 1638400 * 2), out2(*no_dropout, 1638400 * 2);
+    a.qkv = qkv2.data(), a.out = out2.data();
+    EXPECT_NEAR(elapsed_us(*no_dropout, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584 - 82.92, 1e-4);
+
+    // Backward, us: out_copy 6.5536; dP = dO v^T 41.94304 (2*2Q + 2S = 39,321,600 B is less); dV = P^T dO
+    // 41.94304; dropout 81.92; softmax reads dP and P, writes dS: 6S B -> 98.304; dQ, dK 41.94304
+    // each; q_scale 6.5536. With the 8 gaps: 369.10336.
+    AttentionBackwardArgs b;
+    b.batch = 1, b.seq = 1280, b.heads = 10, b.head_dim = 128, b.dtype = DType::kBF16;
+    const std::vector<emu::StackKernel> bwd = emu::unfused_attention_backward(b, true);
+    ASSERT_EQ(bwd.size(), 8u);
+    const double expect_bwd[] = {6.5536, 41.94304, 41.94304, 81.92, 98.304, 41.94304, 41.94304, 6.5536};
+    for (std::size_t i = 0; i < bwd.size(); ++i)
+        EXPECT_NEAR(emu::model_kernel(bwd[i].cost, spec).work_us, expect_bwd[i], 1e-9) << bwd[i].name;
+    DeviceBuffer grad(*device, 3 * 1638400 * 2);
+    b.qkv = qkv.data(), b.out = out.data(), b.lse = lse.data(), b.grad_out = out.data(), b.grad_qkv = grad.data();
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(b, s); }), 369.10336, 1e-4);
+}
+
+// A 3 us kernel (3e6 bytes at 1e6 B/us) after round_spec's 1 us gap; launch_us 2.
+void three_us_kernel(Stream& s) {
+    OpCost c;
+    c.bytes = 3e6;
+    c.threads = 1e6;
+    emu::as_emu(s).launch("k", c);
+}
+
+TEST(EmuStack, FrameworkTimeDelaysEachLaunchByThePerOpTime) {
+    emu::Stack stack;
+    stack.name = "framework-test";
+    stack.framework_us = 5;
+    auto device = device_with(stack);
+    auto stream = device->create_stream();
+    // Each launch costs the host 2 us of launch + 5 us of framework: launched at 7, 14, 21. The GPU,
+    // idle, starts each at its launch: 1 + 3 us each, the last ends at 25; the sync returns 3 us later.
+    for (int i = 1; i <= 3; ++i) {
+        three_us_kernel(*stream);
+        EXPECT_DOUBLE_EQ(device->host_time_us(), 7.0 * i);
+    }
+    stream->synchronize();
+    EXPECT_DOUBLE_EQ(device->host_time_us(), 28.0);
+    // The scmoe stack: launched at 2, 4, 6; the kernels queue behind each other (2-6, 6-10, 10-14).
+    auto plain = device_with(emu::builtin_stack("scmoe"));
+    auto s2 = plain->create_stream();
+    for (int i = 0; i < 3; ++i) three_us_kernel(*s2);
+    EXPECT_DOUBLE_EQ(plain->host_time_us(), 6.0);
+    s2->synchronize();
+    EXPECT_DOUBLE_EQ(plain->host_time_us(), 17.0);
+}
+
+// The communicator's launches carry it too (a framework's collective is an op like any other): one
+// member's all-reduce of a large buffer (not moved for real) costs the host launch + framework.
+TEST(EmuStack, FrameworkTimeDelaysTheCommunicatorsLaunchesToo) {
+    for (const double framework : {0.0, 5.0}) {
+        emu::Stack stack;
+        stack.framework_us = framework;
+        auto device = device_with(stack);
+        auto group = EmuGroup::create(cluster_topology("a800-nvlink-8"), {0});
+        auto comm = group->communicator(0);
+        auto stream = device->create_stream();
+        DeviceBuffer buf(*device, 64 << 20);
+        const double t0 = device->host_time_us();
+        comm->all_reduce_sum(buf.data(), 32 << 20, DType::kBF16, *stream);
+        EXPECT_DOUBLE_EQ(device->host_time_us() - t0, 2.0 + framework) << "framework " << framework;
+        stream->synchronize();
+    }
+}
+
+TEST(EmuStack, TheAllToAllFactorScalesTheAllToAllAndNotTheAllReduce) {
+    const std::vector<int> ranks = {0, 1, 2, 3, 4, 5, 6, 7};
+    const std::vector<double> bytes(64, 1e6);
+    for (const char* preset : {"a800-nvlink-8", "a30-pcie-8", "a800-2x8"}) {
+        Topology t = cluster_topology(preset);
+        const std::vector<int> members = t.nodes > 1 ? std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11} : ranks;
+        const double latency = t.base_latency_us + (t.nodes > 1 ? t.net_latency_us : t.hop_latency_us);
+        const auto base = all_to_all_us(t, members, bytes);
+        const double reduce = all_reduce_us(t, members, 64e6), gather = all_gather_us(t, members, 8e6);
+        t.all_to_all_efficiency = 0.5;
+        const auto half = all_to_all_us(t, members, bytes);
+        for (std::size_t i = 0; i < base.size(); ++i)
+            EXPECT_NEAR(half[i] - latency, 2.0 * (base[i] - latency), 1e-9) << preset << " member " << i;
+        EXPECT_DOUBLE_EQ(all_reduce_us(t, members, 64e6), reduce) << preset;
+        EXPECT_DOUBLE_EQ(all_gather_us(t, members, 8e6), gather) << preset;
+        // The stack carries it onto the topology the tools build.
+        emu::Stack stack;
+        stack.all_to_all_efficiency = 0.5;
+        EXPECT_DOUBLE_EQ(launch::stack_topology(preset, stack).all_to_all_efficiency, 0.5);
+        EXPECT_DOUBLE_EQ(launch::stack_topology(preset, emu::builtin_stack("scmoe")).all_to_all_efficiency, 1.0);
+    }
+}
+
+TEST(EmuStack, TheSmallGemmCurveIsMonotoneAndTheCeilingAtLargeSizes) {
+    emu::Stack s;
+    s.small_gemm = {{64, 0.4}, {1024, 0.8}, {8192, 1.0}};
+    emu::check_stack(s);
+    EXPECT_DOUBLE_EQ(emu::small_gemm_fraction(s, 1), 0.4);
+    EXPECT_DOUBLE_EQ(emu::small_gemm_fraction(s, 64), 0.4);
+    EXPECT_NEAR(emu::small_gemm_fraction(s, 256), 0.6, 1e-12);  // 2 of log2's 4 steps from 64 to 1024
+    EXPECT_DOUBLE_EQ(emu::small_gemm_fraction(s, 8192), 1.0);
+    EXPECT_DOUBLE_EQ(emu::small_gemm_fraction(s, 1e7), 1.0);
+    double last = 0;
+    for (double size = 1; size < 1e6; size *= 1.1) {
+        const double f = emu::small_gemm_fraction(s, size);
+        EXPECT_GE(f, last) << size;
+        last = f;
+    }
+    // On a compute-bound GEMM (smallest side 256 rows): its time over the fraction; at 8192 rows the ceiling.
+    const emu::GpuSpec spec = test::round_spec();
+    GemmArgs g;
+    g.m = 256, g.n = 4096, g.k = 4096, g.ab_dtype = g.c_dtype = DType::kBF16;
+    const OpCost c = op_cost(g);
+    EXPECT_NEAR(emu::small_gemm_fraction(s, c), 0.6, 1e-12);
+    EXPECT_NEAR(emu::model_kernel(c, spec, 0, emu::small_gemm_fraction(s, c)).work_us,
+                emu::model_kernel(c, spec).work_us / 0.6, 1e-9);
+    GemmArgs big = g;
+    big.m = big.n = big.k = 8192;
+    EXPECT_DOUBLE_EQ(emu::small_gemm_fraction(s, op_cost(big)), 1.0);
+    // Through the device: the GEMM kernel under the stack takes that time.
+    emu::GpuSpec no_launch = spec;
+    no_launch.launch_us = 0;
+    auto device = device_with(s, no_launch);
+    g.m = 256;
+    DeviceBuffer a(*device, 256 * 4096 * 2), b(*device, 4096 * 4096 * 2), out(*device, 256 * 4096 * 2);
+    g.a = a.data(), g.b = b.data(), g.c = out.data();
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& st) { emu::gemm(g, st); }),
+                1.0 + emu::model_kernel(c, spec).work_us / 0.6, 1e-4);
+    // Refused: fractions falling, sizes out of order, a ceiling below 1.
+    emu::Stack bad = s;
+    bad.small_gemm = {{64, 0.8}, {1024, 0.4}, {8192, 1.0}};
+    EXPECT_THROW(emu::check_stack(bad), Error);
+    bad.small_gemm = {{1024, 0.4}, {64, 0.8}, {8192, 1.0}};
+    EXPECT_THROW(emu::check_stack(bad), Error);
+    bad.small_gemm = {{64, 0.4}, {1024, 0.8}};
+    EXPECT_THROW(emu::check_stack(bad), Error);
+}
+
+// The default stack adds nothing: a GEMM, a fused attention and a copy on round_spec, by hand, the
+// same with no stack named, with the built-in scmoe stack, and through the launch layer's "scmoe".
+TEST(EmuStack, TheScmoeStackLeavesAHandCheckedTimelineUnchanged) {
+    const emu::GpuSpec spec = test::round_spec();
+    GemmArgs g;
+    g.m = 1280, g.n = 1280, g.k = 4096, g.ab_dtype = g.c_dtype = DType::kBF16;  // 1 full wave: 134.217728 us
+    AttentionArgs a;
+    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
+    // Fused: 2*10*1280*1280*128 FLOP = 41.94304 us at 1000 tiles of 128x128 (gemm_threads(1280, 128) x 10
+    // = 100 tiles: one full wave); it reads qkv and writes out and lse: far less than 41.9 MB.
+    const double gemm_us = 2.0 * 1280 * 1280 * 4096 / 1e8, attn_us = 41.94304;
+    ASSERT_NEAR(emu::model_kernel(op_cost(g), spec).work_us, gemm_us, 1e-9);
+    ASSERT_NEAR(emu::model_kernel(op_cost(a), spec).work_us, attn_us, 1e-9);
+    // Launched at 2 and 4 us; the GEMM runs 3..137.217728, the attention 138.217728..180.160768; the
+    // host waits for it and 3 us more.
+    const double expected_host = 2 + 1 + gemm_us + 1 + attn_us + 3;
+    auto run = [&](Device& device) {
+        auto stream = device.create_stream();
+        DeviceBuffer A(device, 1280 * 4096 * 2), B(device, 4096 * 1280 * 2), C(device, 1280 * 1280 * 2);
+        DeviceBuffer qkv(device, 3 * 1638400 * 2), out(device, 1638400 * 2);
+        std::vector<float> lse(12800);
+        GemmArgs gg = g;
+        gg.a = A.data(), gg.b = B.data(), gg.c = C.data();
+        AttentionArgs aa = a;
+        aa.qkv = qkv.data(), aa.out = out.data(), aa.lse = lse.data();
+        const double t0 = device.host_time_us();
+        emu::gemm(gg, *stream);
+        emu::attention_forward(aa, *stream);
+        stream->synchronize();
+        return device.host_time_us() - t0;
+    };
+    emu::EmuOptions none;
+    none.spec = spec;
+    auto default_device = emu::make_device(none);
+    auto scmoe_device = device_with(emu::builtin_stack("scmoe"));
+    const double by_default = run(*default_device), by_scmoe = run(*scmoe_device);
+    EXPECT_NEAR(by_default, expected_host, 1e-9);
+    EXPECT_EQ(by_scmoe, by_default);  // bitwise
+    // The paper stack on the same ops takes longer (its attention is unfused, each launch has framework time).
+    auto paper_device = device_with(emu::builtin_stack("paper"));
+    EXPECT_GT(run(*paper_device), by_default);
+    // The launch layer's default choice is the scmoe stack, and its all-to-all factor is 1.
+    const launch::EmuChoice choice = launch::resolve_emu_choice("a800", "", "", 8);
+    EXPECT_EQ(choice.stack, "scmoe");
+    const emu::Stack loaded = launch::load_stack(choice.stack);
+    EXPECT_EQ(loaded.attention, emu::AttentionImpl::kFused);
+    EXPECT_EQ(loaded.framework_us, 0.0);
+    EXPECT_EQ(loaded.all_to_all_efficiency, 1.0);
+    EXPECT_TRUE(loaded.small_gemm.empty());
+    const Topology base = cluster_topology("a800-nvlink-8"), with = launch::stack_topology("a800-nvlink-8", loaded);
+    const std::vector<double> bytes(64, 3e6);
+    const std::vector<int> ranks = {0, 1, 2, 3, 4, 5, 6, 7};
+    EXPECT_EQ(all_to_all_us(with, ranks, bytes), all_to_all_us(base, ranks, bytes));
+}
+
+std::string write_stack(const std::string& name, const std::string& json) {
+    const std::string path = ::testing::TempDir() + name;
+    std::ofstream(path) << json;
+    return path;
+}
+
+// The error of loading `json` as a stack file ("" when it loads).
+std::string stack_error(const std::string& json) {
+    try {
+        launch::load_stack(write_stack("bad_stack.json", json));
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(EmuStack, AStackFileOverridesItsBase) {
+    const emu::Stack s = launch::load_stack(write_stack(
+        "ours_stack.json", R"({"base": "paper", "name": "ours", "framework_us": 10, "all_to_all_efficiency": 0.7,
+                              "small_gemm": [[128, 0.5], [4096, 1.0]], "sources": ["our profile"]})"));
+    EXPECT_EQ(s.name, "ours");
+    EXPECT_EQ(s.attention, emu::AttentionImpl::kUnfused);  // the base's
+    EXPECT_TRUE(s.attention_dropout);
+    EXPECT_DOUBLE_EQ(s.framework_us, 10);
+    EXPECT_DOUBLE_EQ(s.all_to_all_efficiency, 0.7);
+    ASSERT_EQ(s.small_gemm.size(), 2u);
+    EXPECT_DOUBLE_EQ(s.small_gemm[0].fraction, 0.5);
+    EXPECT_EQ(s.sources.front(), "our profile");
+}
+
+TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
+    const struct {
+        const char* json;
+        const char* names;
+    } cases[] = {
+        {R"({"framwork_us": 3})", "framwork_us"},                 // an unknown key (a typo)
+        {R"({"framework_us": "3"})", "framework_us"},             // a wrong type
+        {R"({"framework_us": -1})", "framework_us"},              // out of range
+        {R"({"attention": "flash"})", "attention"},               // not fused or unfused
+        {R"({"attention": 1})", "attention"},
+        {R"({"attention_dropout": "yes"})", "attention_dropout"},
+        {R"({"all_to_all_efficiency": 1.5})", "all_to_all_efficiency"},
+        {R"({"all_to_all_efficiency": null})", "all_to_all_efficiency"},
+        {R"({"small_gemm": {"64": 0.5}})", "small_gemm"},
+        {R"({"small_gemm": [[64]]})", "small_gemm[0]"},
+        {R"({"small_gemm": [[64, "0.5"], [128, 1]]})", "small_gemm[0][1]"},
+        {R"({"small_gemm": [[64, 0.5], [32, 1]]})", "small_gemm[1]"},
+        {R"({"sources": "a paper"})", "sources"},
+        {R"({"sources": ["ok", 3]})", "sources[1]"},
+        {R"({"name": 7})", "name"},
+        {R"({"base": "pytorch"})", "field 'base'"},
+        {R"({"base": 2})", "field 'base'"},
+    };
+    for (const auto& c : cases) {
+        const std::string error = stack_error(c.json);
+        EXPECT_NE(error.find(c.names), std::string::npos) << c.json << " -> " << error;
+    }
+    EXPECT_NE(stack_error("[1, 2]").find("JSON object"), std::string::npos);
+    EXPECT_NE(stack_error("{not json").find("not JSON"), std::string::npos);
+    EXPECT_THROW(launch::load_stack("pytorch"), Error);
+    EXPECT_EQ(launch::load_stack("PAPER").name, "paper");
+}
+
+}  // namespace
+}  // namespace scmoe
