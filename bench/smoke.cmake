@@ -42,6 +42,8 @@ if(NOT DEFINED GROUP OR GROUP STREQUAL "single")
             --shared-expert --cg -n 2 -w 1)
   run_bench(layer_gelu layer -b 16 -e 64 -f 4 --hidden 16 --ffn 24 --experts 3 --top-k 1 --activation gelu -n 1 -w 0)
   run_bench(attention attention --batch 2 --seq 33,64 --heads 2 --head-dim 8,16 --provider auto,own -n 2 -w 1)
+  # Grouped-query attention: 4 query heads on 2 K/V heads, checked against the CPU op.
+  run_bench(attention_gqa attention --batch 2 --seq 33 --heads 4 --kv-heads 2 --head-dim 8 --provider auto,own -n 2 -w 1)
 endif()
 
 if(NOT DEFINED GROUP OR GROUP STREQUAL "ranks")
