@@ -28,7 +28,8 @@ struct AttentionBenchArgs {
 cxxopts::Options attention_options() {
     cxxopts::Options options(
         "scmoe-bench attention",
-        "Causal multi-head attention softmax(q k^T / sqrt(head_dim)) v on qkv [batch*seq, (heads + 2*kv_heads)*head_dim]: "
+        "Causal multi-head attention softmax(q k^T / sqrt(head_dim)) v on qkv "
+        "[batch*seq, (heads + 2*kv_heads)*head_dim]: "
         "forward (with lse, as in training), backward and forward+backward per provider. TFLOP/s from op_cost "
         "(causal: half the square; backward 2.5x the forward).");
     options.set_width(110);

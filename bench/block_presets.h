@@ -16,8 +16,8 @@ struct BlockPreset {
     std::int64_t hidden = 0, ffn = 0, heads = 0, kv_heads = 0, seq = 0;
     Activation activation = Activation::kGeLU;
     float capacity_factor = 0;
-    int experts = 0;             // on one node (ranks <= 8)
-    int experts_two_nodes = 0;   // with more than 8 ranks (the paper's 2 x 8 GPUs: one expert per GPU)
+    int experts = 0;            // on one node (ranks <= 8)
+    int experts_two_nodes = 0;  // with more than 8 ranks (the paper's 2 x 8 GPUs: one expert per GPU)
     std::int64_t tokens_per_rank = 0;
     std::vector<std::string> notes;  // the assumptions and omissions, printed with the report
 };

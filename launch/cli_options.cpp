@@ -66,13 +66,14 @@ models::LmConfig read_model_shape_options(const cxxopts::ParseResult& r, bool* c
     if (r.count("experts")) m.moe.num_experts = r["experts"].as<int>();
     if (r.count("expert-ffn")) m.moe.ffn = r["expert-ffn"].as<std::int64_t>();
     // A preset keeps its own vocabulary (LmConfig's default is the 256 bytes) unless --vocab is given.
-    if (r.count("vocab")) m.vocab = r["vocab"].as<std::int64_t>();
-    else if (m.vocab == models::LmConfig{}.vocab) m.vocab = r["vocab"].as<std::int64_t>();
+    if (r.count("vocab"))
+        m.vocab = r["vocab"].as<std::int64_t>();
+    else if (m.vocab == models::LmConfig{}.vocab)
+        m.vocab = r["vocab"].as<std::int64_t>();
     SCMOE_CHECK(m.vocab >= 256, "--vocab " << m.vocab << ": the data has 256 byte tokens");
     if (custom)
-        *custom = r.count("layers") || r.count("hidden") || r.count("heads") || r.count("kv-heads") ||
-                  r.count("seq") || r.count("ffn") || r.count("activation") || r.count("experts") ||
-                  r.count("expert-ffn");
+        *custom = r.count("layers") || r.count("hidden") || r.count("heads") || r.count("kv-heads") || r.count("seq") ||
+                  r.count("ffn") || r.count("activation") || r.count("experts") || r.count("expert-ffn");
     return m;
 }
 

@@ -64,9 +64,9 @@ void validate_backbone_shape(const BackboneShape& s, const char* what) {
     SCMOE_CHECK(s.hidden > 0 && s.heads > 0 && s.hidden % s.heads == 0,
                 what << ": hidden " << s.hidden << " must be a positive multiple of heads " << s.heads);
     SCMOE_CHECK(s.kv_heads >= 0 && (s.kv_heads == 0 || (s.kv_heads <= s.heads && s.heads % s.kv_heads == 0)),
-                what << ".kv_heads = " << s.kv_heads << " must divide heads " << s.heads
-                     << " (0: as many as heads)");
-    SCMOE_CHECK(s.seq_len > 0 && s.ffn > 0, what << ": seq_len " << s.seq_len << " and ffn " << s.ffn << " must be > 0");
+                what << ".kv_heads = " << s.kv_heads << " must divide heads " << s.heads << " (0: as many as heads)");
+    SCMOE_CHECK(s.seq_len > 0 && s.ffn > 0,
+                what << ": seq_len " << s.seq_len << " and ffn " << s.ffn << " must be > 0");
 }
 
 std::vector<ParamSpec> AttentionSublayer::param_specs(const BackboneShape& s) {

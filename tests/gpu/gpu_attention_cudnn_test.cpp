@@ -77,11 +77,10 @@ Result run_gpu(Backends& b, const Shape& s, const Inputs& in, AttentionProvider 
     DeviceBuffer dout = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), dt);
     DeviceBuffer dlse = upload(b, F(static_cast<std::size_t>(s.lse_size()), kNaN), DType::kF32);
     DeviceBuffer dg = upload(b, F(static_cast<std::size_t>(s.qkv_size()), kNaN), dt);
-    attention_forward(
-        {s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), s.kv_heads},
-        *b.gpu_stream, fwd);
-    attention_backward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(),
-                        dgo.data(), dg.data(), s.kv_heads},
+    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), s.kv_heads},
+                      *b.gpu_stream, fwd);
+    attention_backward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(),
+                        dg.data(), s.kv_heads},
                        *b.gpu_stream, bwd);
     return {download(b, dout.data(), s.out_size(), dt), download(b, dlse.data(), s.lse_size(), DType::kF32),
             download(b, dg.data(), s.qkv_size(), dt)};

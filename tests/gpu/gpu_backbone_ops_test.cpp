@@ -133,11 +133,10 @@ AttnResult run_attention_gpu(Backends& b, DType dt, const AttnShape& s, const F&
     DeviceBuffer dout = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), dt);
     DeviceBuffer dlse = upload(b, F(static_cast<std::size_t>(s.lse_size()), kNaN), DType::kF32);
     DeviceBuffer dg = upload(b, F(static_cast<std::size_t>(s.qkv_size()), kNaN), dt);  // must be overwritten
-    attention_forward(
-        {s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), s.kv_heads},
-        *b.gpu_stream, AttentionProvider::kOwn);
-    attention_backward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(),
-                        dgo.data(), dg.data(), s.kv_heads},
+    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), s.kv_heads},
+                      *b.gpu_stream, AttentionProvider::kOwn);
+    attention_backward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(),
+                        dg.data(), s.kv_heads},
                        *b.gpu_stream, AttentionProvider::kOwn);
     return {download(b, dout.data(), s.out_size(), dt), download(b, dlse.data(), s.lse_size(), DType::kF32),
             download(b, dg.data(), s.qkv_size(), dt)};
@@ -187,7 +186,7 @@ TEST(GpuBackboneAttention, GroupedQueryForwardBackwardMatchCpu) {
     std::uint64_t seed = 250;
     for (DType dt : {DType::kF32, DType::kBF16}) {
         check_attention(b, dt, {2, 37, 4, 64, 2}, 1.0f, seed += 5);
-        check_attention(b, dt, {1, 70, 6, 24, 1}, 1.0f, seed += 5);  // multi-query, head_dim < 32
+        check_attention(b, dt, {1, 70, 6, 24, 1}, 1.0f, seed += 5);     // multi-query, head_dim < 32
         check_attention(b, dt, {1, 300, 16, 128, 4}, 1.0f, seed += 5);  // llama2-moe's 16 / 4 heads of 128
     }
 }

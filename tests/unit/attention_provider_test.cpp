@@ -200,7 +200,7 @@ TEST(AttentionCudnnKey, EveryFieldSeparatesKeysAndPointersDoNot) {
     vary([](CudnnAttentionKey& k) { k.with_stats = false; });
     vary([](CudnnAttentionKey& k) { k.deterministic = false; });
     vary([](CudnnAttentionKey& k) { k.sm_count = 100; });  // a graph per SM budget (Stream::set_sm_budget)
-    vary([](CudnnAttentionKey& k) { k.kv_heads = 2; });   // GQA: a graph per K/V head count
+    vary([](CudnnAttentionKey& k) { k.kv_heads = 2; });    // GQA: a graph per K/V head count
     // batch and seq swapped: same product of tokens, a different graph.
     vary([](CudnnAttentionKey& k) { std::swap(k.batch, k.seq); });
     std::unordered_set<CudnnAttentionKey, CudnnAttentionKeyHash> set(keys.begin(), keys.end());

@@ -38,11 +38,7 @@ HeadView head_view(std::int64_t b, std::int64_t h, std::int64_t seq, std::int64_
     const std::int64_t hd = heads * head_dim, ld = attention_qkv_width(heads, kv_heads, head_dim);
     const std::int64_t kv = attention_kv_heads(heads, kv_heads), g = h / (heads / kv);
     const std::int64_t row0 = b * seq * ld;
-    return {row0 + h * head_dim,
-            row0 + hd + g * head_dim,
-            row0 + hd + kv * head_dim + g * head_dim,
-            ld,
-            hd,
+    return {row0 + h * head_dim,        row0 + hd + g * head_dim, row0 + hd + kv * head_dim + g * head_dim, ld, hd,
             b * seq * hd + h * head_dim};
 }
 

@@ -197,8 +197,7 @@ void dispatch_per_lane(std::int64_t head_dim, Fn&& fn) {
     SCMOE_FAIL("attention: head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
 }
 
-Shape shape_of(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
-               std::int64_t kv_heads) {
+Shape shape_of(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim, std::int64_t kv_heads) {
     return {batch, seq, heads, head_dim, math::attention_scale(head_dim), attention_kv_heads(heads, kv_heads)};
 }
 
