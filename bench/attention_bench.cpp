@@ -18,7 +18,7 @@ namespace scmoe::bench {
 namespace {
 
 struct AttentionBenchArgs {
-    std::int64_t batch = 0, heads = 0;
+    std::int64_t batch = 0, heads = 0, kv_heads = 0;  // kv_heads 0: = heads
     std::vector<std::int64_t> seqs, head_dims;
     std::vector<AttentionProvider> providers;
     std::string dtype;
@@ -28,7 +28,8 @@ struct AttentionBenchArgs {
 cxxopts::Options attention_options() {
     cxxopts::Options options(
         "scmoe-bench attention",
-        "Causal multi-head attention softmax(q k^T / sqrt(head_dim)) v on qkv [batch*seq, 3*heads*head_dim]: "
+        "Causal multi-head attention softmax(q k^T / sqrt(head_dim)) v on qkv "
+        "[batch*seq, (heads + 2*kv_heads)*head_dim]: "
         "forward (with lse, as in training), backward and forward+backward per provider. TFLOP/s from op_cost "
         "(causal: half the square; backward 2.5x the forward).");
     options.set_width(110);
@@ -38,6 +39,8 @@ cxxopts::Options attention_options() {
         ("batch", "Sequences per batch", cxxopts::value<std::int64_t>()->default_value("8"))
         ("seq", "Sequence lengths, comma list (K suffix)", cxxopts::value<std::string>()->default_value("1024"))
         ("heads", "Attention heads", cxxopts::value<std::int64_t>()->default_value("12"))
+        ("kv-heads", "K/V heads (grouped-query attention; must divide --heads; default: --heads)",
+         cxxopts::value<std::int64_t>())
         ("head-dim", "Head dimensions, comma list", cxxopts::value<std::string>()->default_value("64"))
         ("provider", "Providers, comma list: auto (cuDNN for bf16 where it runs, else own; "
                      "SCMOE_ATTENTION_PROVIDER), own (scmoe's kernel), cudnn (CUDA, bf16)",
@@ -56,6 +59,10 @@ AttentionBenchArgs read_attention_args(const cxxopts::ParseResult& r) {
     a.batch = r["batch"].as<std::int64_t>();
     a.heads = r["heads"].as<std::int64_t>();
     if (a.batch < 1 || a.heads < 1) throw UsageError("--batch and --heads must be >= 1");
+    a.kv_heads = r.count("kv-heads") ? r["kv-heads"].as<std::int64_t>() : a.heads;
+    if (a.kv_heads < 1 || a.heads % a.kv_heads != 0)
+        throw UsageError("--kv-heads " + std::to_string(a.kv_heads) + " must divide --heads " +
+                         std::to_string(a.heads));
     a.seqs = parse_size_list(r["seq"].as<std::string>(), "--seq");
     a.head_dims = parse_size_list(r["head-dim"].as<std::string>(), "--head-dim");
     for (const std::string& name : split_list(r["provider"].as<std::string>())) {
@@ -102,6 +109,7 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
     args_json["batch"] = args.batch;
     args_json["seq"] = args.seqs;
     args_json["heads"] = args.heads;
+    args_json["kv_heads"] = args.kv_heads;
     args_json["head_dim"] = args.head_dims;
     args_json["provider"] = nlohmann::ordered_json::array();
     for (AttentionProvider p : args.providers) args_json["provider"].push_back(attention_provider_name(p));
@@ -121,7 +129,7 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
     const double bf16_floor = dtype == DType::kBF16 ? 2.0 / 256.0 : 0.0;
     {
         std::ostringstream what;
-        what << "causal attention, qkv [batch*seq, 3*heads*head_dim] " << dtype_name(dtype)
+        what << "causal attention, qkv [batch*seq, (heads + 2*kv_heads)*head_dim] " << dtype_name(dtype)
              << ", fp32 accumulation; fwd writes out and lse; bwd reads qkv, out, lse, grad_out, writes grad_qkv";
         report.note(what.str());
         const char* env = std::getenv("SCMOE_ATTENTION_PROVIDER");
@@ -145,6 +153,7 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
         {"batch", "batch", "", 5, 0},
         {"seq", "seq", "", 6, 0},
         {"heads", "heads", "", 5, 0},
+        {"kv_heads", "kv_heads", "", 8, 0},
         {"head_dim", "head_dim", "", 8, 0},
         {"dtype", "dtype", "", 5, 0},
         {"fwd_us", "fwd_time", "(us)", 10, 1},
@@ -168,8 +177,8 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
     int rows = 0;
     for (const std::int64_t head_dim : args.head_dims) {
         for (const std::int64_t seq : args.seqs) {
-            const std::int64_t B = args.batch, S = seq, H = args.heads, D = head_dim;
-            const std::int64_t qkv_n = B * S * 3 * H * D, out_n = B * S * H * D, lse_n = B * H * S;
+            const std::int64_t B = args.batch, S = seq, H = args.heads, D = head_dim, KV = args.kv_heads;
+            const std::int64_t qkv_n = B * S * attention_qkv_width(H, KV, D), out_n = B * S * H * D, lse_n = B * H * S;
             DeviceBuffer qkv(*device, static_cast<std::size_t>(qkv_n) * esize);
             DeviceBuffer grad_qkv(*device, static_cast<std::size_t>(qkv_n) * esize);
             DeviceBuffer out(*device, static_cast<std::size_t>(out_n) * esize);
@@ -177,9 +186,9 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
             DeviceBuffer lse(*device, static_cast<std::size_t>(lse_n) * sizeof(float));
             upload_uniform(*device, *stream, qkv.data(), dtype, qkv_n, 1.0f, args.seed);
             upload_uniform(*device, *stream, grad_out.data(), dtype, out_n, 1.0f, args.seed + 1);
-            const AttentionArgs fwd{B, S, H, D, dtype, qkv.data(), out.data(), lse.as<float>()};
+            const AttentionArgs fwd{B, S, H, D, dtype, qkv.data(), out.data(), lse.as<float>(), KV};
             const AttentionBackwardArgs bwd{
-                B, S, H, D, dtype, qkv.data(), out.data(), lse.as<float>(), grad_out.data(), grad_qkv.data()};
+                B, S, H, D, dtype, qkv.data(), out.data(), lse.as<float>(), grad_out.data(), grad_qkv.data(), KV};
             const double fwd_flops = op_cost(fwd).flops, bwd_flops = op_cost(bwd).flops;
 
             // The CPU reference forward, once per shape (its backward needs each provider's out).
@@ -189,7 +198,7 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
                 host_grad_out = download_f32(*stream, grad_out.data(), dtype, out_n);
                 ref_out.resize(static_cast<std::size_t>(out_n));
                 ref_lse.resize(static_cast<std::size_t>(lse_n));
-                attention_forward({B, S, H, D, DType::kF32, host_qkv.data(), ref_out.data(), ref_lse.data()},
+                attention_forward({B, S, H, D, DType::kF32, host_qkv.data(), ref_out.data(), ref_lse.data(), KV},
                                   *cpu_stream);
                 cpu_stream->synchronize();
             }
@@ -210,7 +219,7 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
                     const std::vector<float> got_grad = download_f32(*stream, grad_qkv.data(), dtype, qkv_n);
                     std::vector<float> ref_grad(static_cast<std::size_t>(qkv_n));
                     attention_backward({B, S, H, D, DType::kF32, host_qkv.data(), got_out.data(), ref_lse.data(),
-                                        host_grad_out.data(), ref_grad.data()},
+                                        host_grad_out.data(), ref_grad.data(), KV},
                                        *cpu_stream);
                     cpu_stream->synchronize();
                     const ErrorStats out_err = error_stats(got_out, ref_out), grad_err = error_stats(got_grad, ref_grad);
@@ -228,7 +237,7 @@ int run_attention_bench(int argc, char** argv, const std::string& command) {
                 fwd_tflops_sum += tflops(fwd_flops, fwd_us);
                 bwd_tflops_sum += tflops(bwd_flops, bwd_us);
                 ++rows;
-                report.add_row({std::string(attention_provider_name(p)), B, S, H, D, std::string(dtype_name(dtype)),
+                report.add_row({std::string(attention_provider_name(p)), B, S, H, KV, D, std::string(dtype_name(dtype)),
                                 fwd_us, tflops(fwd_flops, fwd_us), bwd_us, tflops(bwd_flops, bwd_us), fwd_bwd_us,
                                 tflops(fwd_flops + bwd_flops, fwd_bwd_us), wrong});
             }

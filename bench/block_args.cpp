@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "block_presets.h"
 #include "scmoe/kernels/error.h"
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
@@ -16,7 +17,12 @@ cxxopts::Options block_options() {
                        "speedup vs top-2");
     add_common_options(o);
     add_token_options(o, "block", "512", "Tokens per rank per step, each a multiple of --seq (one set of rows each)");
+    std::string presets;
+    for (const std::string& n : block_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
     o.add_options("block")
+        ("preset", "a block shape the paper measured (" + presets + "): sets --hidden --ffn --heads --kv-heads "
+         "--seq --experts --activation --capacity-factor and --tokens, each flag given overriding it; "
+         "docs/scmoe-paper-setup.md", cxxopts::value<std::string>())
         ("variants", "comma list of: " + block_variant_list(),
          cxxopts::value<std::string>()->default_value("top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3,scmoe2"))
         ("ranks", "in-process expert-parallel ranks (threads); under mpirun the world size is used",
@@ -27,6 +33,8 @@ cxxopts::Options block_options() {
         ("ffn", "dense MLP and expert FFN width", cxxopts::value<std::int64_t>()->default_value("512"))
         ("experts", "routed experts (a multiple of the ranks)", cxxopts::value<int>()->default_value("8"))
         ("heads", "attention heads", cxxopts::value<int>()->default_value("8"))
+        ("kv-heads", "K/V heads (grouped-query attention; must divide --heads; default: --heads)",
+         cxxopts::value<int>())
         ("seq", "tokens per sequence", cxxopts::value<std::int64_t>()->default_value("128"))
         ("blocks", "blocks of the every-block-* variants (an MoE in each)", cxxopts::value<int>()->default_value("4"))
         ("mode", "fwd | train", cxxopts::value<std::string>()->default_value("train"))
@@ -76,6 +84,30 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
     a.experts = r["experts"].as<int>();
     a.heads = r["heads"].as<int>();
     a.seq = r["seq"].as<std::int64_t>();
+    a.capacity_factor = r["capacity-factor"].as<float>();
+    if (r.count("preset")) {
+        // The preset's values where the flag is not given (a flag's default does not count).
+        const BlockPreset* p = nullptr;
+        try {
+            p = &block_preset(r["preset"].as<std::string>());
+        } catch (const Error& e) {
+            throw UsageError(e.what());
+        }
+        a.preset = p->name;
+        a.preset_notes = p->notes;
+        if (!r.count("tokens") && !r.count("min-tokens")) a.tokens = {p->tokens_per_rank};
+        if (!r.count("hidden")) a.hidden = p->hidden;
+        if (!r.count("ffn")) a.ffn = p->ffn;
+        if (!r.count("heads")) a.heads = p->heads;
+        if (!r.count("kv-heads") && !r.count("heads")) a.kv_heads = p->kv_heads;
+        if (!r.count("seq")) a.seq = p->seq;
+        if (!r.count("experts")) a.experts = block_preset_experts(*p, a.ranks);
+        if (!r.count("capacity-factor")) a.capacity_factor = p->capacity_factor;
+    }
+    if (r.count("kv-heads")) a.kv_heads = r["kv-heads"].as<int>();
+    if (a.kv_heads == 0) a.kv_heads = a.heads;
+    if (a.heads < 1 || a.kv_heads < 1 || a.heads % a.kv_heads != 0)
+        throw UsageError("--kv-heads " + std::to_string(a.kv_heads) + " must divide --heads " + std::to_string(a.heads));
     a.blocks = r["blocks"].as<int>();
     const std::string mode = r["mode"].as<std::string>();
     if (mode != "fwd" && mode != "train") throw UsageError("--mode must be fwd or train");
@@ -83,10 +115,10 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
     a.dispatch = parse_dispatch_mode(r["dispatch"].as<std::string>());
     try {
         a.activation = parse_activation(r["activation"].as<std::string>());
+        if (!a.preset.empty() && !r.count("activation")) a.activation = block_preset(a.preset).activation;
     } catch (const Error& e) {
         throw UsageError(e.what());
     }
-    a.capacity_factor = r["capacity-factor"].as<float>();
     const std::string gate = r["gate"].as<std::string>();
     if (gate != "cg1" && gate != "add") throw UsageError("--gate must be cg1 or add");
     a.coefficient_gate = gate == "cg1";
@@ -161,6 +193,7 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
     j["ffn"] = a.ffn;
     j["experts"] = a.experts;
     j["heads"] = a.heads;
+    j["kv_heads"] = a.kv_heads;
     j["seq"] = a.seq;
     j["mode"] = a.train ? "train" : "fwd";
     j["dispatch"] = dispatch_mode_name(a.dispatch);
@@ -171,6 +204,7 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
     j["chunks"] = a.chunks == 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.chunks);
     j["comm_sms"] = a.comm_sms < 0 ? nlohmann::ordered_json("auto") : nlohmann::ordered_json(a.comm_sms);
     if (!a.cluster.empty()) j["cluster"] = a.cluster;
+    if (!a.preset.empty()) j["preset"] = a.preset;
     return j;
 }
 

@@ -24,7 +24,7 @@ struct BlockArgs {
     std::optional<LinkModel> link;
     double comm_share = 0;  // 0 = off
     std::vector<std::int64_t> tokens;  // per rank per step: --tokens, or the -b/-e/-f sweep (one row set each)
-    std::int64_t hidden = 0, ffn = 0, heads = 0, seq = 0;
+    std::int64_t hidden = 0, ffn = 0, heads = 0, kv_heads = 0, seq = 0;  // kv_heads: = heads without GQA
     int experts = 0, blocks = 4;
     bool train = true;
     bool coefficient_gate = true;
@@ -36,6 +36,8 @@ struct BlockArgs {
     IssueOrder issue_order = IssueOrder::kBackboneAhead;  // how the passes issue their ops (review L1)
     std::string trace;
     std::string cluster;  // emu: the Topology preset of the in-process ranks
+    std::string preset;   // --preset (block_presets.h), empty without
+    std::vector<std::string> preset_notes;  // its assumptions and omissions, for the report
 };
 
 cxxopts::Options block_options();

@@ -92,6 +92,7 @@ BlockStackConfig variant_config(const BlockArgs& a, const std::string& name, DTy
     BackboneShape s;
     s.hidden = a.hidden;
     s.heads = a.heads;
+    s.kv_heads = a.kv_heads;
     s.seq_len = a.seq;
     s.ffn = a.ffn;
     s.activation = a.activation;
@@ -450,6 +451,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     if (emulated)
         report.note("emu: times are the emulator's predictions for " + device->description() +
                     ", not measurements; nothing is computed, so there is no check");
+    for (const std::string& note : a.preset_notes) report.note(note);
     std::vector<RankOutput> outputs(static_cast<std::size_t>(a.ranks));
     std::vector<std::string> errors(outputs.size());
     std::shared_ptr<LocalGroup> group = a.ranks > 1 && !emulated ? LocalGroup::create(a.ranks) : nullptr;
@@ -493,6 +495,7 @@ int run_mpi(CommonArgs common, const BlockArgs& a, const std::string& command) {
         Report report(me == 0 ? std::cout : null_stream, "block", command, *device, common, block_args_json(common, a));
         report.print_preamble();
         for (const std::string& line : mpi_rank_lines(a.link)) report.note(line);
+        for (const std::string& note : a.preset_notes) report.note(note);
         RankOutput mine = run_rank(a, common, &comm, me);
         const std::size_t rows = a.tokens.size() * a.variants.size();  // results per rank
         const int k = VariantResult::kPacked * static_cast<int>(rows);

@@ -44,6 +44,8 @@ if(NOT DEFINED GROUP OR GROUP STREQUAL "single")
   run_bench(layer_top3 layer --tokens 40,64 --hidden 32 --ffn 48 --experts 4 --top-k 3 --dispatch capacity,dropless
             --capacity-factor 1.25 -n 2 -w 1)
   run_bench(attention attention --batch 2 --seq 33,64 --heads 2 --head-dim 8,16 --provider auto,own -n 2 -w 1)
+  # Grouped-query attention: 4 query heads on 2 K/V heads, checked against the CPU op.
+  run_bench(attention_gqa attention --batch 2 --seq 33 --heads 4 --kv-heads 2 --head-dim 8 --provider auto,own -n 2 -w 1)
 endif()
 
 if(NOT DEFINED GROUP OR GROUP STREQUAL "ranks")

@@ -15,7 +15,8 @@ namespace scmoe::launch {
 // "a,b,,c" -> {"a", "b", "c"}.
 std::vector<std::string> split_comma_list(const std::string& text);
 
-// --preset --layers --hidden --heads --seq --ffn --experts --expert-ffn --vocab into group "model".
+// --preset --layers --hidden --heads --kv-heads --seq --ffn --activation --experts --expert-ffn --vocab into
+// group "model".
 void add_model_shape_options(cxxopts::Options& options, const std::string& default_preset,
                              const std::string& default_vocab);
 // The preset with the given overrides. `custom` (optional): set when a shape flag overrode the preset.

@@ -106,6 +106,11 @@ std::string train_command(const PlanRequest& r, const PlanCase& c) {
        << " --hidden " << m.backbone.hidden << " --heads " << m.backbone.heads << " --seq " << m.backbone.seq_len
        << " --ffn " << m.backbone.ffn << " --experts " << m.moe.num_experts << " --expert-ffn " << m.moe.ffn
        << " --vocab " << m.vocab;
+    // The replayed command starts from scmoe-train's default preset (tiny: multi-head, GELU): the
+    // shape's GQA and SwiGLU must be spelled out (named only where they differ, so MHA/GELU plans
+    // print as before).
+    if (backbone_kv_heads(m.backbone) != m.backbone.heads) os << " --kv-heads " << m.backbone.kv_heads;
+    if (m.backbone.activation != Activation::kGeLU) os << " --activation " << activation_name(m.backbone.activation);
     return os.str();
 }
 

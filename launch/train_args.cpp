@@ -146,8 +146,9 @@ Args parse(int argc, const char* const* argv) {
     // clang-format off
     add_model_shape_options(o, "tiny", "256");
     o.add_options("model")
-        ("variants", "Block variants to train in turn, compared side by side (" + block_variant_list() + ")",
-         cxxopts::value<std::string>()->default_value("scmoe-pos2"))
+        ("variants", "Block variants to train in turn, compared side by side (" + block_variant_list() +
+                     "; default: the preset's, scmoe-pos2 or llama2-moe's every-block-pos1)",
+         cxxopts::value<std::string>())
         ("dispatch", "capacity or dropless", cxxopts::value<std::string>())
         ("capacity-factor", "Capacity factor (capacity dispatch)", cxxopts::value<float>())
         ("aux-loss", "Load-balancing loss weight", cxxopts::value<float>())
@@ -253,7 +254,8 @@ Args parse(int argc, const char* const* argv) {
         if (r.count("capacity-factor")) m.moe.capacity_factor = r["capacity-factor"].as<float>();
         if (r.count("aux-loss")) m.moe.aux_loss_coef = r["aux-loss"].as<float>();
         m.coefficient_gate = !r.count("no-cg");
-        a.variants = split_comma_list(r["variants"].as<std::string>());
+        a.variants = r.count("variants") ? split_comma_list(r["variants"].as<std::string>())
+                                         : std::vector<std::string>{m.variant};
         if (a.variants.empty()) throw UsageError("--variants is empty");
         for (const std::string& v : a.variants) {
             models::LmConfig c = m;

@@ -21,15 +21,22 @@ void check_common(const char* op, std::int64_t batch, std::int64_t seq, std::int
                 op << ": head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
 }
 
+void check_kv_heads(const char* op, std::int64_t heads, std::int64_t kv_heads) {
+    SCMOE_CHECK(kv_heads >= 0 && (kv_heads == 0 || (kv_heads <= heads && heads % kv_heads == 0)),
+                op << ": kv_heads " << kv_heads << " must divide heads " << heads << " (0: kv_heads = heads)");
+}
+
 }  // namespace
 
 void check_attention_args(const AttentionArgs& a, Backend backend) {
     check_common("attention_forward", a.batch, a.seq, a.heads, a.head_dim, a.dtype, backend);
+    check_kv_heads("attention_forward", a.heads, a.kv_heads);
     SCMOE_CHECK(a.qkv && a.out, "attention_forward: qkv and out must not be null");
 }
 
 void check_attention_backward_args(const AttentionBackwardArgs& a, Backend backend) {
     check_common("attention_backward", a.batch, a.seq, a.heads, a.head_dim, a.dtype, backend);
+    check_kv_heads("attention_backward", a.heads, a.kv_heads);
     SCMOE_CHECK(a.qkv && a.out && a.lse && a.grad_out && a.grad_qkv,
                 "attention_backward: qkv, out, lse, grad_out and grad_qkv must not be null");
     SCMOE_CHECK(a.grad_qkv != a.qkv && a.grad_qkv != a.grad_out,

@@ -3,8 +3,13 @@
 // scale = 1 / sqrt(head_dim).
 //
 // Tokens are sequence-major inside a batch: token t = b * seq + i. Causal: query i attends keys
-// 0..i of its own sequence only. A qkv row is [q (heads*head_dim) | k | v], head h at columns
-// h*head_dim.. inside each of the three parts.
+// 0..i of its own sequence only. A qkv row is [q (heads*head_dim) | k (kv_heads*head_dim) |
+// v (kv_heads*head_dim)], head h at columns h*head_dim.. inside each of the three parts.
+//
+// Grouped-query attention (GQA; Ainslie et al. 2023, arXiv 2305.13245): kv_heads divides heads and
+// query head h reads K/V head h / (heads / kv_heads), so each K/V head serves a group of consecutive
+// query heads. kv_heads = heads (or 0, the default) is multi-head attention; kv_heads = 1 is
+// multi-query attention. Backward sums a K/V head's gradient over its group.
 //
 // CPU: f32 only (BLAS per (batch, head) on strided views). CUDA: f32 or bf16 storage with fp32
 // accumulation, head_dim <= kAttentionCudaMaxHeadDim. lse is f32 on both. Results are bitwise
@@ -30,13 +35,23 @@ struct AttentionArgs {
     // All sizes > 0; dtype is that of qkv and out.
     std::int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
     DType dtype = DType::kF32;
-    const void* qkv = nullptr;  // [batch*seq, 3*heads*head_dim]
+    const void* qkv = nullptr;  // [batch*seq, (heads + 2*kv_heads)*head_dim]
     void* out = nullptr;        // [batch*seq, heads*head_dim] out; head h at columns h*head_dim..
     // [batch, heads, seq] f32 out: log-sum-exp of each scaled score row, kept for backward; null:
     // not stored (inference). lse_bhi = ln(sum_{j <= i} exp(scale * q_i . k_j)), natural log, the
     // scale applied; cuDNN's softmax "Stats" output has the same definition and layout.
     float* lse = nullptr;
+    std::int64_t kv_heads = 0;  // K/V heads (GQA); 0 = heads. heads % kv_heads == 0
 };
+
+// The K/V head count a call runs with: kv_heads, or heads where it is 0.
+inline std::int64_t attention_kv_heads(std::int64_t heads, std::int64_t kv_heads) {
+    return kv_heads > 0 ? kv_heads : heads;
+}
+// Elements of one qkv row: heads + 2 * kv_heads slices of head_dim.
+inline std::int64_t attention_qkv_width(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+    return (heads + 2 * attention_kv_heads(heads, kv_heads)) * head_dim;
+}
 
 // Which implementation runs attention on a CUDA stream (the CPU and emulated backends have one).
 //   kAuto:  the SCMOE_ATTENTION_PROVIDER environment variable when set (auto, own or cudnn; default
@@ -69,10 +84,11 @@ void attention_forward(const AttentionArgs& args, Stream& stream,
 
 // Causal attention: QK^T and PV over the lower triangle, 2 * (2 * b*h*s*s*d) / 2 FLOPs (the count
 // FlashAttention's papers use for causal masks); reads qkv once, writes out and lse (a fused kernel).
+// GQA: the FLOPs are per query head (unchanged); the bytes read shrink with kv_heads (the qkv row).
 inline OpCost op_cost(const AttentionArgs& a) {
     const double bhs = static_cast<double>(a.batch * a.heads * a.seq);
-    OpCost c = elementwise_cost(a.batch * a.seq * 3 * a.heads * a.head_dim, a.batch * a.seq * a.heads * a.head_dim,
-                                a.dtype, 0.0) +
+    OpCost c = elementwise_cost(a.batch * a.seq * attention_qkv_width(a.heads, a.kv_heads, a.head_dim),
+                                a.batch * a.seq * a.heads * a.head_dim, a.dtype, 0.0) +
                elementwise_cost(0, a.lse ? a.batch * a.heads * a.seq : 0, DType::kF32, 0.0);
     c.unit = OpUnit::kTensor;
     c.flops = 2.0 * bhs * static_cast<double>(a.seq) * static_cast<double>(a.head_dim);
@@ -84,19 +100,22 @@ inline OpCost op_cost(const AttentionArgs& a) {
 struct AttentionBackwardArgs {
     std::int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
     DType dtype = DType::kF32;
-    const void* qkv = nullptr;       // [batch*seq, 3*heads*head_dim] forward input
+    const void* qkv = nullptr;       // [batch*seq, (heads + 2*kv_heads)*head_dim] forward input
     const void* out = nullptr;       // [batch*seq, heads*head_dim] forward output
     const float* lse = nullptr;      // [batch, heads, seq] f32, from attention_forward
     const void* grad_out = nullptr;  // [batch*seq, heads*head_dim]
-    void* grad_qkv = nullptr;        // [batch*seq, 3*heads*head_dim] out, overwritten; must not overlap the inputs
+    void* grad_qkv = nullptr;        // like qkv, out, overwritten; must not overlap the inputs
+    std::int64_t kv_heads = 0;       // K/V heads (GQA); 0 = heads
 };
 void attention_backward(const AttentionBackwardArgs& args, Stream& stream,
                         AttentionProvider provider = AttentionProvider::kAuto);
 
 // 2.5x the forward's FLOPs (recompute of P, then dV, dP, dQ, dK: the FlashAttention-2 count).
+// Reads qkv, out and grad_out, writes grad_qkv; GQA narrows the qkv and grad_qkv rows.
 inline OpCost op_cost(const AttentionBackwardArgs& a) {
     const std::int64_t rows = a.batch * a.seq, width = a.heads * a.head_dim;
-    OpCost c = elementwise_cost(rows * (3 * width + 2 * width), rows * 3 * width, a.dtype, 0.0) +
+    const std::int64_t qkv_width = attention_qkv_width(a.heads, a.kv_heads, a.head_dim);
+    OpCost c = elementwise_cost(rows * (qkv_width + 2 * width), rows * qkv_width, a.dtype, 0.0) +
                elementwise_cost(a.batch * a.heads * a.seq, 0, DType::kF32, 0.0);
     c.unit = OpUnit::kTensor;
     c.flops = 2.5 * 2.0 * static_cast<double>(a.batch * a.heads * a.seq) * static_cast<double>(a.seq) *

@@ -40,8 +40,14 @@ struct LmConfig {
 
 // "tiny": 4 layers, hidden 128, 4 heads, seq 64, ffn 256, 8 experts of ffn 256 (minutes on 2 CPU cores).
 // "gpt2-moe-small": 12 layers, hidden 768, 12 heads, seq 1024, ffn 3072, 8 experts of ffn 3072 (the paper's).
-// "gpt2-moe-medium": 24 layers, hidden 1024, 16 heads, seq 2048, ffn 4096, 8 experts of ffn 4096 (the paper's).
-// The dtype is left f32; the trainer sets the backend's compute dtype.
+// "gpt2-moe-medium": 24 layers, hidden 1024, 16 heads, seq 2048, ffn 4096, 8 experts of ffn 4096 (the paper's;
+//     its Table 8 says 16 experts: --experts 16).
+// "gpt3-moe-xl": 24 layers, hidden 2048, 32 heads, seq 2048, ffn 8192, 8 experts of ffn 8192, GELU,
+//     vocab 50257, capacity factor 2.0 (the paper's Table 8 / Table 4 model).
+// "llama2-moe": 24 layers, hidden 2048, 16 heads with 4 KV heads (GQA), seq 2048, SwiGLU of width 5632
+//     (an assumption: LLaMA's rule), 8 experts in every block (every-block-pos1), vocab 32000, capacity 2.0.
+// Sources and derivations: lm_config.cpp. The dtype is left f32; the trainer sets the backend's
+// compute dtype. The GPT presets use GELU, llama2-moe SwiGLU (backbone and experts).
 LmConfig lm_preset(const std::string& name);
 std::vector<std::string> lm_preset_names();
 

@@ -45,7 +45,12 @@ TrainMemoryEstimate estimate_train_memory(const TrainConfig& config, int ep, boo
     // Attention (wqkv, wo) in every block; a dense MLP (two matrices at least) or the rank's experts
     // plus the router; the embedding. Norms and biases are left out (a lower bound).
     TrainMemoryEstimate e;
-    e.params = layers * 4 * h * h + dense_blocks * 2 * h * dense_ffn +
+    // wqkv is [h, (heads + 2 kv_heads) * head_dim]: 3h wide without GQA.
+    const double qkv_width =
+        m.backbone.heads > 0 && m.backbone.hidden % m.backbone.heads == 0 && m.backbone.kv_heads >= 0
+            ? static_cast<double>(backbone_qkv_width(m.backbone))
+            : 3 * h;
+    e.params = layers * (qkv_width + h) * h + dense_blocks * 2 * h * dense_ffn +
                moe_blocks * (local_experts * 2 * h * expert_ffn + h * experts) + vocab * h;
     const auto param_size = static_cast<double>(dtype_size(m.backbone.dtype));
     // Training: the weights, their gradients and AdamW's two f32 moments.

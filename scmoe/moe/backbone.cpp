@@ -10,9 +10,7 @@ namespace scmoe {
 namespace {
 
 void check_shape(const BackboneShape& s, std::int64_t max_tokens, const char* what) {
-    SCMOE_CHECK(s.hidden > 0 && s.heads > 0 && s.hidden % s.heads == 0,
-                what << ": hidden " << s.hidden << " must be a positive multiple of heads " << s.heads);
-    SCMOE_CHECK(s.seq_len > 0 && s.ffn > 0, what << ": seq_len " << s.seq_len << " and ffn " << s.ffn << " must be > 0");
+    validate_backbone_shape(s, what);
     SCMOE_CHECK(max_tokens >= 0, what << ": max_tokens = " << max_tokens);
 }
 
@@ -56,22 +54,37 @@ DeviceBuffer allocate_carved(Device& device, Carve&& carve) {
 
 }  // namespace
 
+std::int64_t backbone_kv_heads(const BackboneShape& s) { return s.kv_heads > 0 ? s.kv_heads : s.heads; }
+
+std::int64_t backbone_qkv_width(const BackboneShape& s) {
+    return s.heads > 0 ? (s.heads + 2 * backbone_kv_heads(s)) * (s.hidden / s.heads) : 0;
+}
+
+void validate_backbone_shape(const BackboneShape& s, const char* what) {
+    SCMOE_CHECK(s.hidden > 0 && s.heads > 0 && s.hidden % s.heads == 0,
+                what << ": hidden " << s.hidden << " must be a positive multiple of heads " << s.heads);
+    SCMOE_CHECK(s.kv_heads >= 0 && (s.kv_heads == 0 || (s.kv_heads <= s.heads && s.heads % s.kv_heads == 0)),
+                what << ".kv_heads = " << s.kv_heads << " must divide heads " << s.heads << " (0: as many as heads)");
+    SCMOE_CHECK(s.seq_len > 0 && s.ffn > 0,
+                what << ": seq_len " << s.seq_len << " and ffn " << s.ffn << " must be > 0");
+}
+
 std::vector<ParamSpec> AttentionSublayer::param_specs(const BackboneShape& s) {
-    return {{"norm_w", {s.hidden}}, {"wqkv", {s.hidden, 3 * s.hidden}}, {"wo", {s.hidden, s.hidden}}};
+    return {{"norm_w", {s.hidden}}, {"wqkv", {s.hidden, backbone_qkv_width(s)}}, {"wo", {s.hidden, s.hidden}}};
 }
 
 AttentionSublayer::AttentionSublayer(const BackboneShape& shape, Device& device, std::int64_t max_tokens)
     : shape_(shape), max_tokens_(max_tokens) {
     check_shape(shape, max_tokens, "AttentionSublayer");
-    const std::int64_t T = std::max<std::int64_t>(max_tokens, 1), H = shape.hidden;
+    const std::int64_t T = std::max<std::int64_t>(max_tokens, 1), H = shape.hidden, Q = backbone_qkv_width(shape);
     const std::size_t ds = dtype_size(shape.dtype);
     auto carve = [&](WorkspaceCarver& w) {
         auto take = [&](std::int64_t n) { return w.take_bytes(static_cast<std::size_t>(n) * ds); };
         normed_ = take(T * H);
-        qkv_ = take(T * 3 * H);
+        qkv_ = take(T * Q);
         attn_ = take(T * H);
         grad_attn_ = take(T * H);
-        grad_qkv_ = take(T * 3 * H);
+        grad_qkv_ = take(T * Q);
         grad_normed_ = take(T * H);
         rstd_ = w.take<float>(T);
         lse_ = w.take<float>(T * shape.heads);
@@ -82,14 +95,15 @@ AttentionSublayer::AttentionSublayer(const BackboneShape& shape, Device& device,
 void AttentionSublayer::forward(const Tensor& h, const std::vector<Tensor>& p, Tensor out, Stream& stream) {
     const std::int64_t T = check_tokens(shape_, max_tokens_, h, out, "AttentionSublayer.forward");
     check_params(param_specs(shape_), p, "AttentionSublayer params");
-    const std::int64_t H = shape_.hidden;
+    const std::int64_t H = shape_.hidden, Q = backbone_qkv_width(shape_);
     const DType dt = shape_.dtype;
     tokens_ = T;
     h_ = h;
     if (T == 0) return;
     rmsnorm_forward({T, H, shape_.norm_eps, dt, h.data, p[0].data, normed_, rstd_}, stream);
-    gemm({false, false, T, 3 * H, H, 1.0f, 0.0f, normed_, p[1].data, qkv_, dt, dt}, stream);
-    attention_forward({T / shape_.seq_len, shape_.seq_len, shape_.heads, H / shape_.heads, dt, qkv_, attn_, lse_},
+    gemm({false, false, T, Q, H, 1.0f, 0.0f, normed_, p[1].data, qkv_, dt, dt}, stream);
+    attention_forward({T / shape_.seq_len, shape_.seq_len, shape_.heads, H / shape_.heads, dt, qkv_, attn_, lse_,
+                       backbone_kv_heads(shape_)},
                       stream);
     residual_gemm(h.data, attn_, p[2].data, out.data, T, H, H, dt, stream);
 }
@@ -99,7 +113,7 @@ void AttentionSublayer::backward(const Tensor& grad_out, const std::vector<Tenso
     check_tensor(grad_out, {tokens_, shape_.hidden}, shape_.dtype, "AttentionSublayer.backward: grad_out");
     check_tensor(grad_in, {tokens_, shape_.hidden}, shape_.dtype, "AttentionSublayer.backward: grad_in");
     check_params(param_specs(shape_), g, "AttentionSublayer grads");
-    const std::int64_t T = tokens_, H = shape_.hidden;
+    const std::int64_t T = tokens_, H = shape_.hidden, Q = backbone_qkv_width(shape_);
     const DType dt = shape_.dtype, f32 = DType::kF32;
     if (T == 0) {
         for (const Tensor& t : g) stream.fill_zero(t.data, t.bytes());
@@ -109,11 +123,11 @@ void AttentionSublayer::backward(const Tensor& grad_out, const std::vector<Tenso
     gemm({true, false, H, H, T, 1.0f, 0.0f, attn_, grad_out.data, g[2].data, dt, f32}, stream);
     gemm({false, true, T, H, H, 1.0f, 0.0f, grad_out.data, p[2].data, grad_attn_, dt, dt}, stream);
     attention_backward({T / shape_.seq_len, shape_.seq_len, shape_.heads, H / shape_.heads, dt, qkv_, attn_, lse_,
-                        grad_attn_, grad_qkv_},
+                        grad_attn_, grad_qkv_, backbone_kv_heads(shape_)},
                        stream);
     // qkv = normed . Wqkv
-    gemm({true, false, H, 3 * H, T, 1.0f, 0.0f, normed_, grad_qkv_, g[1].data, dt, f32}, stream);
-    gemm({false, true, T, H, 3 * H, 1.0f, 0.0f, grad_qkv_, p[1].data, grad_normed_, dt, dt}, stream);
+    gemm({true, false, H, Q, T, 1.0f, 0.0f, normed_, grad_qkv_, g[1].data, dt, f32}, stream);
+    gemm({false, true, T, H, Q, 1.0f, 0.0f, grad_qkv_, p[1].data, grad_normed_, dt, dt}, stream);
     stream.copy(grad_in.data, grad_out.data, grad_out.bytes());
     rmsnorm_backward({T, H, shape_.norm_eps, dt, h_.data, p[0].data, rstd_, grad_normed_, grad_in.data, true,
                       static_cast<float*>(g[0].data)},

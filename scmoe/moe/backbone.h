@@ -1,7 +1,7 @@
 // The backbone sublayers ScMoE overlaps its all-to-all with: pre-norm causal multi-head attention and
 // a pre-norm dense MLP, each with its residual, forward and backward.
 //
-//   AttentionSublayer:  out = h + Attn(RMSNorm(h) . Wqkv) . Wo
+//   AttentionSublayer:  out = h + Attn(RMSNorm(h) . Wqkv) . Wo     (GQA: kv_heads K/V heads)
 //   MlpSublayer:        out = h + act(RMSNorm(h) . W1) . W2        (SwiGLU: W1 = [gate | up])
 //
 // Tokens are [batch * seq, hidden], sequence-major inside a batch. A sublayer keeps the activations
@@ -23,6 +23,9 @@ namespace scmoe {
 struct BackboneShape {
     std::int64_t hidden = 0;
     std::int64_t heads = 0;     // attention heads; hidden % heads == 0
+    // K/V heads: grouped-query attention (scmoe/kernels/attention.h) when fewer than heads;
+    // heads % kv_heads == 0. 0 (the default) means kv_heads = heads, i.e. multi-head attention.
+    std::int64_t kv_heads = 0;
     std::int64_t seq_len = 0;   // tokens per sequence; every pass carries a multiple of it
     std::int64_t ffn = 0;       // dense MLP width
     Activation activation = Activation::kSwiGLU;
@@ -30,7 +33,15 @@ struct BackboneShape {
     float norm_eps = 1e-5f;
 };
 
-// Parameters: norm_w [H], wqkv [H, 3H], wo [H, H].
+// The K/V head count of `shape`: kv_heads, or heads where it is 0.
+std::int64_t backbone_kv_heads(const BackboneShape& shape);
+// Width of the QKV projection's output: (heads + 2 * kv_heads) * (hidden / heads); 3H for MHA.
+std::int64_t backbone_qkv_width(const BackboneShape& shape);
+// Throws scmoe::Error naming the field (`what`.hidden, .heads, .kv_heads, .seq_len, .ffn) when the
+// shape is not valid.
+void validate_backbone_shape(const BackboneShape& shape, const char* what);
+
+// Parameters: norm_w [H], wqkv [H, Q] with Q = backbone_qkv_width (3H without GQA), wo [H, H].
 class AttentionSublayer {
 public:
     AttentionSublayer(const BackboneShape& shape, Device& device, std::int64_t max_tokens);

@@ -34,12 +34,7 @@ void BlockStackConfig::validate() const {
     SCMOE_CHECK(!blocks.empty(), "BlockStackConfig.blocks is empty");
     SCMOE_CHECK(blocks.size() <= kMaxBlocks,
                 "BlockStackConfig.blocks has " << blocks.size() << " blocks, more than the limit of " << kMaxBlocks);
-    SCMOE_CHECK(backbone.hidden > 0 && backbone.heads > 0 && backbone.hidden % backbone.heads == 0,
-                "BlockStackConfig.backbone: hidden " << backbone.hidden << " must be a positive multiple of heads "
-                                                     << backbone.heads);
-    SCMOE_CHECK(backbone.seq_len > 0 && backbone.ffn > 0,
-                "BlockStackConfig.backbone: seq_len " << backbone.seq_len << " and ffn " << backbone.ffn
-                                                      << " must be > 0");
+    validate_backbone_shape(backbone, "BlockStackConfig.backbone");
     bool any_moe = false;
     for (std::size_t b = 0; b < blocks.size(); ++b) {
         if (blocks[b].ffn != FfnKind::kMoe) continue;
@@ -65,8 +60,9 @@ std::string BlockStackConfig::to_string() const {
         o << (b ? "," : "")
           << (blocks[b].ffn == FfnKind::kDense ? "dense" : std::string("moe:") + shortcut_source_name(blocks[b].shortcut));
     }
-    o << "] hidden=" << backbone.hidden << " heads=" << backbone.heads << " seq=" << backbone.seq_len
-      << " dense_ffn=" << backbone.ffn << " moe={" << moe.to_string() << "}";
+    o << "] hidden=" << backbone.hidden << " heads=" << backbone.heads;
+    if (backbone.kv_heads > 0 && backbone.kv_heads != backbone.heads) o << " kv_heads=" << backbone.kv_heads;
+    o << " seq=" << backbone.seq_len << " dense_ffn=" << backbone.ffn << " moe={" << moe.to_string() << "}";
     return o.str();
 }
 

@@ -46,12 +46,13 @@ constexpr double kGradRelL2 = 2e-2;
 
 struct Shape {
     std::int64_t batch, seq, heads, head_dim;
-    std::int64_t qkv_size() const { return batch * seq * 3 * heads * head_dim; }
+    std::int64_t kv_heads = 0;  // GQA: K/V heads; 0 = heads
+    std::int64_t qkv_size() const { return batch * seq * attention_qkv_width(heads, kv_heads, head_dim); }
     std::int64_t out_size() const { return batch * seq * heads * head_dim; }
     std::int64_t lse_size() const { return batch * heads * seq; }
     std::string name() const {
         return "batch=" + std::to_string(batch) + " seq=" + std::to_string(seq) + " heads=" + std::to_string(heads) +
-               " head_dim=" + std::to_string(head_dim);
+               " head_dim=" + std::to_string(head_dim) + (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : "");
     }
 };
 
@@ -76,11 +77,11 @@ Result run_gpu(Backends& b, const Shape& s, const Inputs& in, AttentionProvider 
     DeviceBuffer dout = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), dt);
     DeviceBuffer dlse = upload(b, F(static_cast<std::size_t>(s.lse_size()), kNaN), DType::kF32);
     DeviceBuffer dg = upload(b, F(static_cast<std::size_t>(s.qkv_size()), kNaN), dt);
-    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>()},
+    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), s.kv_heads},
                       *b.gpu_stream, fwd);
-    attention_backward(
-        {s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(), dg.data()},
-        *b.gpu_stream, bwd);
+    attention_backward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(),
+                        dg.data(), s.kv_heads},
+                       *b.gpu_stream, bwd);
     return {download(b, dout.data(), s.out_size(), dt), download(b, dlse.data(), s.lse_size(), DType::kF32),
             download(b, dg.data(), s.qkv_size(), dt)};
 }
@@ -89,10 +90,11 @@ Result run_gpu(Backends& b, const Shape& s, const Inputs& in, AttentionProvider 
 Result run_cpu(Backends& b, const Shape& s, const Inputs& in, const F& gpu_out) {
     F out(static_cast<std::size_t>(s.out_size())), lse(static_cast<std::size_t>(s.lse_size())),
         grad(static_cast<std::size_t>(s.qkv_size()));
-    attention_forward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, in.qkv.data(), out.data(), lse.data()},
-                      *b.cpu_stream);
+    attention_forward(
+        {s.batch, s.seq, s.heads, s.head_dim, DType::kF32, in.qkv.data(), out.data(), lse.data(), s.kv_heads},
+        *b.cpu_stream);
     attention_backward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, in.qkv.data(), gpu_out.data(), lse.data(),
-                        in.grad_out.data(), grad.data()},
+                        in.grad_out.data(), grad.data(), s.kv_heads},
                        *b.cpu_stream);
     b.cpu_stream->synchronize();
     return {out, lse, grad};
@@ -156,6 +158,22 @@ TEST(GpuAttentionCudnn, MatchesOwnKernelAndCpu) {
     check_cudnn_against_own_and_cpu(b, {3, 65, 2, 64}, seed += 5);        // one past a 64-row tile
     check_cudnn_against_own_and_cpu(b, {2, 37, 3, 128}, seed += 5);       // shorter than one tile
     check_cudnn_against_own_and_cpu(b, {1, 77, 2, 64}, seed += 5, 3.0f);  // peaky softmax
+}
+
+// Grouped-query attention (K/V views of kv_heads heads, cuDNN's native GQA). Under auto the result
+// matches the CPU whichever provider ran; where cuDNN ran it also matches the own kernel. What ran is
+// printed: a cuDNN that refuses GQA is routed to the own kernel (said once on stderr), not an error.
+TEST(GpuAttentionCudnn, GroupedQueryMatchesOwnKernelAndCpuUnderAuto) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    std::uint64_t seed = 760;
+    for (const Shape s : {Shape{2, 100, 4, 64, 2}, Shape{1, 300, 16, 128, 4}, Shape{2, 65, 8, 64, 1}}) {
+        SCOPED_TRACE("GQA " + s.name());
+        const Ran ran = run_auto_against_cpu(b, s, seed += 5);
+        std::printf("GQA %s: cuDNN forward %lld backward %lld, own forward %lld backward %lld\n", s.name().c_str(),
+                    ran.cudnn_forward, ran.cudnn_backward, ran.own_forward, ran.own_backward);
+        if (ran.cudnn_forward > 0 && ran.cudnn_backward > 0) check_cudnn_against_own_and_cpu(b, s, seed += 5);
+    }
 }
 
 // seq 1 (out = v, grad_q = grad_k = 0) under auto: cuDNN may turn a one-token backward down (its

@@ -114,12 +114,13 @@ TEST(GpuBackboneRmsNorm, BackwardIsBitwiseDeterministic) {
 
 struct AttnShape {
     std::int64_t batch, seq, heads, head_dim;
-    std::int64_t qkv_size() const { return batch * seq * 3 * heads * head_dim; }
+    std::int64_t kv_heads = 0;  // GQA: K/V heads; 0 = heads
+    std::int64_t qkv_size() const { return batch * seq * attention_qkv_width(heads, kv_heads, head_dim); }
     std::int64_t out_size() const { return batch * seq * heads * head_dim; }
     std::int64_t lse_size() const { return batch * heads * seq; }
     std::string name() const {
         return "batch=" + std::to_string(batch) + " seq=" + std::to_string(seq) + " heads=" + std::to_string(heads) +
-               " head_dim=" + std::to_string(head_dim);
+               " head_dim=" + std::to_string(head_dim) + " kv_heads=" + std::to_string(kv_heads);
     }
 };
 
@@ -132,11 +133,11 @@ AttnResult run_attention_gpu(Backends& b, DType dt, const AttnShape& s, const F&
     DeviceBuffer dout = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), dt);
     DeviceBuffer dlse = upload(b, F(static_cast<std::size_t>(s.lse_size()), kNaN), DType::kF32);
     DeviceBuffer dg = upload(b, F(static_cast<std::size_t>(s.qkv_size()), kNaN), dt);  // must be overwritten
-    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>()},
+    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), s.kv_heads},
                       *b.gpu_stream, AttentionProvider::kOwn);
-    attention_backward(
-        {s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(), dg.data()},
-        *b.gpu_stream, AttentionProvider::kOwn);
+    attention_backward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(),
+                        dg.data(), s.kv_heads},
+                       *b.gpu_stream, AttentionProvider::kOwn);
     return {download(b, dout.data(), s.out_size(), dt), download(b, dlse.data(), s.lse_size(), DType::kF32),
             download(b, dg.data(), s.qkv_size(), dt)};
 }
@@ -148,11 +149,12 @@ void check_attention(Backends& b, DType dt, const AttnShape& s, float input_scal
     const AttnResult got = run_attention_gpu(b, dt, s, qkv, go);
     F out(static_cast<std::size_t>(s.out_size())), lse(static_cast<std::size_t>(s.lse_size())),
         grad(static_cast<std::size_t>(s.qkv_size()));
-    attention_forward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, qkv.data(), out.data(), lse.data()},
-                      *b.cpu_stream);
+    attention_forward(
+        {s.batch, s.seq, s.heads, s.head_dim, DType::kF32, qkv.data(), out.data(), lse.data(), s.kv_heads},
+        *b.cpu_stream);
     // Backward reference on the GPU's `out` (what the GPU's D_i sees) and the CPU's own lse.
     attention_backward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, qkv.data(), got.out.data(), lse.data(),
-                        go.data(), grad.data()},
+                        go.data(), grad.data(), s.kv_heads},
                        *b.cpu_stream);
     b.cpu_stream->synchronize();
     const bool bf16 = dt == DType::kBF16;
@@ -173,6 +175,19 @@ TEST(GpuBackboneAttention, ForwardBackwardMatchCpu) {
         check_attention(b, dt, {1, 300, 2, 128}, 1.0f, seed += 5);
         check_attention(b, dt, {1, 17, 2, 256}, 1.0f, seed += 5);  // the largest head_dim
         check_attention(b, dt, {3, 1, 2, 64}, 1.0f, seed += 5);    // seq 1: out = v, grad_q = grad_k = 0
+    }
+}
+
+// Grouped-query attention: the own kernel against the CPU's (itself checked against MHA with repeated
+// K/V and finite differences in tests/unit/attention_gqa_test.cpp); dK/dV sum over a group's heads.
+TEST(GpuBackboneAttention, GroupedQueryForwardBackwardMatchCpu) {
+    SCMOE_REQUIRE_GPU();
+    Backends b;
+    std::uint64_t seed = 250;
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+        check_attention(b, dt, {2, 37, 4, 64, 2}, 1.0f, seed += 5);
+        check_attention(b, dt, {1, 70, 6, 24, 1}, 1.0f, seed += 5);     // multi-query, head_dim < 32
+        check_attention(b, dt, {1, 300, 16, 128, 4}, 1.0f, seed += 5);  // llama2-moe's 16 / 4 heads of 128
     }
 }
 

@@ -2,7 +2,9 @@
 // outputs and gradients, and they match the CPU f32 stack run on the same bf16-rounded parameters
 // and inputs. Tolerances (relative L2 over a whole tensor): output 5e-2, input gradient and
 // parameter gradients 1e-1 — many bf16 roundings in a row, and a router near-tie may send a token
-// to another expert than on the CPU.
+// to another expert than on the CPU. A variant name ending in "-gqa" runs that variant with
+// grouped-query attention (4 heads on 2 K/V heads, as the llama2-moe preset's 16 on 4); every case
+// has SwiGLU (BackboneShape's and MoeConfig's default).
 #include <gtest/gtest.h>
 
 #include "block_test_util.h"
@@ -13,10 +15,14 @@ namespace {
 
 using gpu_testing::F;
 
-BlockStackConfig gpu_config(const std::string& variant, DType dtype) {
+BlockStackConfig gpu_config(std::string variant, DType dtype) {
+    const std::string gqa_suffix = "-gqa";
+    const bool gqa = variant.size() > gqa_suffix.size() && variant.ends_with(gqa_suffix);
+    if (gqa) variant.resize(variant.size() - gqa_suffix.size());
     BackboneShape s;
     s.hidden = 64;
     s.heads = 4;
+    s.kv_heads = gqa ? 2 : 0;
     s.seq_len = 16;
     s.ffn = 96;
     s.dtype = dtype;
@@ -97,8 +103,9 @@ TEST_P(GpuBlock, OverlapIsBitwiseAndMatchesCpu) {
         gpu_testing::expect_rel_l2(off[3 + m], ref.moe_grads[m], 1e-1, "moe grads");
 }
 
-INSTANTIATE_TEST_SUITE_P(Bf16, GpuBlock, ::testing::Values("top2", "scmoe-pos2", "scmoe-pos3", "every-block-pos1", "top3",
-                                                           "every-block-top2", "every-block-shared"),
+INSTANTIATE_TEST_SUITE_P(Bf16, GpuBlock,
+                         ::testing::Values("top2", "scmoe-pos2", "scmoe-pos3", "every-block-pos1", "top3",
+                                           "every-block-top2", "every-block-shared", "every-block-pos1-gqa"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return testing::gtest_name(p.param); });
 
 }  // namespace

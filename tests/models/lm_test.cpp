@@ -56,6 +56,81 @@ TEST(LmConfig, JsonRoundTripAndPresets) {
         EXPECT_EQ(b.blocks[i].ffn, i % 2 ? FfnKind::kMoe : FfnKind::kDense) << i;
 }
 
+// The paper's presets (docs/scmoe-paper-setup.md, Table 8): the shapes as stated.
+TEST(LmConfig, PaperPresetsHaveTable8Shapes) {
+    const LmConfig x = lm_preset("gpt3-moe-xl");
+    EXPECT_EQ(x.layers, 24);
+    EXPECT_EQ(x.backbone.hidden, 2048);
+    EXPECT_EQ(x.backbone.heads, 32);
+    EXPECT_EQ(backbone_kv_heads(x.backbone), 32);
+    EXPECT_EQ(x.backbone.seq_len, 2048);
+    EXPECT_EQ(x.backbone.ffn, 8192);
+    EXPECT_EQ(x.backbone.activation, Activation::kGeLU);
+    EXPECT_EQ(x.moe.num_experts, 8);
+    EXPECT_EQ(x.moe.ffn, 8192);
+    EXPECT_EQ(x.moe.activation, Activation::kGeLU);
+    EXPECT_EQ(x.vocab, 50257);
+    EXPECT_EQ(x.moe.capacity_factor, 2.0f);
+    const BlockStackConfig xb = x.block_stack();
+    ASSERT_EQ(xb.blocks.size(), 24u);
+    for (std::size_t i = 0; i < xb.blocks.size(); ++i)
+        EXPECT_EQ(xb.blocks[i].ffn, i % 2 ? FfnKind::kMoe : FfnKind::kDense) << i;  // MoE frequency 1/2
+
+    const LmConfig l = lm_preset("llama2-moe");
+    EXPECT_EQ(l.layers, 24);
+    EXPECT_EQ(l.backbone.hidden, 2048);
+    EXPECT_EQ(l.backbone.heads, 16);
+    EXPECT_EQ(l.backbone.kv_heads, 4);
+    EXPECT_EQ(l.backbone.seq_len, 2048);
+    EXPECT_EQ(l.backbone.activation, Activation::kSwiGLU);
+    EXPECT_EQ(l.moe.activation, Activation::kSwiGLU);
+    EXPECT_EQ(l.backbone.ffn, 5632);  // the assumed LLaMA rule: 2/3 * 4 * 2048 rounded up to 256s
+    EXPECT_EQ(l.moe.ffn, 5632);
+    EXPECT_EQ(l.moe.num_experts, 8);
+    EXPECT_EQ(l.vocab, 32000);
+    EXPECT_EQ(l.moe.capacity_factor, 2.0f);
+    EXPECT_EQ(l.variant, "every-block-pos1");
+    const BlockStackConfig lb = l.block_stack();
+    ASSERT_EQ(lb.blocks.size(), 24u);
+    for (const BlockSpec& b : lb.blocks) EXPECT_EQ(b.ffn, FfnKind::kMoe);  // MoE frequency 1
+    // wqkv: 16 query heads and 2 x 4 K/V heads of 128.
+    EXPECT_EQ(backbone_qkv_width(l.backbone), (16 + 2 * 4) * 128);
+
+    const LmConfig m = lm_preset("gpt2-moe-medium");
+    EXPECT_EQ(m.layers, 24);
+    EXPECT_EQ(m.backbone.hidden, 1024);
+    EXPECT_EQ(m.backbone.heads, 16);
+    EXPECT_EQ(m.backbone.seq_len, 2048);
+    EXPECT_EQ(m.moe.num_experts, 8);  // Table 7 / Fig. 13; Table 8's 16 is --experts 16
+}
+
+// kv_heads and the activation travel in the JSON; a configuration written before GQA (no kv_heads)
+// reads as multi-head attention, and reads back to the same text as the current MHA config.
+TEST(LmConfig, JsonCarriesKvHeadsAndOldJsonReadsAsMultiHead) {
+    const LmConfig l = lm_preset("llama2-moe");
+    const LmConfig back = LmConfig::from_json(l.to_json());
+    EXPECT_EQ(back.backbone.kv_heads, 4);
+    EXPECT_EQ(back.backbone.activation, Activation::kSwiGLU);
+    EXPECT_EQ(back.moe.activation, Activation::kSwiGLU);
+    const LmConfig tiny = lm_preset("tiny");  // kv_heads 0: written as heads
+    const std::string text = tiny.to_json();
+    ASSERT_NE(text.find("\"kv_heads\":4"), std::string::npos) << text;
+    const std::size_t at = text.find(",\"kv_heads\":4");
+    const std::string old = text.substr(0, at) + text.substr(at + std::string(",\"kv_heads\":4").size());
+    ASSERT_EQ(old.find("kv_heads"), std::string::npos);
+    const LmConfig read = LmConfig::from_json(old);
+    EXPECT_EQ(backbone_kv_heads(read.backbone), tiny.backbone.heads);
+    EXPECT_EQ(read.to_json(), text);  // what checkpoint resume compares
+    LmConfig bad = lm_preset("tiny");
+    bad.backbone.kv_heads = 3;
+    try {
+        bad.validate();
+        FAIL() << "kv_heads 3 of 4 heads: expected an Error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("kv_heads = 3"), std::string::npos) << e.what();
+    }
+}
+
 TEST(LmConfig, BadConfigsAreRejected) {
     LmConfig c = small_lm();
     c.layers = 3;
@@ -141,8 +216,7 @@ TEST(LmConfig, FromJsonNeedsIntegersInRange) {
     EXPECT_EQ(LmConfig::from_json(with("layers", "6")).layers, 6);
 }
 
-TEST(LmGradcheck, EveryGroupAgainstFiniteDifferences) {
-    LmConfig c = small_lm("scmoe-pos2");
+void check_every_group_against_finite_differences(LmConfig c) {
     c.moe.dispatch = DispatchMode::kDropless;  // no capacity cliffs
     c.moe.aux_loss_coef = 0;
     c.moe.z_loss_coef = 0;
@@ -212,6 +286,18 @@ TEST(LmGradcheck, EveryGroupAgainstFiniteDifferences) {
     }
     EXPECT_GT(checked, 30);
     EXPECT_LE(skipped, 3) << "too many perturbations flipped the routing";
+}
+
+TEST(LmGradcheck, EveryGroupAgainstFiniteDifferences) { check_every_group_against_finite_differences(small_lm()); }
+
+// Grouped-query attention (4 heads sharing 2 K/V heads) and SwiGLU in the dense MLP and the experts,
+// as llama2-moe has them, with the MoE in every block.
+TEST(LmGradcheck, GqaAndSwigluEveryGroupAgainstFiniteDifferences) {
+    LmConfig c = small_lm("every-block-pos1");
+    c.backbone.heads = 4;
+    c.backbone.kv_heads = 2;
+    c.backbone.activation = c.moe.activation = Activation::kSwiGLU;
+    check_every_group_against_finite_differences(c);
 }
 
 TEST(LmOverlap, OnAndOffAreBitwiseIdentical) {

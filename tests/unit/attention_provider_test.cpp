@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "scmoe/kernels/attention.h"
@@ -97,6 +98,32 @@ TEST(AttentionCudnnViews, MatchTheDocumentedLayoutAndTileTheBuffers) {
     }
 }
 
+// GQA: k and v are [batch, kv_heads, seq, dim] after q's heads in each qkv row; q, k and v tile the
+// row (so dQ, dK, dV overwrite all of grad_qkv), and each K/V element is where the layout puts it.
+TEST(AttentionCudnnViews, GroupedQueryViewsTileTheNarrowerQkvRows) {
+    const std::vector<std::pair<std::int64_t, std::int64_t>> cases{{4, 2}, {6, 1}, {8, 8}};
+    for (const auto& [heads, kv] : cases) {
+        const std::int64_t batch = 2, seq = 5, d = 8, row = (heads + 2 * kv) * d;
+        SCOPED_TRACE("heads " + std::to_string(heads) + " kv_heads " + std::to_string(kv));
+        const AttentionViews v = attention_views(batch, seq, heads, d, kv);
+        EXPECT_EQ(v.q.dims, (std::array<std::int64_t, 4>{batch, heads, seq, d}));
+        EXPECT_EQ(v.k.dims, (std::array<std::int64_t, 4>{batch, kv, seq, d}));
+        EXPECT_EQ(v.v.dims, (std::array<std::int64_t, 4>{batch, kv, seq, d}));
+        std::vector<int> hits(sz(batch * seq * row), 0);
+        for (const AttentionView* view : {&v.q, &v.k, &v.v})
+            for_each_element(*view, [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t e) {
+                ++hits[sz(view->at(b, h, i, e))];
+            });
+        EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }));
+        EXPECT_EQ(v.k.at(1, kv - 1, 3, 5), (1 * seq + 3) * row + (heads + kv - 1) * d + 5);
+        EXPECT_EQ(v.v.at(1, kv - 1, 3, 5), (1 * seq + 3) * row + (heads + kv + kv - 1) * d + 5);
+    }
+    // kv_heads 0 is heads: the MHA views.
+    const AttentionViews mha = attention_views(2, 5, 4, 8), zero = attention_views(2, 5, 4, 8, 0);
+    EXPECT_EQ(mha.k.dims, zero.k.dims);
+    EXPECT_EQ(mha.v.offset, zero.v.offset);
+}
+
 // cuDNN reads 16-byte vectors: with head_dim a multiple of 8, every bf16 stride but the innermost
 // and every view offset is a multiple of 8 elements.
 TEST(AttentionCudnnViews, StridesAndOffsetsKeepSixteenByteAlignment) {
@@ -156,7 +183,7 @@ TEST(AttentionCudnnViews, NaiveAttentionThroughTheViewsMatchesTheCpuOp) {
 // ---- Cache key ----------------------------------------------------------------------------
 
 TEST(AttentionCudnnKey, EveryFieldSeparatesKeysAndPointersDoNot) {
-    const CudnnAttentionKey base{0, 2, 128, 4, 64, DType::kBF16, AttentionDirection::kBackward, true, true};
+    const CudnnAttentionKey base{0, 2, 128, 4, 64, DType::kBF16, AttentionDirection::kBackward, true, true, 0, 4};
     std::vector<CudnnAttentionKey> keys{base};
     auto vary = [&](auto&& change) {
         CudnnAttentionKey k = base;
@@ -173,6 +200,7 @@ TEST(AttentionCudnnKey, EveryFieldSeparatesKeysAndPointersDoNot) {
     vary([](CudnnAttentionKey& k) { k.with_stats = false; });
     vary([](CudnnAttentionKey& k) { k.deterministic = false; });
     vary([](CudnnAttentionKey& k) { k.sm_count = 100; });  // a graph per SM budget (Stream::set_sm_budget)
+    vary([](CudnnAttentionKey& k) { k.kv_heads = 2; });    // GQA: a graph per K/V head count
     // batch and seq swapped: same product of tokens, a different graph.
     vary([](CudnnAttentionKey& k) { std::swap(k.batch, k.seq); });
     std::unordered_set<CudnnAttentionKey, CudnnAttentionKeyHash> set(keys.begin(), keys.end());
@@ -192,6 +220,10 @@ TEST(AttentionCudnnKey, EveryFieldSeparatesKeysAndPointersDoNot) {
     EXPECT_EQ(cuda::cudnn_attention_key(0, fwd_a).direction, AttentionDirection::kForward);
     const AttentionBackwardArgs bwd{2, 128, 4, 64, DType::kBF16, a, a, a, a, b};
     EXPECT_EQ(cuda::cudnn_attention_key(0, bwd, true), base);
+    AttentionBackwardArgs gqa_bwd = bwd;
+    gqa_bwd.kv_heads = 2;
+    EXPECT_EQ(cuda::cudnn_attention_key(0, gqa_bwd, true).kv_heads, 2);
+    EXPECT_FALSE(cuda::cudnn_attention_key(0, gqa_bwd, true) == base);
     EXPECT_FALSE(cuda::cudnn_attention_key(0, bwd, true) == cuda::cudnn_attention_key(0, bwd, false));
     EXPECT_FALSE(cuda::cudnn_attention_key(0, bwd, true) == cuda::cudnn_attention_key(1, bwd, true));
     EXPECT_EQ(cuda::cudnn_attention_key(0, fwd_a).sm_count, 0) << "no budget: every SM";

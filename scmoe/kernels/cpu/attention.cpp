@@ -1,6 +1,8 @@
 // Causal attention on the CPU: per (batch, head), BLAS on strided views of qkv, in row blocks of
 // kRowBlock queries so only keys 0..(last query of the block) are computed (about half of the
 // full seq x seq work). Scratch score buffers are thread_local: a CPU stream is one worker thread.
+// GQA (attention.h): query head h reads K/V head h / group; backward walks each K/V head's group of
+// query heads in order, summing its dK and dV over them.
 // NOTES: no threads of our own and a fixed block order, so results do not depend on timing.
 #include <cblas.h>
 
@@ -26,13 +28,18 @@ void sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, flo
                 alpha, a, bl(lda), b, bl(ldb), beta, c, bl(ldc));
 }
 
-// Strided views of one (batch, head): q/k/v rows have stride ld, out/grad_out rows stride ld_out.
+// Strided views of one (batch, query head): q/k/v rows have stride ld, out/grad_out rows stride
+// ld_out; k_off and v_off locate the K/V head the query head reads.
 struct HeadView {
-    std::int64_t q_off, ld, ld_out, o_off;
+    std::int64_t q_off, k_off, v_off, ld, ld_out, o_off;
 };
-HeadView head_view(std::int64_t b, std::int64_t h, std::int64_t seq, std::int64_t heads, std::int64_t head_dim) {
-    const std::int64_t hd = heads * head_dim;
-    return {b * seq * 3 * hd + h * head_dim, 3 * hd, hd, b * seq * hd + h * head_dim};
+HeadView head_view(std::int64_t b, std::int64_t h, std::int64_t seq, std::int64_t heads, std::int64_t kv_heads,
+                   std::int64_t head_dim) {
+    const std::int64_t hd = heads * head_dim, ld = attention_qkv_width(heads, kv_heads, head_dim);
+    const std::int64_t kv = attention_kv_heads(heads, kv_heads), g = h / (heads / kv);
+    const std::int64_t row0 = b * seq * ld;
+    return {row0 + h * head_dim,        row0 + hd + g * head_dim, row0 + hd + kv * head_dim + g * head_dim, ld, hd,
+            b * seq * hd + h * head_dim};
 }
 
 std::vector<float>& scratch(int which, std::size_t floats) {
@@ -46,15 +53,15 @@ std::vector<float>& scratch(int which, std::size_t floats) {
 
 void attention_forward(const AttentionArgs& a) {
     SCMOE_CHECK(a.dtype == DType::kF32, "attention_forward: CPU computes in f32 only");
-    const std::int64_t S = a.seq, D = a.head_dim, hd = a.heads * D;
+    const std::int64_t S = a.seq, D = a.head_dim;
     const float scale = math::attention_scale(D);
     float* p = scratch(0, static_cast<std::size_t>(std::min(S, kRowBlock) * S)).data();
     for (std::int64_t b = 0; b < a.batch; ++b) {
         for (std::int64_t h = 0; h < a.heads; ++h) {
-            const HeadView v = head_view(b, h, S, a.heads, D);
+            const HeadView v = head_view(b, h, S, a.heads, a.kv_heads, D);
             const float* q = static_cast<const float*>(a.qkv) + v.q_off;
-            const float* k = q + hd;
-            const float* val = q + 2 * hd;
+            const float* k = static_cast<const float*>(a.qkv) + v.k_off;
+            const float* val = static_cast<const float*>(a.qkv) + v.v_off;
             float* out = static_cast<float*>(a.out) + v.o_off;
             for (std::int64_t r0 = 0; r0 < S; r0 += kRowBlock) {
                 const std::int64_t nr = std::min(kRowBlock, S - r0), nk = r0 + nr;  // keys 0..nk-1
@@ -82,27 +89,31 @@ void attention_forward(const AttentionArgs& a) {
 
 void attention_backward(const AttentionBackwardArgs& a) {
     SCMOE_CHECK(a.dtype == DType::kF32, "attention_backward: CPU computes in f32 only");
-    const std::int64_t S = a.seq, D = a.head_dim, hd = a.heads * D;
+    const std::int64_t S = a.seq, D = a.head_dim;
+    const std::int64_t group = a.heads / attention_kv_heads(a.heads, a.kv_heads);
     const float scale = math::attention_scale(D);
     const std::size_t block_floats = static_cast<std::size_t>(std::min(S, kRowBlock) * S);
     float* p = scratch(0, block_floats).data();
     float* ds = scratch(1, block_floats).data();
     for (std::int64_t b = 0; b < a.batch; ++b) {
         for (std::int64_t h = 0; h < a.heads; ++h) {
-            const HeadView v = head_view(b, h, S, a.heads, D);
+            const HeadView v = head_view(b, h, S, a.heads, a.kv_heads, D);
             const float* q = static_cast<const float*>(a.qkv) + v.q_off;
-            const float* k = q + hd;
-            const float* val = q + 2 * hd;
+            const float* k = static_cast<const float*>(a.qkv) + v.k_off;
+            const float* val = static_cast<const float*>(a.qkv) + v.v_off;
             const float* out = static_cast<const float*>(a.out) + v.o_off;
             const float* go = static_cast<const float*>(a.grad_out) + v.o_off;
             const float* lse = a.lse + (b * a.heads + h) * S;
             float* dq = static_cast<float*>(a.grad_qkv) + v.q_off;
-            float* dk = dq + hd;
-            float* dv = dq + 2 * hd;
-            // dK and dV collect contributions from every later row block: start from zero.
-            for (std::int64_t j = 0; j < S; ++j) {
-                std::fill(dk + j * v.ld, dk + j * v.ld + D, 0.0f);
-                std::fill(dv + j * v.ld, dv + j * v.ld + D, 0.0f);
+            float* dk = static_cast<float*>(a.grad_qkv) + v.k_off;
+            float* dv = static_cast<float*>(a.grad_qkv) + v.v_off;
+            // dK and dV collect contributions from every later row block and from every query head
+            // of the K/V head's group (h, h+1, ... in order): the group's first head starts them at zero.
+            if (h % group == 0) {
+                for (std::int64_t j = 0; j < S; ++j) {
+                    std::fill(dk + j * v.ld, dk + j * v.ld + D, 0.0f);
+                    std::fill(dv + j * v.ld, dv + j * v.ld + D, 0.0f);
+                }
             }
             for (std::int64_t r0 = 0; r0 < S; r0 += kRowBlock) {
                 const std::int64_t nr = std::min(kRowBlock, S - r0), nk = r0 + nr;

@@ -1,8 +1,10 @@
 // Causal attention forward and backward: one warp per row, lanes over head_dim (kPer elements
 // each, head_dim <= 32 * kPer), fp32 accumulation in registers.
 //   forward:  warp per query row, online softmax over keys 0..i; writes out and lse.
-//   backward: warp per query row i for dQ, warp per key row j for dK and dV (queries j..seq-1);
-//             both recompute P_ij = exp(s_ij - lse_i) and use D_i = dO_i . O_i.
+//   backward: warp per query row i for dQ, warp per key row j of a K/V head for dK and dV (queries
+//             j..seq-1 of each query head of its group, head by head); both recompute
+//             P_ij = exp(s_ij - lse_i) and use D_i = dO_i . O_i.
+// GQA (attention.h): query head h reads K/V head h / group, group = heads / kv_heads.
 // NOTES: no atomics and no shared accumulators: every output element is summed by one lane in
 // key (or query) order, and dot products are warp butterflies whose value every lane shares, so
 // results are bitwise reproducible run to run.
@@ -30,15 +32,22 @@ constexpr int kWarpsPerBlock = 4;
 struct Shape {
     long long batch, seq, heads, head_dim;
     float scale;
-    // Offsets (elements) of row i of sequence b, head h: in qkv (q part; k = +hd, v = +2hd) and in out.
+    long long kv_heads;  // > 0; heads % kv_heads == 0
+    // Offsets (elements) of row i of sequence b: of query head h in qkv and in out, of K/V head g in qkv.
     __device__ long long qkv_row(long long b, long long i, long long h) const {
-        return (b * seq + i) * 3 * heads * head_dim + h * head_dim;
+        return (b * seq + i) * qkv_stride() + h * head_dim;
+    }
+    __device__ long long k_row(long long b, long long i, long long g) const {
+        return (b * seq + i) * qkv_stride() + (heads + g) * head_dim;
+    }
+    __device__ long long v_row(long long b, long long i, long long g) const {
+        return (b * seq + i) * qkv_stride() + (heads + kv_heads + g) * head_dim;
     }
     __device__ long long out_row(long long b, long long i, long long h) const {
         return (b * seq + i) * heads * head_dim + h * head_dim;
     }
-    __device__ long long qkv_stride() const { return 3 * heads * head_dim; }
-    __device__ long long hd() const { return heads * head_dim; }
+    __device__ long long qkv_stride() const { return (heads + 2 * kv_heads) * head_dim; }
+    __device__ long long group() const { return heads / kv_heads; }
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -46,13 +55,14 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// The warp's row: (b, h, i) with i fastest. False when the warp is past the last row.
-__device__ __forceinline__ bool warp_row(const Shape& sh, long long& b, long long& h, long long& i) {
+// The warp's row: (b, h, i) with i fastest, h over `heads` (query heads, or K/V heads for the dK/dV
+// kernel). False when the warp is past the last row.
+__device__ __forceinline__ bool warp_row(const Shape& sh, long long heads, long long& b, long long& h, long long& i) {
     const long long w = blockIdx.x * static_cast<long long>(kWarpsPerBlock) + threadIdx.x / 32;
-    if (w >= sh.batch * sh.heads * sh.seq) return false;
+    if (w >= sh.batch * heads * sh.seq) return false;
     i = w % sh.seq;
-    h = (w / sh.seq) % sh.heads;
-    b = w / (sh.seq * sh.heads);
+    h = (w / sh.seq) % heads;
+    b = w / (sh.seq * heads);
     return true;
 }
 
@@ -85,15 +95,15 @@ __device__ __forceinline__ float lane_dot(const float (&a)[kPer], const float (&
 template <class T, int kPer>
 __global__ void attention_forward_kernel(Shape sh, const T* qkv, T* out, float* lse) {
     long long b, h, i;
-    if (!warp_row(sh, b, h, i)) return;
+    if (!warp_row(sh, sh.heads, b, h, i)) return;
     const int lane = threadIdx.x % 32;
     const long long ld = sh.qkv_stride();
     float q[kPer], acc[kPer], kv[kPer];
     load_row(qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, q);
 #pragma unroll
     for (int e = 0; e < kPer; ++e) acc[e] = 0.0f;
-    const T* k0 = qkv + sh.qkv_row(b, 0, h) + sh.hd();
-    const T* v0 = k0 + sh.hd();
+    const T* k0 = qkv + sh.k_row(b, 0, h / sh.group());
+    const T* v0 = qkv + sh.v_row(b, 0, h / sh.group());
     float mx = -INFINITY, sum = 0.0f;
     for (long long j = 0; j <= i; ++j) {
         load_row(k0 + j * ld, sh.head_dim, lane, kv);
@@ -116,7 +126,7 @@ template <class T, int kPer>
 __global__ void attention_grad_q_kernel(Shape sh, const T* qkv, const T* out, const float* lse, const T* grad_out,
                                         T* grad_qkv) {
     long long b, h, i;
-    if (!warp_row(sh, b, h, i)) return;
+    if (!warp_row(sh, sh.heads, b, h, i)) return;
     const int lane = threadIdx.x % 32;
     const long long ld = sh.qkv_stride();
     float q[kPer], go[kPer], dq[kPer], kv[kPer];
@@ -127,8 +137,8 @@ __global__ void attention_grad_q_kernel(Shape sh, const T* qkv, const T* out, co
     const float lse_i = lse[(b * sh.heads + h) * sh.seq + i];
 #pragma unroll
     for (int e = 0; e < kPer; ++e) dq[e] = 0.0f;
-    const T* k0 = qkv + sh.qkv_row(b, 0, h) + sh.hd();
-    const T* v0 = k0 + sh.hd();
+    const T* k0 = qkv + sh.k_row(b, 0, h / sh.group());
+    const T* v0 = qkv + sh.v_row(b, 0, h / sh.group());
     for (long long j = 0; j <= i; ++j) {
         load_row(v0 + j * ld, sh.head_dim, lane, kv);
         const float dp = warp_sum(lane_dot(go, kv));
@@ -141,37 +151,40 @@ __global__ void attention_grad_q_kernel(Shape sh, const T* qkv, const T* out, co
     store_row(grad_qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, dq, sh.scale);
 }
 
-// For key row j: dV_j = sum_{i >= j} P_ij dO_i, dK_j = scale * sum_{i >= j} P_ij (dP_ij - D_i) q_i.
+// For key row j of K/V head g: dV_j = sum_h sum_{i >= j} P_ij dO_i,
+// dK_j = scale * sum_h sum_{i >= j} P_ij (dP_ij - D_i) q_i, h over the query heads of g's group.
 template <class T, int kPer>
 __global__ void attention_grad_kv_kernel(Shape sh, const T* qkv, const T* out, const float* lse, const T* grad_out,
                                          T* grad_qkv) {
-    long long b, h, j;
-    if (!warp_row(sh, b, h, j)) return;
+    long long b, g, j;
+    if (!warp_row(sh, sh.kv_heads, b, g, j)) return;
     const int lane = threadIdx.x % 32;
     float k[kPer], v[kPer], dk[kPer], dv[kPer], q[kPer], go[kPer], o[kPer];
-    const long long kj = sh.qkv_row(b, j, h) + sh.hd();
+    const long long kj = sh.k_row(b, j, g), vj = sh.v_row(b, j, g);
     load_row(qkv + kj, sh.head_dim, lane, k);
-    load_row(qkv + kj + sh.hd(), sh.head_dim, lane, v);
+    load_row(qkv + vj, sh.head_dim, lane, v);
 #pragma unroll
     for (int e = 0; e < kPer; ++e) dk[e] = dv[e] = 0.0f;
-    const float* lse_row = lse + (b * sh.heads + h) * sh.seq;
-    for (long long i = j; i < sh.seq; ++i) {
-        load_row(qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, q);
-        load_row(grad_out + sh.out_row(b, i, h), sh.head_dim, lane, go);
-        load_row(out + sh.out_row(b, i, h), sh.head_dim, lane, o);
-        const float s = warp_sum(lane_dot(q, k)) * sh.scale;
-        const float dp = warp_sum(lane_dot(go, v));
-        const float delta = warp_sum(lane_dot(go, o));
-        const float p = math::attention_prob(s, lse_row[i]);
-        const float ds = p * (dp - delta);
+    for (long long h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
+        const float* lse_row = lse + (b * sh.heads + h) * sh.seq;
+        for (long long i = j; i < sh.seq; ++i) {
+            load_row(qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, q);
+            load_row(grad_out + sh.out_row(b, i, h), sh.head_dim, lane, go);
+            load_row(out + sh.out_row(b, i, h), sh.head_dim, lane, o);
+            const float s = warp_sum(lane_dot(q, k)) * sh.scale;
+            const float dp = warp_sum(lane_dot(go, v));
+            const float delta = warp_sum(lane_dot(go, o));
+            const float p = math::attention_prob(s, lse_row[i]);
+            const float ds = p * (dp - delta);
 #pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-            dv[e] += p * go[e];
-            dk[e] += ds * q[e];
+            for (int e = 0; e < kPer; ++e) {
+                dv[e] += p * go[e];
+                dk[e] += ds * q[e];
+            }
         }
     }
     store_row(grad_qkv + kj, sh.head_dim, lane, dk, sh.scale);
-    store_row(grad_qkv + kj + sh.hd(), sh.head_dim, lane, dv, 1.0f);
+    store_row(grad_qkv + vj, sh.head_dim, lane, dv, 1.0f);
 }
 
 // Calls fn(std::integral_constant<int, kPer>) with the smallest kPer in {1, 2, 4, 8} covering head_dim.
@@ -184,12 +197,13 @@ void dispatch_per_lane(std::int64_t head_dim, Fn&& fn) {
     SCMOE_FAIL("attention: head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
 }
 
-Shape shape_of(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim) {
-    return {batch, seq, heads, head_dim, math::attention_scale(head_dim)};
+Shape shape_of(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim, std::int64_t kv_heads) {
+    return {batch, seq, heads, head_dim, math::attention_scale(head_dim), attention_kv_heads(heads, kv_heads)};
 }
 
-unsigned int row_blocks(const Shape& sh) {
-    const long long rows = sh.batch * sh.heads * sh.seq;
+// Blocks of kWarpsPerBlock warps for one warp per row of `heads` heads (query or K/V heads).
+unsigned int row_blocks(const Shape& sh, long long heads) {
+    const long long rows = sh.batch * heads * sh.seq;
     const long long blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     SCMOE_CHECK(blocks <= 0x7fffffffLL, "attention: batch*heads*seq = " << rows << " rows exceed one CUDA grid");
     return static_cast<unsigned int>(blocks);
@@ -208,12 +222,12 @@ AttentionPathChoice choose_path(const char* op, AttentionProvider provider, DTyp
 }
 
 void own_attention_forward(const AttentionArgs& a, cudaStream_t s) {
-    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim);
+    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads);
     dispatch_float_dtype(a.dtype, "attention_forward", [&](auto tag) {
         using T = decltype(tag);
         dispatch_per_lane(a.head_dim, [&](auto per) {
             constexpr int kPer = decltype(per)::value;
-            attention_forward_kernel<T, kPer><<<row_blocks(sh), kWarpsPerBlock * 32, 0, s>>>(
+            attention_forward_kernel<T, kPer><<<row_blocks(sh, sh.heads), kWarpsPerBlock * 32, 0, s>>>(
                 sh, static_cast<const T*>(a.qkv), static_cast<T*>(a.out), a.lse);
             SCMOE_CUDA_CHECK_LAUNCH("attention_forward_kernel");
         });
@@ -221,7 +235,7 @@ void own_attention_forward(const AttentionArgs& a, cudaStream_t s) {
 }
 
 void own_attention_backward(const AttentionBackwardArgs& a, cudaStream_t s) {
-    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim);
+    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads);
     dispatch_float_dtype(a.dtype, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
         const auto* qkv = static_cast<const T*>(a.qkv);
@@ -231,10 +245,10 @@ void own_attention_backward(const AttentionBackwardArgs& a, cudaStream_t s) {
         dispatch_per_lane(a.head_dim, [&](auto per) {
             constexpr int kPer = decltype(per)::value;
             attention_grad_q_kernel<T, kPer>
-                <<<row_blocks(sh), kWarpsPerBlock * 32, 0, s>>>(sh, qkv, out, a.lse, go, gq);
+                <<<row_blocks(sh, sh.heads), kWarpsPerBlock * 32, 0, s>>>(sh, qkv, out, a.lse, go, gq);
             SCMOE_CUDA_CHECK_LAUNCH("attention_grad_q_kernel");
             attention_grad_kv_kernel<T, kPer>
-                <<<row_blocks(sh), kWarpsPerBlock * 32, 0, s>>>(sh, qkv, out, a.lse, go, gq);
+                <<<row_blocks(sh, sh.kv_heads), kWarpsPerBlock * 32, 0, s>>>(sh, qkv, out, a.lse, go, gq);
             SCMOE_CUDA_CHECK_LAUNCH("attention_grad_kv_kernel");
         });
     });

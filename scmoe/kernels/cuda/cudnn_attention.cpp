@@ -3,7 +3,9 @@
 //
 // NOTES:
 //   - Tensors are strided views over scmoe's buffers (cudnn_attention_plan.h); K and V (and dK, dV)
-//     are the Q view moved by heads*head_dim elements, passed as offset pointers.
+//     are views of kv_heads heads after Q's, passed as offset pointers. kv_heads < heads is cuDNN's
+//     native grouped-query attention; where this cuDNN refuses it, the graph's build fails and auto
+//     runs the own kernel for the shape (saying so once), explicit cudnn throws with cuDNN's reason.
 //   - Any failure while building a graph (validate .. build_plans) means cuDNN cannot run that shape
 //     on this device: it is remembered with cuDNN's message. Failures while executing always throw.
 //   - Executions of one cached graph are serialised by its mutex (enqueueing only: cheap), so one
@@ -46,7 +48,9 @@ enum Uid : std::int64_t { kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidGradOut
 std::string describe(const char* op, const CudnnAttentionKey& k) {
     std::ostringstream os;
     os << op << " (cuDNN SDPA, " << dtype_name(k.dtype) << " batch=" << k.batch << " seq=" << k.seq
-       << " heads=" << k.heads << " head_dim=" << k.head_dim << (k.with_stats ? "" : ", no lse")
+       << " heads=" << k.heads;
+    if (k.kv_heads != k.heads) os << " kv_heads=" << k.kv_heads;
+    os << " head_dim=" << k.head_dim << (k.with_stats ? "" : ", no lse")
        << (k.direction == AttentionDirection::kBackward && !k.deterministic ? ", non-deterministic" : "");
     if (k.sm_count > 0) os << ", " << k.sm_count << " SMs";
     os << ", device " << k.device << ")";
@@ -165,7 +169,7 @@ std::shared_ptr<fe::graph::Graph> new_graph(DType dtype, int sm_count) {
 
 // softmax(scale * q k^T) v with query i seeing keys 0..i: the diagonal band [-inf, 0] from the top left.
 std::shared_ptr<fe::graph::Graph> forward_graph(const CudnnAttentionKey& k) {
-    const AttentionViews views = attention_views(k.batch, k.seq, k.heads, k.head_dim);
+    const AttentionViews views = attention_views(k.batch, k.seq, k.heads, k.head_dim, k.kv_heads);
     const fe::DataType_t io = io_type(k.dtype);
     auto g = new_graph(k.dtype, k.sm_count);
     TensorPtr q = input_tensor(*g, "q", kUidQ, views.q, io);
@@ -184,7 +188,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const CudnnAttentionKey& k) {
 }
 
 std::shared_ptr<fe::graph::Graph> backward_graph(const CudnnAttentionKey& k) {
-    const AttentionViews views = attention_views(k.batch, k.seq, k.heads, k.head_dim);
+    const AttentionViews views = attention_views(k.batch, k.seq, k.heads, k.head_dim, k.kv_heads);
     const fe::DataType_t io = io_type(k.dtype);
     auto g = new_graph(k.dtype, k.sm_count);
     TensorPtr q = input_tensor(*g, "q", kUidQ, views.q, io);
@@ -296,7 +300,7 @@ void* at(const void* base, const AttentionView& view, DType dtype) {
 
 bool cudnn_attention_forward(const AttentionArgs& a, cudaStream_t stream, bool required) {
     const CudnnAttentionKey key = cudnn_attention_key(stream_device(stream), a, /*sm_count=*/0);
-    const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim);
+    const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads);
     std::unordered_map<std::int64_t, void*> pack = {
         {kUidQ, at(a.qkv, views.q, a.dtype)},
         {kUidK, at(a.qkv, views.k, a.dtype)},
@@ -312,7 +316,7 @@ bool cudnn_attention_backward(const AttentionBackwardArgs& a, cudaStream_t strea
     const bool deterministic =
         attention_deterministic_from_env(std::getenv("SCMOE_ATTENTION_DETERMINISTIC"), compute_capability(device));
     const CudnnAttentionKey key = cudnn_attention_key(device, a, deterministic, /*sm_count=*/0);
-    const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim);
+    const AttentionViews views = attention_views(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads);
     std::unordered_map<std::int64_t, void*> pack = {
         {kUidQ, at(a.qkv, views.q, a.dtype)},          {kUidK, at(a.qkv, views.k, a.dtype)},
         {kUidV, at(a.qkv, views.v, a.dtype)},          {kUidO, const_cast<void*>(a.out)},

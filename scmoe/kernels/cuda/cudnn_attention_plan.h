@@ -28,23 +28,29 @@ struct AttentionView {
     }
 };
 
-// The views of one attention call. qkv rows are [q (heads*head_dim) | k | v], token t = b*seq + i
-// (scmoe/kernels/attention.h), so q/k/v share their strides and differ by offset; dQ/dK/dV use the same
-// views over grad_qkv, dO the view `o` over grad_out. stats: lse [batch, heads, seq] as [b, h, s, 1].
+// The views of one attention call. qkv rows are [q (heads*head_dim) | k (kv_heads*head_dim) | v],
+// token t = b*seq + i (scmoe/kernels/attention.h), so q/k/v share their strides and differ by offset
+// and, with GQA, by their head count: k and v are [batch, kv_heads, seq, dim], which cuDNN's SDPA
+// takes as grouped-query attention (query head h reads K/V head h / (heads / kv_heads)). dQ/dK/dV
+// use the same views over grad_qkv, dO the view `o` over grad_out. stats: lse [batch, heads, seq]
+// as [b, h, s, 1]. kv_heads 0 means heads.
 struct AttentionViews {
     AttentionView q, k, v, o, stats;
 };
 
-inline AttentionViews attention_views(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim) {
-    const std::int64_t width = heads * head_dim;  // one of q, k, v in a qkv row; an out row
-    const std::int64_t qkv_row = 3 * width;
+inline AttentionViews attention_views(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim,
+                                      std::int64_t kv_heads = 0) {
+    const std::int64_t kv = attention_kv_heads(heads, kv_heads);
+    const std::int64_t width = heads * head_dim;  // q in a qkv row; an out row
+    const std::int64_t qkv_row = attention_qkv_width(heads, kv_heads, head_dim);
     AttentionViews v;
     v.q.dims = {batch, heads, seq, head_dim};
     v.q.strides = {seq * qkv_row, head_dim, qkv_row, 1};
     v.k = v.q;
+    v.k.dims = {batch, kv, seq, head_dim};
     v.k.offset = width;
-    v.v = v.q;
-    v.v.offset = 2 * width;
+    v.v = v.k;
+    v.v.offset = width + kv * head_dim;
     v.o.dims = {batch, heads, seq, head_dim};
     v.o.strides = {seq * width, head_dim, width, 1};
     v.stats.dims = {batch, heads, seq, 1};
@@ -67,10 +73,11 @@ struct CudnnAttentionKey {
     // ("target_sm_count != deviceProp.multiProcessorCount"), and the fallback kernel is ~100x slower
     // and gives other bits. A graph is built per count.
     int sm_count = 0;
+    std::int64_t kv_heads = 0;  // K/V heads (GQA), the effective count: = heads without GQA
     // Spelled out: attention.cu includes this header and may build as C++17 (scmoe/kernels/cuda/CMakeLists.txt).
     bool operator==(const CudnnAttentionKey& o) const {
         return device == o.device && batch == o.batch && seq == o.seq && heads == o.heads && head_dim == o.head_dim &&
-               dtype == o.dtype && direction == o.direction && with_stats == o.with_stats &&
+               kv_heads == o.kv_heads && dtype == o.dtype && direction == o.direction && with_stats == o.with_stats &&
                deterministic == o.deterministic && sm_count == o.sm_count;
     }
 };
@@ -79,7 +86,7 @@ struct CudnnAttentionKeyHash {
     std::size_t operator()(const CudnnAttentionKey& k) const noexcept {
         std::size_t h = std::hash<int>{}(k.device);
         auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-        for (std::int64_t v : {k.batch, k.seq, k.heads, k.head_dim}) mix(std::hash<std::int64_t>{}(v));
+        for (std::int64_t v : {k.batch, k.seq, k.heads, k.head_dim, k.kv_heads}) mix(std::hash<std::int64_t>{}(v));
         mix(static_cast<std::size_t>(k.dtype));
         mix(static_cast<std::size_t>(k.direction));
         mix((k.with_stats ? 1u : 0u) | (k.deterministic ? 2u : 0u));
@@ -91,13 +98,31 @@ struct CudnnAttentionKeyHash {
 // The forward has no atomics: one graph whatever SCMOE_ATTENTION_DETERMINISTIC says.
 // sm_count: the stream's SM budget (0: every SM).
 inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionArgs& a, int sm_count = 0) {
-    return {device,           a.batch, a.seq, a.heads,  a.head_dim, a.dtype, AttentionDirection::kForward,
-            a.lse != nullptr, false,   sm_count};
+    return {device,
+            a.batch,
+            a.seq,
+            a.heads,
+            a.head_dim,
+            a.dtype,
+            AttentionDirection::kForward,
+            a.lse != nullptr,
+            false,
+            sm_count,
+            attention_kv_heads(a.heads, a.kv_heads)};
 }
 inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionBackwardArgs& a, bool deterministic,
                                              int sm_count = 0) {
-    return {device, a.batch, a.seq, a.heads, a.head_dim, a.dtype, AttentionDirection::kBackward, true, deterministic,
-            sm_count};
+    return {device,
+            a.batch,
+            a.seq,
+            a.heads,
+            a.head_dim,
+            a.dtype,
+            AttentionDirection::kBackward,
+            true,
+            deterministic,
+            sm_count,
+            attention_kv_heads(a.heads, a.kv_heads)};
 }
 
 // cuDNN's fused attention reads 16-byte vectors: every base pointer and every stride must be a

@@ -1,0 +1,67 @@
+# scmoe-bench block --preset swinv2-moe-s-stage3 on emulated GPUs: the preset's shape as stated in
+# bench/block_presets.cpp (SwinV2-MoE-S stage 3, the ScMoE paper's Table 9) reaches the run, the
+# emulated run completes with rows for its variants, the report states the preset's assumptions, a
+# flag overrides the preset, and 16 ranks (2 nodes) take 16 experts.
+#   cmake -DBENCH=/path/to/scmoe-bench -DOUT_DIR=/tmp/out -P block_preset.cmake
+cmake_minimum_required(VERSION 3.25)
+file(MAKE_DIRECTORY ${OUT_DIR})
+
+function(expect_field text key want)
+  string(JSON got GET "${text}" args ${key})
+  if(NOT got STREQUAL "${want}")
+    message(FATAL_ERROR "args.${key} = ${got}, expected ${want}")
+  endif()
+endfunction()
+
+# run(name expected-rows args...): runs the block bench on emulated GPUs, sets json_text and out_text.
+function(run name rows)
+  set(json ${OUT_DIR}/${name}.json)
+  file(REMOVE ${json})
+  execute_process(COMMAND ${BENCH} block --backend emu ${ARGN} -n 1 -w 0 -J ${json}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${name}: scmoe-bench exited with ${rc}")
+  endif()
+  file(READ ${json} text)
+  string(JSON n LENGTH "${text}" rows)
+  if(NOT n EQUAL ${rows})
+    message(FATAL_ERROR "${name}: ${n} rows, expected ${rows}")
+  endif()
+  set(json_text "${text}" PARENT_SCOPE)
+  set(out_text "${out}" PARENT_SCOPE)
+endfunction()
+
+# One node of 8 emulated A30s (the paper's Table 1 / Fig. 1), the Fig. 8 variants.
+run(swin_a30 2 --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants top2,scmoe-pos2)
+expect_field("${json_text}" preset swinv2-moe-s-stage3)
+expect_field("${json_text}" hidden 384)
+expect_field("${json_text}" ffn 1536)
+expect_field("${json_text}" heads 12)
+expect_field("${json_text}" kv_heads 12)
+expect_field("${json_text}" seq 144)
+expect_field("${json_text}" experts 8)
+expect_field("${json_text}" activation gelu)
+expect_field("${json_text}" capacity_factor 1.25)
+string(JSON tokens GET "${json_text}" args tokens_per_rank 0)
+if(NOT tokens EQUAL 18432)
+  message(FATAL_ERROR "tokens per rank ${tokens}, expected 18432 = 128 images x 144")
+endif()
+foreach(note "preset swinv2-moe-s-stage3: SwinV2-MoE-S stage 3" "preset assumption: 18432 tokens per rank"
+        "preset omission: attention runs causal")
+  string(FIND "${out_text}" "${note}" at)
+  if(at LESS 0)
+    message(FATAL_ERROR "the report does not state '${note}'")
+  endif()
+endforeach()
+
+# A flag given overrides the preset's value; 16 ranks on 2 nodes take the paper's 16 experts.
+run(swin_2x8 1 --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 --variants scmoe-pos2
+    --tokens 1440)
+expect_field("${json_text}" experts 16)
+expect_field("${json_text}" hidden 384)
+string(JSON tokens GET "${json_text}" args tokens_per_rank 0)
+if(NOT tokens EQUAL 1440)
+  message(FATAL_ERROR "--tokens 1440 did not override the preset: ${tokens}")
+endif()
+message(STATUS "swinv2-moe-s-stage3: shapes as stated, emulated runs complete")

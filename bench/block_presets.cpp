@@ -1,0 +1,74 @@
+#include "block_presets.h"
+
+#include "scmoe/kernels/error.h"
+
+namespace scmoe::bench {
+namespace {
+
+// SwinV2-MoE-S, one stage-3 [dense, MoE] block pair: the unit the ScMoE paper's Fig. 1 and Fig. 8
+// measure ("a transformer block of SwinV2-MoE-S", "each Block-MLP + Block-MoE pair"), and the
+// stage whose MoE modules the paper turns into ScMoE (App. A.8). Sources: [T9] the paper's Table 9
+// (image 192x192, window 12x12, embedding dim 96, heads [3, 6, 12, 24], experts 8/16, batch 1024,
+// capacity factor 1.25); [Swin] microsoft/Swin-Transformer's
+// configs/swinmoe/swin_moe_small_patch4_window12_192_8expert_32gpu_22k.yaml and its SwinV2 model code
+// (patch size 4, a 2x2 patch merging between stages doubling the channels, MLP ratio 4, GELU).
+//   hidden 384 = 96 x 2^2: stage 3 follows two patch mergings [T9, Swin].
+//   heads 12 [T9], head_dim 32.
+//   ffn 1536 = 4 x 384: Swin's MLP ratio 4 [Swin]; GELU [Swin].
+//   seq 144: 192 / 4 = 48 patches a side at stage 1, 48 / 2^2 = 12 at stage 3, so the stage-3 map is
+//     12 x 12 = 144 tokens, exactly one 12 x 12 window per image [T9]: windowed attention is attention
+//     over the whole map (no window partition, and the shifted windows of odd blocks shift nothing
+//     that matters: Swin does not shift when the map is no larger than the window).
+//   capacity factor 1.25 [T9].
+//   experts 8, one per GPU on 8 GPUs; 16 on 2 nodes of 8 (the paper's Fig. 8(c)) [T9, paper A.8].
+//   tokens per rank 18,432 = 128 images x 144: [T9]'s batch 1024 over 8 GPUs, read as Swin's
+//     per-GPU DATA.BATCH_SIZE 128 [Swin] (ASSUMPTION: the paper does not say per GPU or global).
+// Not modeled (stated in the report): scmoe's attention is causal, SwinV2's window attention is
+// bidirectional (twice the QK^T and PV FLOPs: about 3% of the dense block's FLOPs at this shape);
+// SwinV2's scaled cosine attention (q and k normalised, a learned per-head logit scale) and its
+// log-spaced continuous position bias (a small MLP over a 23 x 23 table, added to the scores) are
+// elementwise passes over the scores that a fused kernel absorbs and PyTorch's unfused attention pays
+// as memory-bound passes; LayerNorm instead of RMSNorm (the same memory-bound pass).
+BlockPreset swinv2_moe_s_stage3() {
+    BlockPreset p;
+    p.name = "swinv2-moe-s-stage3";
+    p.hidden = 384;
+    p.ffn = 1536;
+    p.heads = 12;
+    p.kv_heads = 12;
+    p.seq = 144;
+    p.activation = Activation::kGeLU;
+    p.capacity_factor = 1.25f;
+    p.experts = 8;
+    p.experts_two_nodes = 16;
+    p.tokens_per_rank = 128 * 144;
+    p.notes = {
+        "preset swinv2-moe-s-stage3: SwinV2-MoE-S stage 3 (ScMoE paper Table 9): hidden 384 = 96 x 2^2, 12 heads, "
+        "GELU MLP 1536 (ratio 4), window 12x12 = the whole 12x12 stage-3 map at 192x192 input, so seq 144; "
+        "capacity factor 1.25; 8 experts (16 with more than 8 ranks: the paper's 2 nodes)",
+        "preset assumption: 18432 tokens per rank = 128 images x 144, the paper's batch 1024 read as 128 per GPU "
+        "on 8 GPUs (Swin's per-GPU DATA.BATCH_SIZE)",
+        "preset omission: attention runs causal (SwinV2's is bidirectional: 2x its QK^T/PV FLOPs, ~3% of the dense "
+        "block's); SwinV2's cosine attention and continuous position bias (elementwise passes over the scores) "
+        "and LayerNorm (RMSNorm here) are not costed separately",
+    };
+    return p;
+}
+
+}  // namespace
+
+std::vector<std::string> block_preset_names() { return {"swinv2-moe-s-stage3"}; }
+
+const BlockPreset& block_preset(const std::string& name) {
+    static const BlockPreset swin = swinv2_moe_s_stage3();
+    if (name == swin.name) return swin;
+    std::string names;
+    for (const std::string& n : block_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    SCMOE_FAIL("--preset '" << name << "': unknown block preset (one of: " << names << ")");
+}
+
+int block_preset_experts(const BlockPreset& preset, int ranks) {
+    return ranks > 8 ? preset.experts_two_nodes : preset.experts;
+}
+
+}  // namespace scmoe::bench
