@@ -116,6 +116,8 @@ void rmsnorm_forward(const RmsNormArgs& a, Stream& s) { timed("rmsnorm_forward",
 void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) { timed("rmsnorm_backward", op_cost(a), s); }
 void attention_forward(const AttentionArgs& a, Stream& s) { timed("attention_forward", op_cost(a), s); }
 void attention_backward(const AttentionBackwardArgs& a, Stream& s) { timed("attention_backward", op_cost(a), s); }
+void kv_cache_append(const KvCacheAppendArgs& a, Stream& s) { timed("kv_cache_append", op_cost(a), s); }
+void attention_decode(const AttentionDecodeArgs& a, Stream& s) { timed("attention_decode", op_cost(a), s); }
 void adamw_step(const AdamWArgs& a, Stream& s) { timed("adamw_step", op_cost(a), s); }
 void sum_of_squares(const float*, std::int64_t n, float*, void*, Stream& s) {
     timed("sum_of_squares", sum_of_squares_cost(n), s);
