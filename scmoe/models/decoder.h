@@ -69,6 +69,7 @@ class Decoder {
     const DecoderOptions& options() const { return options_; }
     KvCache& cache() { return *cache_; }
     std::int64_t vocab() const { return model_.config().vocab; }
+    Device& device() { return model_.device(); }
 
     // Appends `n` tokens to sequence `sequence` (its prompt, or any continuation) and returns their
     // logits, [n, vocab] on the host (valid until the next pass). Synchronizes.
