@@ -19,6 +19,8 @@ void check_decode_common(const char* op, std::int64_t batch, std::int64_t new_to
     SCMOE_CHECK(dtype == DType::kF32 || (dtype == DType::kBF16 && backend != Backend::kCpu),
                 op << ": dtype " << dtype_name(dtype) << " not supported on " << backend_name(backend)
                    << " (CPU: f32)");
+    SCMOE_CHECK(backend != Backend::kCuda || head_dim <= kAttentionCudaMaxHeadDim,
+                op << ": head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
 }
 
 }  // namespace

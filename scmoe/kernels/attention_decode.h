@@ -14,8 +14,9 @@
 // laid out as attention.h's (q | K | V). Prefill is new_tokens = the prompt's length; a decode step
 // is new_tokens = 1.
 //
-// CPU: f32 (BLAS per (sequence, head)). Emulated: modeled time only. CUDA: not written yet; the ops
-// throw scmoe::Error saying so (issue 27).
+// CPU: f32 (BLAS per (sequence, head)); a length outside [new_tokens, max_length] is an error at
+// the stream's next synchronize. Emulated: modeled time only. CUDA: f32 or bf16 storage, fp32
+// accumulation, head_dim <= kAttentionCudaMaxHeadDim; the lengths are trusted (check them on the host).
 #pragma once
 
 #include <cstdint>
