@@ -134,7 +134,9 @@ Args parse(int argc, char** argv) {
     a.experts = r["experts"].as<std::string>();
     a.backend = r["backend"].as<std::string>();
     if (a.backend != "cpu" && a.backend != "emu")
-        throw UsageError("--backend " + a.backend + ": expected cpu or emu (CUDA decoding is not implemented yet, issue 27)");
+        throw UsageError("--backend " + a.backend +
+                         ": expected cpu or emu (decoding on CUDA has not run on a GPU yet, issue 27: its kernels "
+                         "compile and GpuAttentionDecode checks them where a GPU is present)");
     a.gpu = r["gpu"].as<std::string>();
     a.ranks = r["ranks"].as<int>();
     if (a.ranks < 1) throw UsageError("--ranks " + std::to_string(a.ranks) + ": must be >= 1");
