@@ -181,6 +181,10 @@ Plan plan(const Args& a) {
                     "prompt " << i << " is " << texts[i].size() << " bytes, longer than the model's seq_len "
                               << c.backbone.seq_len);
     }
+    const int world = a.mpi ? launcher_world_size() : a.ranks;
+    SCMOE_CHECK(c.moe.num_experts % world == 0, (a.mpi ? "mpirun -np " : "--ranks ")
+                                                    << world << ": the model's " << c.moe.num_experts
+                                                    << " experts do not split evenly over the ranks");
     p.max_length = models::generation_length(p.prompts, a.max_new_tokens);
     SCMOE_CHECK(p.max_length <= c.backbone.seq_len,
                 "--max-new-tokens " << a.max_new_tokens << " after the longest prompt ("

@@ -254,10 +254,10 @@ void Decoder::run(std::int64_t first, std::int64_t sequences, std::int64_t new_t
         MoeBlock& m = *moe_[static_cast<std::size_t>(moe_of_block_[b])];
         const Tensor x(m.x, dt, {rows, H}), y(m.y, dt, {rows, H});
         rmsnorm_forward({rows, H, bb.norm_eps, dt, hmh_[b], m.norm_x->data, m.x, nullptr}, s);
-        const bool shared = model_.blocks().config().moe.shared_expert;
-        if (shared) m.layer->shared_expert_compute(x, *m.params, s);
-        gate_if(b, ShortcutSource::kCurrent);
+        gate_if(b, ShortcutSource::kCurrent);  // routes on x (a top-k block): its gate runs now
         SCMOE_CHECK(m.gated, "Decoder: block " << b << "'s gate did not run before its experts");
+        const bool shared = model_.blocks().config().moe.shared_expert;
+        if (shared) m.layer->shared_expert_compute(x, *m.params, s);  // after route: it sizes the pass
         m.layer->dispatch(s);
         m.layer->experts(expert_weights(m), s);
         m.layer->collect(s);
