@@ -53,16 +53,20 @@ struct AttentionDecodeArgs {
     const void* k_cache = nullptr;     // [batch, kv_heads, max_length, head_dim]
     const void* v_cache = nullptr;
     void* out = nullptr;               // [batch * new_tokens, heads * head_dim]
+    // Host hint for the cost model only: the longest lengths[b] of this call (the lengths live on
+    // the device); 0 = max_length. The ops never read it.
+    std::int64_t longest = 0;
 };
 void attention_decode(const AttentionDecodeArgs& args, Stream& stream);
 
-// Costed at the cache's full length (the lengths live on the device): QK^T and PV for every new
-// query over max_length keys; reads the queries and the K/V blocks once, writes out.
+// QK^T and PV for every new query over `longest` keys (max_length when not given); reads the
+// queries and those K/V rows once, writes out.
 inline OpCost op_cost(const AttentionDecodeArgs& a) {
     const std::int64_t kv = attention_kv_heads(a.heads, a.kv_heads);
+    const std::int64_t keys = a.longest > 0 ? a.longest : a.max_length;
     const std::int64_t q = a.batch * a.new_tokens * a.heads * a.head_dim;
-    OpCost c = elementwise_cost(q + 2 * a.batch * kv * a.max_length * a.head_dim, q, a.dtype, 0.0);
-    c.flops = 4.0 * static_cast<double>(a.batch * a.new_tokens * a.heads) * static_cast<double>(a.max_length) *
+    OpCost c = elementwise_cost(q + 2 * a.batch * kv * keys * a.head_dim, q, a.dtype, 0.0);
+    c.flops = 4.0 * static_cast<double>(a.batch * a.new_tokens * a.heads) * static_cast<double>(keys) *
               static_cast<double>(a.head_dim);
     return c;
 }

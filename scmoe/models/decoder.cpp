@@ -216,6 +216,8 @@ void Decoder::run(std::int64_t first, std::int64_t sequences, std::int64_t new_t
     }
     for (std::int64_t q = first; q < first + sequences; ++q) cache_->set_length(q, cache_->length(q) + new_tokens);
     const std::int32_t* lengths = cache_->upload_lengths(s) + first;
+    std::int64_t longest = 0;  // the emulator's cost of the attention
+    for (std::int64_t q = first; q < first + sequences; ++q) longest = std::max(longest, cache_->length(q));
 
     for (auto& m : moe_) m->gated = false;
     auto gate_if = [&](std::size_t b, ShortcutSource when) {
@@ -237,7 +239,7 @@ void Decoder::run(std::int64_t first, std::int64_t sequences, std::int64_t new_t
                          cache_->k(layer, first), cache_->v(layer, first)},
                         s);
         attention_decode({sequences, new_tokens, heads, kv, D, options_.max_length, dt, qkv_, lengths,
-                          cache_->k(layer, first), cache_->v(layer, first), attn_},
+                          cache_->k(layer, first), cache_->v(layer, first), attn_, longest},
                          s);
         s.copy(hmh_[b], h_[b], static_cast<std::size_t>(rows) * row_bytes);
         gemm({false, false, rows, H, H, 1.0f, 1.0f, attn_, backbone_param(prefix + "attn.wo").data, hmh_[b], dt, dt}, s);

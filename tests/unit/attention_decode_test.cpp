@@ -2,7 +2,7 @@
 // a prefill of part of each sequence then one token per step gives, at every position, the rows of
 // the full causal attention_forward over the same qkv (MHA and GQA, sequences of different lengths
 // in one batch); the cache holds exactly the K/V parts of the qkv rows; bad arguments and lengths
-// are refused naming the value; the emulator's cost grows with the cache length.
+// are refused naming the value; the emulator's cost grows with the cached length.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -167,6 +167,10 @@ TEST(AttentionDecode, CostGrowsWithTheCacheLength) {
     EXPECT_GT(long_cache.bytes, short_cache.bytes);
     a.kv_heads = 8;  // MHA reads 4x the K/V bytes of GQA with 2 K/V heads
     EXPECT_GT(op_cost(a).bytes, long_cache.bytes);
+    // The longest cached sequence of the call, where given, sets the keys costed.
+    a.kv_heads = 2;
+    a.longest = 128;
+    EXPECT_DOUBLE_EQ(op_cost(a).flops, short_cache.flops);
 }
 
 }  // namespace
