@@ -327,7 +327,8 @@ int main(int argc, char** argv) {
         }
         return run_in_process(args, p);
     } catch (const std::exception& e) {
-        std::cerr << "scmoe-generate: " << e.what() << std::endl;
+        // One write(): under mpirun every process may report, and mpirun splices stderr chunk by chunk.
+        std::cerr << (std::string("scmoe-generate: ") + e.what() + "\n") << std::flush;
         return kExitError;
     }
 }
