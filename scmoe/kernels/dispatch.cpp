@@ -111,6 +111,15 @@ void attention_backward(const AttentionBackwardArgs& a, Stream& s, [[maybe_unuse
     check_attention_provider(p, s.backend());
     run_on(s, [a] { cpu::attention_backward(a); }, SCMOE_CUDA_CALL(attention_backward(a, p, native)), SCMOE_EMU_CALL(attention_backward(a, s)));
 }
+// Decoding attention (attention_decode.h).
+void kv_cache_append(const KvCacheAppendArgs& a, Stream& s) {
+    check_kv_cache_append_args(a, s.backend());
+    run_on(s, [a] { cpu::kv_cache_append(a); }, SCMOE_CUDA_CALL(kv_cache_append(a, native)), SCMOE_EMU_CALL(kv_cache_append(a, s)));
+}
+void attention_decode(const AttentionDecodeArgs& a, Stream& s) {
+    check_attention_decode_args(a, s.backend());
+    run_on(s, [a] { cpu::attention_decode(a); }, SCMOE_CUDA_CALL(attention_decode(a, native)), SCMOE_EMU_CALL(attention_decode(a, s)));
+}
 void adamw_step(const AdamWArgs& a, Stream& s) {
     check_adamw_args(a);
     if (a.n == 0) return;

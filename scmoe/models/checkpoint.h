@@ -175,6 +175,23 @@ struct CheckpointDirOptions {
 std::vector<std::string> open_checkpoint_dir(const std::string& root, CheckpointTarget target,
                                              const CheckpointDirOptions& options);
 
+// For inference (scmoe-generate, scmoe/models/decoder.h): a checkpoint's model config and weights,
+// whatever world and ep wrote it. open_checkpoint_weights resolves `path` as load_checkpoint does (a
+// step directory, or a root's `latest`, or its newest step that verifies), checks the manifest and
+// trainer_state.json (sizes, CRCs, ids, format) and parses the config; not a collective.
+struct CheckpointWeights {
+    std::string dir;                 // the step directory
+    CheckpointState state;           // step, world, ep and the config text
+    LmConfig config;                 // the model (dtype as saved: set the device's compute dtype)
+    std::vector<std::string> notes;  // a fallback from a bad `latest`
+};
+CheckpointWeights open_checkpoint_weights(const std::string& path);
+// Writes the checkpoint's master weights into `model`'s parameters (converted to its dtype),
+// verifying every file it reads (size, CRC, ids, step). Expert tensors are read by global expert
+// from whichever of the checkpoint's expert files holds them, so any expert-parallel size loads any
+// checkpoint. The model's config must equal the checkpoint's but for the dtype. Synchronizes.
+void load_checkpoint_weights(const CheckpointWeights& checkpoint, LanguageModel& model);
+
 // Whether `path` holds a checkpoint to resume: a `latest` file, a step directory (manifest.json or
 // trainer_state.json), or a step-NNNNNNNN directory (--resume auto: resume, not start fresh).
 bool has_checkpoint(const std::string& path);

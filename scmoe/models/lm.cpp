@@ -300,6 +300,11 @@ double LanguageModel::loss_sum() {
     return sum;
 }
 
+std::vector<float> LanguageModel::logits() {
+    SCMOE_CHECK(tokens_ > 0, "LanguageModel.logits: no pass has run");
+    return copy_to_host(Tensor(logits_, config_.backbone.dtype, {tokens_ * config_.vocab}), stream());
+}
+
 double LanguageModel::router_loss() { return blocks_->router_loss(); }
 
 std::int64_t LanguageModel::dropped_tokens() {

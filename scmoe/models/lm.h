@@ -123,6 +123,8 @@ class LanguageModel {
     double loss_sum();
     // The MoE layers' weighted aux + z losses and dropped assignments of the last forward (synchronizes).
     double router_loss();
+    // The logits of the last pass, [tokens, vocab] widened to f32 on the host (synchronizes).
+    std::vector<float> logits();
     std::int64_t dropped_tokens();
 
   private:

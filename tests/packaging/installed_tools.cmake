@@ -2,7 +2,7 @@
 # the build into WORK_DIR/prefix, moves the prefix elsewhere (so nothing can rely on where it was
 # installed, nor on the build folder), and runs each tool there with a clean environment (env -i:
 # no LD_LIBRARY_PATH, PATH or anything else the build's shell had): `--help`, then one short real
-# run of scmoe-bench, scmoe-train, scmoe-plan and make_profile.py. Also checks that no installed
+# run of scmoe-bench, scmoe-train, scmoe-generate, scmoe-plan and make_profile.py. Also checks that no installed
 # binary's run path names the build folder.
 #   cmake -DSCMOE_BUILD_DIR=... -DWORK_DIR=... -P installed_tools.cmake
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -32,7 +32,7 @@ set(tools ${prefix}/share/scmoe/tools)
 file(GLOB executables ${bin}/*)
 file(GLOB scripts ${tools}/*.py)
 list(FILTER scripts EXCLUDE REGEX "/torch_peer\\.py$")  # a module the peers import, not a tool
-foreach(required scmoe-train scmoe-bench scmoe-plan)
+foreach(required scmoe-train scmoe-generate scmoe-bench scmoe-plan)
   if(NOT EXISTS ${bin}/${required})
     message(FATAL_ERROR "${required} was not installed into ${bin}")
   endif()
@@ -75,6 +75,7 @@ run_clean(${bin}/scmoe-bench "# Avg train tokens/s *: [0-9]+" layer --backend cp
 run_clean(${tools}/make_profile.py "\"name\": \"installed-cpu\"" --cpu --name installed-cpu --memcpy-gbps 5
           ${out}/layer.json)
 run_clean(${bin}/scmoe-train "scmoe-pos2 +3 +[0-9.]+ +[0-9.]+" --backend cpu --steps 3 --batch 4 --layers 2 --hidden 32 --heads 4
-          --seq 16 --ffn 64 --experts 4 --expert-ffn 32 --metrics ${out}/metrics.jsonl)
+          --seq 16 --ffn 64 --experts 4 --expert-ffn 32 --metrics ${out}/metrics.jsonl --checkpoint-dir ${out}/ck)
+run_clean(${bin}/scmoe-generate "# 4 new tokens .* tokens/s" --resume ${out}/ck --prompt abc --max-new-tokens 4)
 run_clean(${bin}/scmoe-plan "best: " --preset tiny --gpu a30 --variants top2 --ep 4 -J ${out}/plan.json)
 message(STATUS "every installed tool started from the moved prefix ${prefix} with env -i")

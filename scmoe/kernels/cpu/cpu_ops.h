@@ -7,6 +7,7 @@
 #include "scmoe/kernels/activation.h"
 #include "scmoe/kernels/adamw.h"
 #include "scmoe/kernels/attention.h"
+#include "scmoe/kernels/attention_decode.h"
 #include "scmoe/kernels/cross_entropy.h"
 #include "scmoe/kernels/elementwise.h"
 #include "scmoe/kernels/embedding.h"
@@ -42,6 +43,8 @@ void rmsnorm_forward(const RmsNormArgs& args);
 void rmsnorm_backward(const RmsNormBackwardArgs& args);
 void attention_forward(const AttentionArgs& args);
 void attention_backward(const AttentionBackwardArgs& args);
+void kv_cache_append(const KvCacheAppendArgs& args);
+void attention_decode(const AttentionDecodeArgs& args);
 void adamw_step(const AdamWArgs& args);
 void sum_of_squares(const float* x, std::int64_t n, float* out);
 void embedding_forward(const EmbeddingArgs& args);

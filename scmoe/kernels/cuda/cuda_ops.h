@@ -9,6 +9,7 @@
 #include "scmoe/kernels/activation.h"
 #include "scmoe/kernels/adamw.h"
 #include "scmoe/kernels/attention.h"
+#include "scmoe/kernels/attention_decode.h"
 #include "scmoe/kernels/cross_entropy.h"
 #include "scmoe/kernels/device.h"
 #include "scmoe/kernels/elementwise.h"
@@ -55,6 +56,8 @@ void rmsnorm_forward(const RmsNormArgs& args, void* stream);
 void rmsnorm_backward(const RmsNormBackwardArgs& args, void* stream);
 void attention_forward(const AttentionArgs& args, AttentionProvider provider, void* stream);
 void attention_backward(const AttentionBackwardArgs& args, AttentionProvider provider, void* stream);
+void kv_cache_append(const KvCacheAppendArgs& args, void* stream);
+void attention_decode(const AttentionDecodeArgs& args, void* stream);
 void adamw_step(const AdamWArgs& args, void* stream);
 void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, void* stream);
 void embedding_forward(const EmbeddingArgs& args, void* stream);

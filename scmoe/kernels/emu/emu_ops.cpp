@@ -128,6 +128,8 @@ void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
     if (stack.attention == AttentionImpl::kFused) return timed("attention_backward", op_cost(a), s);
     for (const StackKernel& k : unfused_attention_backward(a, stack.attention_dropout)) es.launch(k.name, k.cost);
 }
+void kv_cache_append(const KvCacheAppendArgs& a, Stream& s) { timed("kv_cache_append", op_cost(a), s); }
+void attention_decode(const AttentionDecodeArgs& a, Stream& s) { timed("attention_decode", op_cost(a), s); }
 void adamw_step(const AdamWArgs& a, Stream& s) { timed("adamw_step", op_cost(a), s); }
 void sum_of_squares(const float*, std::int64_t n, float*, void*, Stream& s) {
     timed("sum_of_squares", sum_of_squares_cost(n), s);

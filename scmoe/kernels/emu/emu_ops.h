@@ -8,6 +8,7 @@
 #include "scmoe/kernels/activation.h"
 #include "scmoe/kernels/adamw.h"
 #include "scmoe/kernels/attention.h"
+#include "scmoe/kernels/attention_decode.h"
 #include "scmoe/kernels/cross_entropy.h"
 #include "scmoe/kernels/device.h"
 #include "scmoe/kernels/elementwise.h"
@@ -49,6 +50,8 @@ void rmsnorm_forward(const RmsNormArgs& args, Stream& stream);
 void rmsnorm_backward(const RmsNormBackwardArgs& args, Stream& stream);
 void attention_forward(const AttentionArgs& args, Stream& stream);
 void attention_backward(const AttentionBackwardArgs& args, Stream& stream);
+void kv_cache_append(const KvCacheAppendArgs& args, Stream& stream);
+void attention_decode(const AttentionDecodeArgs& args, Stream& stream);
 void adamw_step(const AdamWArgs& args, Stream& stream);
 void sum_of_squares(const float* x, std::int64_t n, float* out, void* scratch, Stream& stream);
 void embedding_forward(const EmbeddingArgs& args, Stream& stream);
