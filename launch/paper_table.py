@@ -286,6 +286,16 @@ def sign_agrees(row):
     return (row["paper"] > 1.0) == (row["predicted"] > 1.0)
 
 
+def order(items, key):
+    """Variant names from fastest to slowest by items[key], '=' joining equal values (3 decimals)."""
+    ranked = sorted(items, key=lambda t: -t[key])
+    out = []
+    for i, t in enumerate(ranked):
+        tie = i > 0 and round(t[key], 3) == round(ranked[i - 1][key], 3)
+        out.append(("= " if tie else "") + t[0])
+    return out
+
+
 def rankings(rows):
     """Per table and metric, the order of the variants (with the baseline at 1.0) by paper and by
     prediction: [(table, metric, paper order, predicted order, agrees)]."""
@@ -298,10 +308,11 @@ def rankings(rows):
     for (table, metric), rs in groups.items():
         base = rs[0]["baseline"]
         items = [(base, 1.0, 1.0)] + [(r["variant"], r["paper"], r["predicted"]) for r in rs]
-        paper_order = [v for v, p, _ in sorted(items, key=lambda t: -t[1])]
-        pred_order = [v for v, _, q in sorted(items, key=lambda t: -t[2])]
-        # Ties in the paper (equal printed values) accept either order.
-        agrees = all((a[1] - b[1]) * (a[2] - b[2]) >= 0 or a[1] == b[1]
+        paper_order = order(items, 1)
+        pred_order = order(items, 2)
+        # Where the paper orders two variants, the prediction must order them the same way (a tie at
+        # the printed 3 decimals does not); where the paper ties them (equal printed values), any order.
+        agrees = all(a[1] == b[1] or (a[1] - b[1]) * (round(a[2], 3) - round(b[2], 3)) > 0
                      for i, a in enumerate(items) for b in items[i + 1:])
         out.append((table, metric, paper_order, pred_order, agrees))
     return out
@@ -320,6 +331,10 @@ def summarize(rows):
         "rankings": [{"table": t, "metric": m, "paper": p, "predicted": q, "agrees": a}
                      for t, m, p, q, a in rankings(rows)],
     }
+
+
+def join_order(names):
+    return " ".join(n if n.startswith("= ") else ("> " + n if i else n) for i, n in enumerate(names))
 
 
 def markdown(rows, summary, stack):
@@ -341,8 +356,8 @@ def markdown(rows, summary, stack):
         lines.append(f"Speedup rows: {s['speedup_rows']}; mean |error| {100 * s['mean_abs_error']:.1f}%, "
                      f"max {100 * s['max_abs_error']:.1f}%; signs agree {s['signs_agree']}/{s['signs_checked']}.")
     for rk in s["rankings"]:
-        lines.append(f"Ranking, {rk['table']} {rk['metric']}: paper {' > '.join(rk['paper'])}; predicted "
-                     f"{' > '.join(rk['predicted'])}: {'agrees' if rk['agrees'] else 'DIFFERS'}.")
+        lines.append(f"Ranking, {rk['table']} {rk['metric']}: paper {join_order(rk['paper'])}; predicted "
+                     f"{join_order(rk['predicted'])}: {'agrees' if rk['agrees'] else 'DIFFERS'}.")
     lines.append(f"Rows not run: {s['not_run']} of {s['rows']}.")
     return "\n".join(lines)
 
