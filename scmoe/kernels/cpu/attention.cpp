@@ -4,12 +4,11 @@
 // GQA (attention.h): query head h reads K/V head h / group; backward walks each K/V head's group of
 // query heads in order, summing its dK and dV over them.
 // NOTES: no threads of our own and a fixed block order, so results do not depend on timing.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "scmoe/kernels/cpu/attention_rows.h"
 #include "scmoe/kernels/cpu/cpu_ops.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/kernels/math.h"
@@ -19,14 +18,7 @@ namespace {
 
 constexpr std::int64_t kRowBlock = 64;
 
-blasint bl(std::int64_t v) { return static_cast<blasint>(v); }
-
-// C[m, n] = alpha * op(A) op(B) + beta * C with explicit leading dimensions (row-major).
-void sgemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, bl(m), bl(n), bl(k),
-                alpha, a, bl(lda), b, bl(ldb), beta, c, bl(ldc));
-}
+constexpr auto sgemm = attention_sgemm;
 
 // Strided views of one (batch, query head): q/k/v rows have stride ld, out/grad_out rows stride
 // ld_out; k_off and v_off locate the K/V head the query head reads.
@@ -67,19 +59,9 @@ void attention_forward(const AttentionArgs& a) {
                 const std::int64_t nr = std::min(kRowBlock, S - r0), nk = r0 + nr;  // keys 0..nk-1
                 sgemm(false, true, nr, nk, D, scale, q + r0 * v.ld, v.ld, k, v.ld, 0.0f, p, nk);
                 for (std::int64_t r = 0; r < nr; ++r) {
-                    float* row = p + r * nk;
                     const std::int64_t i = r0 + r;  // keys 0..i are visible
-                    float mx = -INFINITY;
-                    for (std::int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
-                    float sum = 0.0f;
-                    for (std::int64_t j = 0; j <= i; ++j) {
-                        row[j] = expf(row[j] - mx);
-                        sum += row[j];
-                    }
-                    const float inv = 1.0f / sum;
-                    for (std::int64_t j = 0; j <= i; ++j) row[j] *= inv;
-                    for (std::int64_t j = i + 1; j < nk; ++j) row[j] = 0.0f;
-                    if (a.lse) a.lse[(b * a.heads + h) * S + i] = mx + logf(sum);
+                    const SoftmaxRowStats st = causal_softmax_row(p + r * nk, i, nk);
+                    if (a.lse) a.lse[(b * a.heads + h) * S + i] = st.max + logf(st.sum);
                 }
                 sgemm(false, false, nr, D, nk, 1.0f, p, nk, val, v.ld, 0.0f, out + r0 * v.ld_out, v.ld_out);
             }

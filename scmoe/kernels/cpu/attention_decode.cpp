@@ -2,21 +2,18 @@
 // cached keys, the same formulation as the training kernel (cpu/attention.cpp): scaled scores from
 // one GEMM, a row softmax (max, expf, sum, multiply by the inverse), then P . V. Scratch is
 // thread_local: a CPU stream is one worker thread.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "scmoe/kernels/cpu/attention_rows.h"
 #include "scmoe/kernels/cpu/cpu_ops.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/kernels/math.h"
 
 namespace scmoe::cpu {
 namespace {
-
-blasint bl(std::int64_t v) { return static_cast<blasint>(v); }
 
 // The cached positions of sequence b, checked against the new tokens and the cache's size.
 std::int64_t sequence_length(const std::int32_t* lengths, std::int64_t b, std::int64_t new_tokens,
@@ -69,24 +66,9 @@ void attention_decode(const AttentionDecodeArgs& a) {
             const float* k = static_cast<const float*>(a.k_cache) + (b * kv + g) * a.max_length * D;
             const float* v = static_cast<const float*>(a.v_cache) + (b * kv + g) * a.max_length * D;
             float* out = static_cast<float*>(a.out) + b * n * ld_out + h * D;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bl(n), bl(len), bl(D), scale, q, bl(ld), k, bl(D),
-                        0.0f, p, bl(len));
-            for (std::int64_t r = 0; r < n; ++r) {
-                float* row = p + r * len;
-                const std::int64_t last = start + r;  // keys 0..last are visible
-                float mx = -INFINITY;
-                for (std::int64_t j = 0; j <= last; ++j) mx = std::max(mx, row[j]);
-                float sum = 0.0f;
-                for (std::int64_t j = 0; j <= last; ++j) {
-                    row[j] = expf(row[j] - mx);
-                    sum += row[j];
-                }
-                const float inv = 1.0f / sum;
-                for (std::int64_t j = 0; j <= last; ++j) row[j] *= inv;
-                for (std::int64_t j = last + 1; j < len; ++j) row[j] = 0.0f;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bl(n), bl(D), bl(len), 1.0f, p, bl(len), v, bl(D),
-                        0.0f, out, bl(ld_out));
+            attention_sgemm(false, true, n, len, D, scale, q, ld, k, D, 0.0f, p, len);
+            for (std::int64_t r = 0; r < n; ++r) causal_softmax_row(p + r * len, start + r, len);  // keys 0..start+r
+            attention_sgemm(false, false, n, D, len, 1.0f, p, len, v, D, 0.0f, out, ld_out);
         }
     }
 }
