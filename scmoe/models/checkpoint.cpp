@@ -352,6 +352,26 @@ std::string read_manifest_text(const fs::path& dir) {
     return read_text(p.string());
 }
 
+// A step directory's manifest and its training state, the state's checksum and ids checked against
+// the manifest.
+struct VerifiedState {
+    CheckpointManifest manifest;
+    CheckpointState state;
+};
+VerifiedState read_verified_state(const fs::path& dir) {
+    VerifiedState v{parse_checkpoint_manifest(read_manifest_text(dir), dir.string()), {}};
+    std::string state_text;
+    try {
+        state_text = read_text((dir / kStateName).string());
+    } catch (const Error& e) {
+        SCMOE_FAIL(dir.string() << ": " << e.what());
+    }
+    check_sum(dir, v.manifest, kStateName, text_sum(state_text));
+    v.state = parse_checkpoint_state(state_text, dir.string());
+    check_ids(dir / kStateName, v.manifest, v.state.run_id, v.state.save_id);
+    return v;
+}
+
 // Every file of `dir`'s manifest has its size and CRC: "" or why not (rank 0's fallback search).
 std::string verify_complete(const fs::path& dir) {
     try {
@@ -702,16 +722,9 @@ CheckpointLoad load_checkpoint(const std::string& path, CheckpointTarget t, cons
     const fs::path dir = chosen;
     // Read and check everything first; nothing changes until every rank has succeeded.
     collectively(t, what, [&] {
-        const CheckpointManifest man = parse_checkpoint_manifest(read_manifest_text(dir), dir.string());
-        std::string state_text;
-        try {
-            state_text = read_text((dir / kStateName).string());
-        } catch (const Error& e) {
-            SCMOE_FAIL(dir.string() << ": " << e.what());
-        }
-        check_sum(dir, man, kStateName, text_sum(state_text));
-        const CheckpointState st = parse_checkpoint_state(state_text, dir.string());
-        check_ids(dir / kStateName, man, st.run_id, st.save_id);
+        const VerifiedState verified = read_verified_state(dir);
+        const CheckpointManifest& man = verified.manifest;
+        const CheckpointState& st = verified.state;
         SCMOE_CHECK(st.step == man.step, (dir / kStateName).string() << ": step " << st.step << ", manifest.json: step "
                                                                      << man.step << ": refusing to resume");
         step = st.step;
@@ -1013,16 +1026,7 @@ CheckpointWeights open_checkpoint_weights(const std::string& path) {
     CheckpointWeights w;
     const fs::path dir = resolve_step_dir(path, w.notes);
     w.dir = dir.string();
-    const CheckpointManifest man = parse_checkpoint_manifest(read_manifest_text(dir), dir.string());
-    std::string state_text;
-    try {
-        state_text = read_text((dir / kStateName).string());
-    } catch (const Error& e) {
-        SCMOE_FAIL(dir.string() << ": " << e.what());
-    }
-    check_sum(dir, man, kStateName, text_sum(state_text));
-    w.state = parse_checkpoint_state(state_text, dir.string());
-    check_ids(dir / kStateName, man, w.state.run_id, w.state.save_id);
+    w.state = read_verified_state(dir).state;
     try {
         w.config = LmConfig::from_json(w.state.config);
     } catch (const nlohmann::json::exception& e) {
