@@ -442,13 +442,15 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     report.print_preamble();
     const bool emulated = common.backend == "emu";
     report.note(std::to_string(a.ranks) + " in-process rank(s) (" +
-                (emulated ? "EmuCommunicator on " + describe(cluster_topology(a.cluster)) : "LocalCommunicator") +
+                (emulated ? "EmuCommunicator on " + describe(a.topology) : "LocalCommunicator") +
                 "), pid " + std::to_string(getpid()) +
                 (a.link ? ", EmulatedLink " + describe_link_model(*a.link) : std::string()) + "; tokens " +
                 comma_list(a.tokens) + " per rank");
-    if (emulated)
+    if (emulated) {
+        for (const std::string& n : a.cluster_notes) report.note(n);
         report.note("emu: times are the emulator's predictions for " + device->description() +
                     ", not measurements; nothing is computed, so there is no check");
+    }
     std::vector<RankOutput> outputs(static_cast<std::size_t>(a.ranks));
     std::vector<std::string> errors(outputs.size());
     std::shared_ptr<LocalGroup> group = a.ranks > 1 && !emulated ? LocalGroup::create(a.ranks) : nullptr;
@@ -456,7 +458,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     if (emulated && a.ranks > 1) {
         std::vector<int> ranks(static_cast<std::size_t>(a.ranks));
         for (int r = 0; r < a.ranks; ++r) ranks[static_cast<std::size_t>(r)] = r;
-        emu_group = EmuGroup::create(cluster_topology(a.cluster), ranks);
+        emu_group = EmuGroup::create(a.topology, ranks);
     }
     std::vector<std::thread> threads;
     for (int r = 0; r < a.ranks; ++r) {

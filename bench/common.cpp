@@ -108,7 +108,7 @@ CommonArgs read_common_options(const cxxopts::ParseResult& result) {
         throw UsageError("--gpu and --routing describe an emulated GPU: they need --backend emu");
     if (a.backend == "emu") {
         try {
-            launch::resolve_emu_choice(a.gpu, "", a.routing, 1);
+            launch::resolve_emu_device(a.gpu, a.routing);
         } catch (const Error& e) {
             throw UsageError(e.what());
         }
@@ -135,7 +135,7 @@ void resolve_iters(CommonArgs& args, Backend backend) {
 
 std::unique_ptr<Device> make_bench_device(const CommonArgs& args) {
     if (args.backend != "emu") return make_device(args.backend);
-    return launch::make_emu_device(launch::resolve_emu_choice(args.gpu, "", args.routing, 1));
+    return launch::make_emu_device(launch::resolve_emu_device(args.gpu, args.routing));
 }
 
 nlohmann::ordered_json common_args_json(const CommonArgs& args) {

@@ -299,17 +299,18 @@ int run_in_process(const Args& args) {
                             : std::string())
               << std::endl;
     const bool emulated = backend == "emu";
-    if (emulated)
-        std::cout << "# " << make_train_device(args, 0)->description() << "; cluster "
-                  << describe(cluster_topology(args.emu.cluster))
-                  << "\n# emu: step times are the emulator's predictions, not measurements; nothing is computed, so "
+    if (emulated) {
+        std::cout << "# " << make_train_device(args, 0)->description() << "; cluster " << describe(args.emu.topology);
+        for (const std::string& note : cluster_notes(args.emu)) std::cout << "\n# " << note;
+        std::cout << "\n# emu: step times are the emulator's predictions, not measurements; nothing is computed, so "
                      "the losses are meaningless (zero)"
                   << std::endl;
+    }
     std::vector<RunSummary> runs;
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
         std::unique_ptr<LocalTrainGroups> groups =
-            emulated ? std::make_unique<LocalTrainGroups>(world, ep, cluster_topology(args.emu.cluster))
+            emulated ? std::make_unique<LocalTrainGroups>(world, ep, args.emu.topology)
                      : std::make_unique<LocalTrainGroups>(world, ep, args.link, args.link_scope);
         std::vector<RunSummary> results(static_cast<std::size_t>(world));
         std::vector<emu::MemoryStats> memory(static_cast<std::size_t>(world));
