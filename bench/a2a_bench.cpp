@@ -310,9 +310,9 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
                              std::to_string(r) + ": " + ranks[static_cast<std::size_t>(r)]->comm().name());
     if (emulated) {
         for (const std::string& line : rank_lines) report.note(line);
-        for (const std::string& note : args.cluster_notes) report.note(note);
         report.note("emu: times are the emulator's predictions for " + describe(args.topology) +
                     ", not measurements; nothing is moved, so there is no check");
+        for (const std::string& note : args.cluster_notes) report.note(note);
     } else {
         print_notes(report, args, n, memcpy_gbps(), rank_lines);
     }

@@ -73,27 +73,35 @@ void run_plan_case(const PlanRequest& r, PlanCase& c) {
     config.batch = c.batch;
     config.steps = r.steps;
     std::vector<PlanCase> per_rank(static_cast<std::size_t>(world), c);
+    std::vector<char> peer_failed(static_cast<std::size_t>(world), 0);  // the rank's error is a peer's CommError
     try {
         config.model.validate();
         LocalTrainGroups groups(world, c.ep, r.cluster);
         run_local_ranks(groups, world, [&](int rank, const RankComms& comms) {
             PlanCase& mine = per_rank[static_cast<std::size_t>(rank)];
             auto device = make_emu_device(r.emu);
+            // Outlives the catch: a rank that fails (out of memory at construction, or a step's error
+            // on this rank only, e.g. a dropless receive beyond the workspace under skewed routing)
+            // abandons its groups before its trainer unwinds, so its peers' collectives fail at once
+            // instead of waiting for it.
+            std::unique_ptr<models::Trainer> trainer;
+            std::unique_ptr<Tracer> trace;
             try {
-                models::Trainer trainer(config, *device, {world, rank, c.ep}, comms.comms());
-                trainer.model().blocks().set_expert_chunks(c.chunks);
-                Tracer trace(*device, rank);
-                trainer.set_trace(&trace);
+                trainer = std::make_unique<models::Trainer>(config, *device, models::ParallelLayout{world, rank, c.ep},
+                                                            comms.comms());
+                trainer->model().blocks().set_expert_chunks(c.chunks);
+                trace = std::make_unique<Tracer>(*device, rank);
+                trainer->set_trace(trace.get());
                 double ms = 0, tps = 0, exposed = 0, a2a = 0, comm = 0, dropped = 0;
                 for (int s = 0; s < r.steps; ++s) {
-                    trace.clear();
-                    const models::StepMetrics m = trainer.step();
+                    trace->clear();
+                    const models::StepMetrics m = trainer->step();
                     if (s == 0) continue;
                     ms += m.step_ms, tps += m.tokens_per_s, exposed += m.exposed_comm_pct;
                     dropped += static_cast<double>(m.dropped_tokens);
                     // The exposed time split: the all-to-all's alone (the gradient all-reduce's entries
                     // left out), the gradient all-reduce's the rest of the step's exposed time.
-                    const std::vector<TraceEntry>& all = trace.entries();
+                    const std::vector<TraceEntry>& all = trace->entries();
                     std::vector<TraceEntry> no_grad;
                     std::copy_if(all.begin(), all.end(), std::back_inserter(no_grad),
                                  [](const TraceEntry& e) { return !is_gradient_reduce(e); });
@@ -109,10 +117,13 @@ void run_plan_case(const PlanRequest& r, PlanCase& c) {
                 mine.exposed_grad_pct = std::max(0.0, mine.exposed_comm_pct - mine.exposed_a2a_pct);
                 mine.comm_pct = comm / timed;
                 mine.dropped_tokens = dropped / timed;
-                trainer.set_trace(nullptr);
+                trainer->set_trace(nullptr);
+            } catch (const CommError& e) {
+                groups.abandon(rank, e.what());
+                mine.error = e.what();
+                peer_failed[static_cast<std::size_t>(rank)] = true;
             } catch (const Error& e) {
-                // Out of memory is found at construction, on every rank alike (the same shapes), so no
-                // rank is left waiting in a collective.
+                groups.abandon(rank, e.what());
                 mine.error = e.what();
                 mine.out_of_memory = mine.error.find("out of memory") != std::string::npos;
             }
@@ -131,12 +142,15 @@ void run_plan_case(const PlanRequest& r, PlanCase& c) {
     c.exposed_grad_pct = lead.exposed_grad_pct;
     c.comm_pct = lead.comm_pct;
     c.dropped_tokens = lead.dropped_tokens;
-    c.error = lead.error;
-    c.out_of_memory = lead.out_of_memory;
-    for (const PlanCase& p : per_rank) {
-        c.peak_gib = std::max(c.peak_gib, p.peak_gib);
-        if (c.error.empty() && !p.error.empty()) c.error = p.error, c.out_of_memory = p.out_of_memory;
-    }
+    // The cause: a rank's own error, before the CommErrors its abandoning caused on the others.
+    c.error.clear();
+    c.out_of_memory = false;
+    const PlanCase* cause = nullptr;
+    for (int pass = 0; pass < 2 && !cause; ++pass)
+        for (std::size_t i = 0; i < per_rank.size() && !cause; ++i)
+            if (!per_rank[i].error.empty() && (pass == 1 || !peer_failed[i])) cause = &per_rank[i];
+    if (cause) c.error = cause->error, c.out_of_memory = cause->out_of_memory;
+    for (const PlanCase& p : per_rank) c.peak_gib = std::max(c.peak_gib, p.peak_gib);
     // The headroom: a peak above (1 - headroom) of the GPU's memory would not fit beside what the
     // emulator does not count.
     const double capacity_gib = static_cast<double>(r.emu.spec.memory_bytes) / (1ull << 30);

@@ -173,14 +173,15 @@ void print_header(const PlanRequest& q, const std::string& model_name) {
     std::cout << "# scmoe-plan on " << describe(q.cluster) << "\n";
     for (const std::string& note : cluster_notes(q.emu)) std::cout << "# " << note << "\n";
     const double capacity_gib = static_cast<double>(q.emu.spec.memory_bytes) / (1ull << 30);
-    std::cout << "# GPU: " << make_emu_device(q.emu)->description() << "\n"
+    std::cout << "# GPU " << q.emu.spec.name << " (--gpu " << q.emu.gpu << "): " << make_emu_device(q.emu)->description()
+              << "\n"
               << "# model: " << model_name << "\n"
               << "# emulated: predictions of the emulator (scmoe/kernels/emu/, scmoe/comm/topology.h), not "
                  "measurements; "
               << q.steps << " steps per candidate, the first not timed\n"
               << "# " << band_text() << ": a predicted P tokens/s allows a measured P/" << fixed(1 + kPredictionErrorBand.high, 2)
               << " .. P/" << fixed(1 + kPredictionErrorBand.low, 2) << " (the range beside each prediction)\n"
-              << "# memory: " << fixed(100 * q.memory_headroom, 0) << "% of each GPU's " << fixed(capacity_gib, 1)
+              << "# memory: " << 100 * q.memory_headroom << "% of each GPU's " << fixed(capacity_gib, 1)
               << " GiB kept free (--memory-headroom " << q.memory_headroom << "): a predicted peak above "
               << fixed((1 - q.memory_headroom) * capacity_gib, 2) << " GiB is out of memory" << std::endl;
     if (std::find(q.space.variants.begin(), q.space.variants.end(), "top1") != q.space.variants.end())
@@ -301,7 +302,8 @@ nlohmann::ordered_json search(const Args& args, const PlanRequest& q, std::vecto
         std::cout << "# [" << i + 1 << "] " << c.variant << " ep " << c.ep << " dp " << c.dp << " chunks "
                   << chunks_name(c.chunks) << " " << dispatch_mode_name(c.dispatch) << " cf " << c.capacity_factor
                   << " batch " << c.batch << ": "
-                  << (c.error.empty() ? fixed(c.step_ms, 1) + " ms/step" : c.out_of_memory ? c.error : "failed: " + c.error)
+                  << (c.error.empty() ? fixed(c.step_ms, 1) + " ms/step"
+                                   : c.out_of_memory ? "out of memory (" + c.error + ")" : "failed: " + c.error)
                   << std::endl;
     });
     std::vector<PlanCase> cases = tried;
