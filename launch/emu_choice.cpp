@@ -200,8 +200,6 @@ Topology apply_cluster_flags(const ClusterFlags& f, const emu::GpuSpec& spec) {
             t.hop_latency_us = 5.7;  // NCCL src/graph/tuning.cc, PCIe per step
             t.comm_sms = 8;          // NCCL src/graph/paths.cc: 2 p2p channels per PCIe peer
             drop("nvlink");
-            t.assumptions.push_back({"pcie-switches", "--fabric pcie: PCIe switches of 4 GPUs, each with one uplink "
-                                                      "of the GPU's own link rate to the CPU"});
             t.assumptions.push_back({"pcie-efficiency", "NCCL reaches 80% of a PCIe link, as on NVLink (no PCIe "
                                                         "measurement found)"});
         } else if (fabric == "nvlink" && t.fabric != Topology::Fabric::kNvlink) {
@@ -247,10 +245,22 @@ Topology apply_cluster_flags(const ClusterFlags& f, const emu::GpuSpec& spec) {
         drop("nic");
         name += "+nic-gbit-s=" + number(*f.nic_gbit_s);
     }
+    if (t.fabric == Topology::Fabric::kPcie && t.gpus_per_switch > t.gpus_per_node) t.gpus_per_switch = t.gpus_per_node;
+    // A PCIe tree changed by the overrides: its switches are still an assumption, now of this shape.
+    if (t.fabric == Topology::Fabric::kPcie && (f.gpus_per_node || f.fabric || f.gpu_link_gbyte_s)) {
+        drop("pcie-switches");
+        const int switches = (t.gpus_per_node + t.gpus_per_switch - 1) / t.gpus_per_switch;
+        t.assumptions.insert(t.assumptions.begin(),
+                             {"pcie-switches", std::to_string(switches) + " PCIe switch" + (switches > 1 ? "es" : "") +
+                                                   " of " + std::to_string(t.gpus_per_switch) +
+                                                   " GPUs per node, each with one uplink of " +
+                                                   number(t.switch_uplink_gbps) +
+                                                   " GB/s per direction to the CPU (the servers' PCIe tree is not "
+                                                   "known)"});
+    }
     SCMOE_CHECK(t.nodes == 1 || t.nic_gbps > 0,
                 "a cluster of " << t.nodes << " nodes needs --nic-gbit-s (the line rate of a node's NICs together, "
                                 << "in Gb/s: 100 for one 100 GbE NIC, 3200 for 8x 400 Gb/s NDR)");
-    if (t.fabric == Topology::Fabric::kPcie && t.gpus_per_switch > t.gpus_per_node) t.gpus_per_switch = t.gpus_per_node;
     t.name = name;
     return t;
 }
