@@ -33,7 +33,9 @@ def best_per_variant(plan):
 
 def label_of(plan):
     # Older files have no cluster_label: fall back to the description, which also differs per cluster.
-    return "%s (%s)" % (plan.get("cluster_label") or plan.get("cluster_description") or plan["cluster"], plan["gpu"])
+    if plan.get("cluster_label"):  # names the GPU itself
+        return plan["cluster_label"]
+    return "%s (%s)" % (plan.get("cluster_description") or plan["cluster"], plan["gpu"])
 
 
 def band_text(plan):
@@ -65,16 +67,17 @@ def draw_plans(plt, out, plans):
         hi = [(best[v]["tokens_per_s_band"][1] - best[v]["tokens_per_s"]) / 1e6 if v in best and
               "tokens_per_s_band" in best[v] else 0 for v in variants]
         bars = ax.bar(xs, ys, width, label=labels[i], yerr=[lo, hi], capsize=3, error_kw={"elinewidth": 0.8})
-        for bar, v in zip(bars, variants):
+        # The configuration above the error bar, where neither the bar nor the bar's band hides it.
+        for bar, v, h in zip(bars, variants, hi):
             if v in best:
                 c = best[v]
-                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() * 0.03,
-                        "ep%d b%d %s" % (c["ep"], c["batch"], c.get("dispatch", "capacity")[:4]),
-                        ha="center", va="bottom", rotation=90, fontsize=7, color="white")
+                ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + h, " ep%d b%d %s" %
+                        (c["ep"], c["batch"], "dropless" if c.get("dispatch") == "dropless" else "cf%g" %
+                         c["capacity_factor"]), ha="center", va="bottom", rotation=90, fontsize=7)
         top = max([top] + [y + h for y, h in zip(ys, hi)])
     ax.set_xticks(range(len(variants)))
     ax.set_xticklabels(variants)
-    ax.set_ylim(0, top * 1.08 if top > 0 else 1)
+    ax.set_ylim(0, top * 1.4 if top > 0 else 1)  # room for the configurations above the bars
     ax.set_ylabel("predicted tokens/s of the cluster (millions)\nbest configuration per variant")
     ax.set_title("scmoe-plan, emulated: %s\n(emulator predictions, not measurements; %s)"
                  % (plans[0]["model"], band_text(plans[0])), fontsize=8)
