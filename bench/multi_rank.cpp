@@ -20,7 +20,8 @@ void add_link_options(cxxopts::Options& options, const std::string& group) {
     // clang-format off
     options.add_options(group)
         ("link", "Wrap the communicator in an EmulatedLink: pcie4, nvlink4, ib-ndr, 100gbe, or "
-                 "gbps=X,latency_us=Y", cxxopts::value<std::string>())
+                 "gbps=X,latency_us=Y (X in GB/s, gigabytes per second, per direction; Y in us)",
+         cxxopts::value<std::string>())
         ("link-gbyte-s", "EmulatedLink bandwidth in GB/s (gigabytes per second) per direction (instead of --link)",
          cxxopts::value<double>())
         ("link-latency-us", "EmulatedLink latency in us per op (with --link-gbyte-s)",

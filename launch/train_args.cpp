@@ -190,7 +190,8 @@ Args parse(int argc, const char* const* argv) {
          cxxopts::value<std::string>()->default_value("balanced"))
         ("device", "GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK)",
          cxxopts::value<int>())
-        ("link", "Emulated link under the expert-parallel all-to-all: pcie4, nvlink4, ib-ndr, 100gbe or gbps=X,latency_us=Y",
+        ("link", "Emulated link under the expert-parallel all-to-all: pcie4, nvlink4, ib-ndr, 100gbe or "
+                 "gbps=X,latency_us=Y (X in GB/s, gigabytes per second, per direction; Y in us)",
          cxxopts::value<std::string>())
         ("link-all", "Put the emulated link under every collective, the gradient all-reduce too (default: only the "
                      "expert-parallel all-to-all)");
