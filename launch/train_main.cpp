@@ -41,6 +41,7 @@
 #include "launch/cli_options.h"
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
+#include "launch/plan.h"
 #include "launch/startup_watchdog.h"
 #include "launch/stop_signals.h"
 #include "launch/train_args.h"
@@ -303,8 +304,9 @@ int run_in_process(const Args& args) {
         std::cout << "# " << make_train_device(args, 0)->description() << "; cluster " << describe(args.emu.topology);
         for (const std::string& note : cluster_notes(args.emu)) std::cout << "\n# " << note;
         std::cout << "\n# emu: step times are the emulator's predictions, not measurements; nothing is computed, so "
-                     "the losses are meaningless (zero)"
-                  << std::endl;
+                     "the losses are meaningless (zero); error band "
+                  << std::showpos << 100 * kPredictionErrorBand.low << "%.." << 100 * kPredictionErrorBand.high
+                  << std::noshowpos << "% (" << kPredictionErrorBand.source << ")" << std::endl;
     }
     std::vector<RunSummary> runs;
     std::mutex print_mutex;
