@@ -45,15 +45,31 @@ def band_text(plan):
     return "error bars: the validation's band %+.0f%%..%+.0f%%" % (100 * b["low"], 100 * b["high"])
 
 
-def draw_plans(plt, out, plans):
+def legend_labels(plans):
+    """One label per plan, each its cluster's own description; the same cluster twice gets numbers."""
+    labels = [label_of(p) for p in plans]
+    if len(set(labels)) != len(labels):
+        labels = ["%d: %s" % (i + 1, l) for i, l in enumerate(labels)]
+    return labels
+
+
+def bar_values(plans):
+    """(variants, [[tokens/s of the cluster of each variant's best case, 0 without one] per plan])."""
     variants = []
     for p in plans:
         for c in p["cases"]:
             if c["variant"] not in variants:
                 variants.append(c["variant"])
-    labels = [label_of(p) for p in plans]
-    if len(set(labels)) != len(labels):  # the same cluster twice: number them
-        labels = ["%d: %s" % (i + 1, l) for i, l in enumerate(labels)]
+    values = []
+    for p in plans:
+        best = best_per_variant(p)
+        values.append([best[v]["tokens_per_s"] if v in best else 0 for v in variants])
+    return variants, values
+
+
+def draw_plans(plt, out, plans):
+    variants, _ = bar_values(plans)
+    labels = legend_labels(plans)
     n = max(1, len(plans))
     width = 0.8 / n
     fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(variants) * n / 2 + 3), 5.6))
