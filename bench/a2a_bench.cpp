@@ -27,7 +27,9 @@
 #include "scmoe/comm/mpi_communicator.h"
 #include "common.h"
 #include "scmoe/kernels/error.h"
+#include "launch/cli_options.h"
 #include "launch/emu_choice.h"
+#include "scmoe/comm/topology.h"
 #include "launch/local_rank.h"
 #include "multi_rank.h"
 #include "report.h"
@@ -40,7 +42,9 @@ struct A2aArgs {
     int ranks = 2;                    // in-process ranks (ignored under MPI)
     bool mpi = false;
     std::optional<LinkModel> link;
-    std::string cluster;  // emu: the Topology preset of the ranks
+    launch::ClusterFlags cluster_flags;  // emu: --cluster and its overrides (launch/cli_options.h)
+    Topology topology;                   // emu: the resolved cluster
+    std::vector<std::string> cluster_notes;
 };
 
 // Default -e: one default run (2 ranks, 5 + 2 iterations per size, 2 CPU cores) stays well under a
@@ -62,10 +66,9 @@ cxxopts::Options a2a_options() {
         ("ranks", "In-process ranks (LocalCommunicator, one thread and stream each); not under MPI",
          cxxopts::value<int>()->default_value("2"))
         ("mpi", "One MpiCommunicator rank per process (automatic under mpirun: OMPI_COMM_WORLD_SIZE or "
-                "PMI_SIZE > 1)")
-        ("cluster", "emu: the emulated cluster (scmoe/comm/topology.h presets; default: the --gpu's 8-GPU node)",
-         cxxopts::value<std::string>());
+                "PMI_SIZE > 1)");
     // clang-format on
+    launch::add_cluster_options(options, "a2a");
     add_link_options(options, "a2a");
     add_nccl_tests_guards(options);
     return options;
@@ -80,7 +83,11 @@ A2aArgs read_a2a_args(const cxxopts::ParseResult& r) {
     if (a.ranks < 1) throw UsageError("--ranks must be >= 1");
     a.mpi = r.count("mpi") > 0 || launch::launched_by_mpirun();
     a.link = read_link_options(r);
-    if (r.count("cluster")) a.cluster = r["cluster"].as<std::string>();
+    try {
+        a.cluster_flags = launch::read_cluster_options(r);
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
     return a;
 }
 
@@ -286,7 +293,7 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
     if (emulated) {
         std::vector<int> members(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) members[static_cast<std::size_t>(r)] = r;
-        auto group = EmuGroup::create(launch::stack_topology(args.cluster, launch::load_stack(common.stack)), members);
+        auto group = EmuGroup::create(launch::stack_topology(args.topology, launch::load_stack(common.stack)), members);
         for (int r = 0; r < n; ++r)
             ranks.push_back(std::make_unique<A2aRank>(group->communicator(r), std::nullopt, max_count,
                                                       make_bench_device(common)));
@@ -304,8 +311,9 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
                              std::to_string(r) + ": " + ranks[static_cast<std::size_t>(r)]->comm().name());
     if (emulated) {
         for (const std::string& line : rank_lines) report.note(line);
-        report.note("emu: times are the emulator's predictions for " + describe(cluster_topology(args.cluster)) +
+        report.note("emu: times are the emulator's predictions for " + describe(args.topology) +
                     ", not measurements; nothing is moved, so there is no check");
+        for (const std::string& note : args.cluster_notes) report.note(note);
     } else {
         print_notes(report, args, n, memcpy_gbps(), rank_lines);
     }
@@ -402,14 +410,18 @@ int run_a2a_bench(int argc, char** argv, const std::string& command) {
         if (args.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
         if (args.link) throw UsageError("--backend emu models the interconnect itself (--cluster): drop --link*");
         try {
-            args.cluster = launch::resolve_emu_choice(common.gpu, args.cluster, common.routing, args.ranks).cluster;
+            const launch::EmuChoice c =
+                launch::resolve_emu_choice(common.gpu, common.routing, args.cluster_flags, args.ranks);
+            args.topology = c.topology;
+            args.cluster_notes = launch::cluster_notes(c);
         } catch (const Error& e) {
             throw UsageError(e.what());
         }
         resolve_iters(common, Backend::kEmu);
         return run_local(common, args, command);
     }
-    if (!args.cluster.empty()) throw UsageError("--cluster describes emulated GPUs: it needs --backend emu");
+    if (!args.cluster_flags.cluster.empty() || args.cluster_flags.any_override())
+        throw UsageError("--cluster and its overrides describe emulated GPUs: they need --backend emu");
     common.backend = "cpu";
     resolve_iters(common, Backend::kCpu);
     if (args.mpi) {

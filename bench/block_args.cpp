@@ -4,6 +4,7 @@
 
 #include "block_presets.h"
 #include "scmoe/kernels/error.h"
+#include "launch/cli_options.h"
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
 #include "scmoe/moe/block_stack.h"
@@ -55,10 +56,8 @@ cxxopts::Options block_options() {
          "review L1; to measure that drain)", cxxopts::value<std::string>()->default_value("ahead"))
         ("trace", "write a Chrome/Perfetto trace of one step per variant and rank to FILE.<variant>.rank<r>.json "
          "(FILE.tokens<T>.<variant>.rank<r>.json with several token counts)",
-         cxxopts::value<std::string>()->default_value(""))
-        ("cluster", "emu: the emulated cluster the in-process ranks form (scmoe/comm/topology.h presets: a30-pcie-8, "
-         "a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, h200-nvlink-8; default: the --gpu's 8-GPU node)",
-         cxxopts::value<std::string>());
+         cxxopts::value<std::string>()->default_value(""));
+    launch::add_cluster_options(o, "block");
     add_link_options(o, "block");
     add_nccl_tests_guards(o);
     return o;
@@ -162,20 +161,30 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
             throw UsageError("tokens " + std::to_string(t) + ": every token count (--tokens or -b/-e/-f) must be a "
                              "multiple of --seq " + std::to_string(a.seq));
     if (a.experts % a.ranks) throw UsageError("--experts must be a multiple of the number of ranks");
-    if (r.count("cluster")) a.cluster = r["cluster"].as<std::string>();
+    try {
+        a.cluster_flags = launch::read_cluster_options(r);
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+    if (launch::any_cluster_option(r) && !r.count("cluster") && !a.cluster_flags.any_override())
+        throw UsageError("--cluster is empty");
     return a;
 }
 
 void resolve_emu_cluster(const CommonArgs& common, BlockArgs& a) {
     if (common.backend != "emu") {
-        if (!a.cluster.empty()) throw UsageError("--cluster describes emulated GPUs: it needs --backend emu");
+        if (!a.cluster_flags.cluster.empty() || a.cluster_flags.any_override())
+            throw UsageError("--cluster and its overrides describe emulated GPUs: they need --backend emu");
         return;
     }
     if (a.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
     if (a.link || a.comm_share > 0)
         throw UsageError("--backend emu models the interconnect itself (--cluster): drop --link* and --comm-share");
     try {
-        a.cluster = launch::resolve_emu_choice(common.gpu, a.cluster, common.routing, a.ranks).cluster;
+        const launch::EmuChoice c = launch::resolve_emu_choice(common.gpu, common.routing, a.cluster_flags, a.ranks);
+        a.topology = c.topology;
+        a.cluster = c.topology.name;
+        a.cluster_notes = launch::cluster_notes(c);
     } catch (const Error& e) {
         throw UsageError(e.what());
     }

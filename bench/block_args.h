@@ -11,6 +11,8 @@
 
 #include "scmoe/comm/emulated_link.h"
 #include "common.h"
+#include "launch/emu_choice.h"
+#include "scmoe/comm/topology.h"
 #include "scmoe/kernels/activation.h"
 #include "scmoe/moe/config.h"
 #include "scmoe/moe/layer_scheduler.h"
@@ -35,7 +37,10 @@ struct BlockArgs {
     int comm_sms = -1;  // SMs the backbone leaves free beside an exchange (LayerScheduler): -1 = auto
     IssueOrder issue_order = IssueOrder::kBackboneAhead;  // how the passes issue their ops (review L1)
     std::string trace;
-    std::string cluster;  // emu: the Topology preset of the in-process ranks
+    launch::ClusterFlags cluster_flags;  // emu: --cluster and its overrides (launch/cli_options.h)
+    std::string cluster;                 // emu: the resolved cluster's name
+    Topology topology;                   // emu: the resolved cluster
+    std::vector<std::string> cluster_notes;  // emu: "assumed: ..." lines and how the cluster was chosen
     std::string preset;   // --preset (block_presets.h), empty without
     std::vector<std::string> preset_notes;  // its assumptions and omissions, for the report
 };

@@ -444,13 +444,15 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     report.print_preamble();
     const bool emulated = common.backend == "emu";
     report.note(std::to_string(a.ranks) + " in-process rank(s) (" +
-                (emulated ? "EmuCommunicator on " + describe(cluster_topology(a.cluster)) : "LocalCommunicator") +
+                (emulated ? "EmuCommunicator on " + describe(a.topology) : "LocalCommunicator") +
                 "), pid " + std::to_string(getpid()) +
                 (a.link ? ", EmulatedLink " + describe_link_model(*a.link) : std::string()) + "; tokens " +
                 comma_list(a.tokens) + " per rank");
-    if (emulated)
+    if (emulated) {
+        for (const std::string& n : a.cluster_notes) report.note(n);
         report.note("emu: times are the emulator's predictions for " + device->description() +
                     ", not measurements; nothing is computed, so there is no check");
+    }
     for (const std::string& note : a.preset_notes) report.note(note);
     std::vector<RankOutput> outputs(static_cast<std::size_t>(a.ranks));
     std::vector<std::string> errors(outputs.size());
@@ -459,7 +461,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     if (emulated && a.ranks > 1) {
         std::vector<int> ranks(static_cast<std::size_t>(a.ranks));
         for (int r = 0; r < a.ranks; ++r) ranks[static_cast<std::size_t>(r)] = r;
-        emu_group = EmuGroup::create(launch::stack_topology(a.cluster, launch::load_stack(common.stack)), ranks);
+        emu_group = EmuGroup::create(launch::stack_topology(a.topology, launch::load_stack(common.stack)), ranks);
     }
     std::vector<std::thread> threads;
     for (int r = 0; r < a.ranks; ++r) {

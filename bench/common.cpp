@@ -112,7 +112,7 @@ CommonArgs read_common_options(const cxxopts::ParseResult& result) {
         throw UsageError("--gpu, --routing and --stack describe an emulated GPU: they need --backend emu");
     if (a.backend == "emu") {
         try {
-            launch::resolve_emu_choice(a.gpu, "", a.routing, 1);
+            launch::resolve_emu_device(a.gpu, a.routing);
             launch::load_stack(a.stack);
         } catch (const Error& e) {
             throw UsageError(e.what());
@@ -140,7 +140,7 @@ void resolve_iters(CommonArgs& args, Backend backend) {
 
 std::unique_ptr<Device> make_bench_device(const CommonArgs& args) {
     if (args.backend != "emu") return make_device(args.backend);
-    launch::EmuChoice choice = launch::resolve_emu_choice(args.gpu, "", args.routing, 1);
+    launch::EmuChoice choice = launch::resolve_emu_device(args.gpu, args.routing);
     choice.stack = args.stack;
     return launch::make_emu_device(choice);
 }

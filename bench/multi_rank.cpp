@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common.h"
+#include "launch/cli_options.h"
 #include "scmoe/kernels/error.h"
 
 #if SCMOE_WITH_MPI
@@ -19,21 +20,30 @@ void add_link_options(cxxopts::Options& options, const std::string& group) {
     // clang-format off
     options.add_options(group)
         ("link", "Wrap the communicator in an EmulatedLink: pcie4, nvlink4, ib-ndr, 100gbe, or "
-                 "gbps=X,latency_us=Y", cxxopts::value<std::string>())
-        ("link-gbps", "EmulatedLink bandwidth in GB/s per direction (instead of --link)", cxxopts::value<double>())
-        ("link-latency-us", "EmulatedLink latency in us per op (with --link-gbps)",
+                 "gbps=X,latency_us=Y (X in GB/s, gigabytes per second, per direction; Y in us)",
+         cxxopts::value<std::string>())
+        ("link-gbyte-s", "EmulatedLink bandwidth in GB/s (gigabytes per second) per direction (instead of --link)",
+         cxxopts::value<double>())
+        ("link-latency-us", "EmulatedLink latency in us per op (with --link-gbyte-s)",
          cxxopts::value<double>()->default_value("0"));
     // clang-format on
+    launch::add_renamed_option(options, "link-gbps");
 }
 
 std::optional<LinkModel> read_link_options(const cxxopts::ParseResult& r) {
-    if (r.count("link") && r.count("link-gbps")) throw UsageError("give either --link or --link-gbps, not both");
-    if (r.count("link-latency-us") && !r.count("link-gbps")) throw UsageError("--link-latency-us needs --link-gbps");
+    try {
+        launch::refuse_renamed_options(r);
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+    if (r.count("link") && r.count("link-gbyte-s")) throw UsageError("give either --link or --link-gbyte-s, not both");
+    if (r.count("link-latency-us") && !r.count("link-gbyte-s"))
+        throw UsageError("--link-latency-us needs --link-gbyte-s");
     try {
         if (r.count("link")) return parse_link_model(r["link"].as<std::string>());
-        if (r.count("link-gbps")) {
+        if (r.count("link-gbyte-s")) {
             std::ostringstream text;
-            text << std::setprecision(17) << "gbps=" << r["link-gbps"].as<double>()
+            text << std::setprecision(17) << "gbps=" << r["link-gbyte-s"].as<double>()
                  << ",latency_us=" << r["link-latency-us"].as<double>();
             return parse_link_model(text.str());
         }

@@ -19,7 +19,8 @@
 
 namespace scmoe::bench {
 
-// Adds --link, --link-gbps and --link-latency-us to `options` in `group`.
+// Adds --link, --link-gbyte-s and --link-latency-us to `options` in `group` (and the renamed --link-gbps,
+// refused naming --link-gbyte-s).
 void add_link_options(cxxopts::Options& options, const std::string& group);
 // The link they name, or nullopt for none; throws UsageError on a bad or contradictory value.
 std::optional<LinkModel> read_link_options(const cxxopts::ParseResult& result);

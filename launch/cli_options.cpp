@@ -1,5 +1,7 @@
 #include "launch/cli_options.h"
 
+#include <cmath>
+#include <map>
 #include <sstream>
 
 #include "scmoe/kernels/error.h"
@@ -75,6 +77,99 @@ models::LmConfig read_model_shape_options(const cxxopts::ParseResult& r, bool* c
         *custom = r.count("layers") || r.count("hidden") || r.count("heads") || r.count("kv-heads") || r.count("seq") ||
                   r.count("ffn") || r.count("activation") || r.count("experts") || r.count("expert-ffn");
     return m;
+}
+
+namespace {
+
+// Every renamed flag: its new name and why.
+const std::map<std::string, std::string>& renamed_flags() {
+    static const std::map<std::string, std::string> m = {
+        {"nic-gbps", "--nic-gbps is renamed --nic-gbit-s, and its unit changed: it took GB/s (gigabytes per second) "
+                     "while its name read Gb/s; --nic-gbit-s takes the NICs' line rate in Gb/s as NICs are sold "
+                     "(100 for one 100 GbE NIC = 12.5 GB/s; an old --nic-gbps X is --nic-gbit-s 8X)"},
+        {"link-gbps", "--link-gbps is renamed --link-gbyte-s (the same value: GB/s, gigabytes per second, per "
+                      "direction); the old name read as Gb/s"},
+    };
+    return m;
+}
+
+double positive_number(const std::string& flag, const std::string& text) {
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    SCMOE_CHECK(!text.empty() && end && *end == 0 && std::isfinite(v) && v > 0,
+                "--" << flag << " '" << text << "': expected a number > 0");
+    return v;
+}
+
+}  // namespace
+
+void add_renamed_option(cxxopts::Options& o, const std::string& old_name) {
+    o.add_options("renamed")(old_name, "renamed", cxxopts::value<std::string>());
+}
+
+void refuse_renamed_options(const cxxopts::ParseResult& r) {
+    for (const auto& [old_name, why] : renamed_flags())
+        if (r.count(old_name)) SCMOE_FAIL(why);  // 0 where the tool has no such flag
+}
+
+std::vector<std::string> help_groups(const cxxopts::Options& o) {
+    std::vector<std::string> out;
+    for (const std::string& g : o.groups())
+        if (g != "renamed") out.push_back(g);
+    return out;
+}
+
+void add_cluster_options(cxxopts::Options& o, const std::string& group, bool nic_list) {
+    std::string presets;
+    for (const Topology& t : topology_presets()) presets += (presets.empty() ? "" : ", ") + t.name;
+    // clang-format off
+    o.add_options(group)
+        ("cluster", "emu: the emulated cluster: a preset (" + presets + "; scmoe/comm/topology.cpp) or "
+                    "link:gbyte_s=X[,latency_us=Y][,gpus=N] (X in GB/s); the flags below override the preset's "
+                    "parameters (default: a built-in --gpu's 8-GPU node; a profile --gpu needs --cluster)",
+         cxxopts::value<std::string>())
+        ("nodes", "emu: nodes (overrides the preset's; more than one needs --nic-gbit-s)", cxxopts::value<int>())
+        ("gpus-per-node", "emu: GPUs per node (overrides the preset's)", cxxopts::value<int>())
+        ("fabric", "emu: within a node, nvlink or pcie (overrides the preset's; pcie: each GPU on its own PCIe link "
+                   "(the --gpu's host link, GB/s), 4 GPUs per switch, assumed; nvlink from a PCIe preset needs "
+                   "--gpu-link-gbyte-s)", cxxopts::value<std::string>())
+        ("gpu-link-gbyte-s", "emu: each GPU's link within a node (NVLink, or PCIe with --fabric pcie), in GB/s "
+                             "(gigabytes per second) per direction, e.g. 300 for an A100's 600 GB/s NVLink",
+         cxxopts::value<double>())
+        ("nic-gbit-s", std::string("emu: the NICs between nodes: line rate per node, all its NICs together, in Gb/s "
+                               "(gigabits per second, as NICs are sold: 100 = one 100 GbE NIC = 12.5 GB/s; "
+                               "3200 = 8x 400 Gb/s NDR)") +
+                           (nic_list ? "; a comma list sweeps the speeds (one search each)" : ""),
+         cxxopts::value<std::string>());
+    // clang-format on
+    add_renamed_option(o, "nic-gbps");
+}
+
+bool any_cluster_option(const cxxopts::ParseResult& r) {
+    for (const char* f : {"cluster", "nodes", "gpus-per-node", "fabric", "gpu-link-gbyte-s", "nic-gbit-s"})
+        if (r.count(f)) return true;
+    return false;
+}
+
+ClusterFlags read_cluster_options(const cxxopts::ParseResult& r, std::vector<double>* nic_sweep) {
+    refuse_renamed_options(r);
+    ClusterFlags f;
+    if (r.count("cluster")) f.cluster = r["cluster"].as<std::string>();
+    if (r.count("nodes")) f.nodes = r["nodes"].as<int>();
+    if (r.count("gpus-per-node")) f.gpus_per_node = r["gpus-per-node"].as<int>();
+    if (r.count("fabric")) f.fabric = r["fabric"].as<std::string>();
+    if (r.count("gpu-link-gbyte-s")) f.gpu_link_gbyte_s = r["gpu-link-gbyte-s"].as<double>();
+    if (r.count("nic-gbit-s")) {
+        const std::string text = r["nic-gbit-s"].as<std::string>();
+        std::vector<double> speeds;
+        for (const std::string& item : split_comma_list(text)) speeds.push_back(positive_number("nic-gbit-s", item));
+        SCMOE_CHECK(!speeds.empty(), "--nic-gbit-s is empty");
+        SCMOE_CHECK(speeds.size() == 1 || nic_sweep,
+                    "--nic-gbit-s " << text << ": one line rate in Gb/s here (a list is scmoe-plan's sweep)");
+        f.nic_gbit_s = speeds.front();
+        if (nic_sweep && speeds.size() > 1) *nic_sweep = speeds;
+    }
+    return f;
 }
 
 }  // namespace scmoe::launch

@@ -107,10 +107,12 @@ emu::Stack load_stack(const std::string& name) {
     return s;
 }
 
+Topology stack_topology(Topology cluster, const emu::Stack& stack) {
+    cluster.all_to_all_efficiency = stack.all_to_all_efficiency;
+    return cluster;
+}
 Topology stack_topology(const std::string& cluster, const emu::Stack& stack) {
-    Topology t = cluster_topology(cluster);
-    t.all_to_all_efficiency = stack.all_to_all_efficiency;
-    return t;
+    return stack_topology(cluster_topology(cluster), stack);
 }
 
 }  // namespace scmoe::launch

@@ -16,7 +16,9 @@
 namespace scmoe::launch {
 
 emu::Stack load_stack(const std::string& name_or_file);
-// The cluster preset with the stack's all-to-all factor (Topology::all_to_all_efficiency).
+// The cluster (a preset, or one with its overrides applied) with the stack's all-to-all factor
+// (Topology::all_to_all_efficiency).
+Topology stack_topology(Topology cluster, const emu::Stack& stack);
 Topology stack_topology(const std::string& cluster, const emu::Stack& stack);
 
 }  // namespace scmoe::launch

@@ -371,6 +371,14 @@ if [ -n "$emu_spec" ]; then
     fi
 fi
 [ -n "$emu_spec" ] || say "no built-in spec for '$gpu_name': the emulator's predictions are not available"
+# The emulated cluster: this GPU's 8-GPU node preset. A profile has no interconnect of its own, so
+# scmoe-train needs --cluster for it (the emulator does not guess one); the spec would default to it.
+case "$emu_spec" in
+    a30) emu_cluster=a30-pcie-8 ;;
+    a800) emu_cluster=a800-nvlink-8 ;;
+    h200) emu_cluster=h200-nvlink-8 ;;
+    *) emu_cluster=h100-nvlink-8 ;;
+esac
 for kind in spec profile; do
     gpu=${emu_gpu[$kind]:-}
     if [ -z "$gpu" ]; then
@@ -391,7 +399,7 @@ for kind in spec profile; do
     run_step "emu_${kind}_layer" "$raw/emu_${kind}_layer.json" - "$bench" layer --backend emu --gpu "$gpu" \
         --dispatch capacity,dropless --activation swiglu "${layer_args[@]}" -J "$raw/emu_${kind}_layer.json"
     run_step "emu_${kind}_train" "" - "$train" --preset gpt2-moe-small --backend emu --gpu "$gpu" \
-        "${train_args[@]}" ${peak_args[@]+"${peak_args[@]}"} --metrics "$raw/emu_${kind}_train.metrics.jsonl"
+        --cluster "$emu_cluster" "${train_args[@]}" ${peak_args[@]+"${peak_args[@]}"} --metrics "$raw/emu_${kind}_train.metrics.jsonl"
 done
 
 # The training peer last: torch.compile is the longest step and the least needed.

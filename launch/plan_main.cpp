@@ -3,7 +3,7 @@
 // throughput, with the best one as the scmoe-train command to run. See launch/plan.h.
 //
 //   scmoe-plan --preset gpt2-moe-small --gpu a30 --cluster a30-pcie-8 -J plan.json
-//   python3 launch/plan_chart.py chart.png plan.json [more.json ...]   # step time per variant
+//   python3 launch/plan_chart.py chart.png plan.json [more.json ...]   # tokens/s per variant per cluster
 #include <algorithm>
 #include <cstdlib>
 #include <cxxopts.hpp>
@@ -50,6 +50,7 @@ struct Args {
     PlanRequest request;
     std::string model_name;  // "gpt2-moe-small: 12 layers, hidden 768, ..."
     std::string json;
+    std::vector<double> nic_sweep;  // --nic-gbit-s A,B,...: one search per NIC speed
 };
 
 std::string describe_shape(const std::string& preset, const models::LmConfig& m) {
@@ -58,6 +59,17 @@ std::string describe_shape(const std::string& preset, const models::LmConfig& m)
        << " heads, seq " << m.backbone.seq_len << ", ffn " << m.backbone.ffn << ", " << m.moe.num_experts
        << " experts of ffn " << m.moe.ffn << ", vocab " << m.vocab;
     return os.str();
+}
+
+std::string fixed(double v, int digits) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(digits) << v;
+    return os.str();
+}
+
+std::string band_text() {
+    return "error band " + fixed(100 * kPredictionErrorBand.low, 0) + "%..+" +
+           fixed(100 * kPredictionErrorBand.high, 0) + "% (" + kPredictionErrorBand.source + ")";
 }
 
 Args parse(int argc, char** argv) {
@@ -70,26 +82,27 @@ Args parse(int argc, char** argv) {
     add_model_shape_options(o, "gpt2-moe-small", "50257");
     // clang-format off
     o.add_options("cluster")
-        ("gpu", "The GPU: a30, a800, h100, h200 or a profile JSON (docs/emu.md)",
+        ("gpu", "The GPU: a30, a800, h100, h200 or a profile JSON (docs/emu.md; a profile needs --cluster)",
          cxxopts::value<std::string>()->default_value("h100"))
-        ("cluster", "A cluster preset (scmoe/comm/topology.h: a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, "
-                    "h100-ib-2x8, h200-nvlink-8; default: the GPU's 8-GPU node)", cxxopts::value<std::string>())
-        ("nodes", "Nodes (overrides the preset's; more than one needs NICs)", cxxopts::value<int>())
-        ("gpus-per-node", "GPUs per node (overrides the preset's)", cxxopts::value<int>())
-        ("fabric", "Within a node: nvlink or pcie (overrides the preset's; pcie = the GPU's PCIe link, 4 GPUs per "
-                   "switch)", cxxopts::value<std::string>())
-        ("nic-gbps", "Per node, one direction, all NICs together, GB/s (overrides the preset's)", cxxopts::value<double>())
-        ("routing", "How the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
+        ("routing", "How the emulated router picks experts: balanced, zipf:S or counts:c0,c1,... (zipf shows as "
+                    "dropped tokens in capacity mode and as slower steps in dropless mode)",
          cxxopts::value<std::string>()->default_value("balanced"))
         ("stack", "The software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch) or a "
                   "stack JSON (docs/emu.md)", cxxopts::value<std::string>()->default_value("scmoe"));
+    add_cluster_options(o, "cluster", /*nic_list=*/true);
     o.add_options("search")
         ("variants", "Comma list of: " + variants, cxxopts::value<std::string>()->default_value("top2,shared,scmoe-pos2"))
         ("ep", "Expert-parallel sizes to try (default: every one that divides the GPUs and the experts)",
          cxxopts::value<std::string>())
         ("chunks", "Pipeline pieces to try: auto and/or N", cxxopts::value<std::string>()->default_value("auto"))
-        ("capacity-factors", "Capacity factors to try", cxxopts::value<std::string>()->default_value("1.25"))
-        ("batches", "Sequences per GPU per step (micro-batch) to try", cxxopts::value<std::string>()->default_value("8"))
+        ("dispatch", "Dispatch modes to try: capacity and/or dropless", cxxopts::value<std::string>()->default_value("capacity,dropless"))
+        ("capacity-factors", "Capacity factors to try (capacity mode)", cxxopts::value<std::string>()->default_value("1.25"))
+        ("batches", "Sequences per GPU per step (micro-batch) to try (default: 4, 8, 16, ... doubling for each "
+                    "configuration until it runs out of memory or reaches --max-batch)", cxxopts::value<std::string>())
+        ("max-batch", "The largest micro-batch the default batch search tries", cxxopts::value<std::int64_t>()->default_value("128"))
+        ("memory-headroom", "Fraction of each GPU's memory kept free (CUDA context, NCCL buffers, fragmentation, "
+                            "which the emulator does not count): a candidate whose predicted peak exceeds the rest "
+                            "is marked out of memory", cxxopts::value<double>()->default_value(fixed(kDefaultMemoryHeadroom, 2)))
         ("steps", "Emulated steps per candidate (the first, which calibrates, is not timed)",
          cxxopts::value<int>()->default_value("3"))
         ("J,json", "Write the ranked table as JSON (for launch/plan_chart.py)", cxxopts::value<std::string>())
@@ -97,8 +110,10 @@ Args parse(int argc, char** argv) {
     // clang-format on
     const auto r = o.parse(argc, argv);
     if (r.count("help")) {
-        std::cout << o.help({"model", "cluster", "search"}) << "\nExample:\n"
-                  << "  scmoe-plan --preset gpt2-moe-small --gpu a30 --cluster a30-pcie-8 -J a30.json\n";
+        std::cout << o.help({"model", "cluster", "search"}) << "\nExamples:\n"
+                  << "  scmoe-plan --preset gpt2-moe-small --gpu a30 --cluster a30-pcie-8 -J a30.json\n"
+                  << "  scmoe-plan --gpu a800 --cluster a800-2x8 --nic-gbit-s 100,200,400 --variants top2,scmoe-pos2 "
+                     "--batches 8   # a NIC-speed sweep\n";
         std::exit(0);
     }
     if (!r.unmatched().empty()) throw UsageError("unexpected argument '" + r.unmatched()[0] + "'");
@@ -108,34 +123,10 @@ Args parse(int argc, char** argv) {
         bool custom = false;
         models::LmConfig& m = q.model;
         m = read_model_shape_options(r, &custom);
-        const EmuChoice choice = resolve_emu_choice(r["gpu"].as<std::string>(),
-                                                    r.count("cluster") ? r["cluster"].as<std::string>() : "",
-                                                    r["routing"].as<std::string>(), 1);
-        q.emu = choice;
+        const ClusterFlags flags = read_cluster_options(r, &a.nic_sweep);
+        q.emu = resolve_emu_choice(r["gpu"].as<std::string>(), r["routing"].as<std::string>(), flags, 1);
         q.emu.stack = r["stack"].as<std::string>();
-        q.cluster = stack_topology(choice.cluster, load_stack(q.emu.stack));
-        if (r.count("nodes")) q.cluster.nodes = r["nodes"].as<int>();
-        if (r.count("gpus-per-node")) q.cluster.gpus_per_node = r["gpus-per-node"].as<int>();
-        if (r.count("nic-gbps")) q.cluster.nic_gbps = r["nic-gbps"].as<double>();
-        if (r.count("fabric")) {
-            const std::string f = r["fabric"].as<std::string>();
-            if (f == "pcie" && q.cluster.fabric != Topology::Fabric::kPcie) {
-                q.cluster.fabric = Topology::Fabric::kPcie;
-                q.cluster.gpu_link_gbps = q.emu.spec.host_link_gbps;
-                q.cluster.gpus_per_switch = 4;
-                q.cluster.switch_uplink_gbps = q.cluster.gpu_link_gbps;
-                q.cluster.hop_latency_us = 5.7;
-                q.cluster.comm_sms = 8;
-            } else if (f == "nvlink" && q.cluster.fabric != Topology::Fabric::kNvlink) {
-                throw UsageError("--fabric nvlink: start from an NVLink --cluster preset (its link bandwidth)");
-            } else if (f != "pcie" && f != "nvlink") {
-                throw UsageError("--fabric must be nvlink or pcie");
-            }
-        }
-        if (q.cluster.nodes < 1 || q.cluster.gpus_per_node < 1) throw UsageError("--nodes and --gpus-per-node must be >= 1");
-        if (q.cluster.nodes > 1 && q.cluster.nic_gbps <= 0) throw UsageError("more than one node needs --nic-gbps > 0");
-        if (r.count("nodes") || r.count("gpus-per-node") || r.count("fabric") || r.count("nic-gbps"))
-            q.cluster.name += "+custom";
+        q.cluster = stack_topology(q.emu.topology, load_stack(q.emu.stack));
         const int world = q.cluster.world_size();
         q.space.variants = split_comma_list(r["variants"].as<std::string>());
         if (q.space.variants.empty()) throw UsageError("--variants is empty");
@@ -148,8 +139,19 @@ Args parse(int argc, char** argv) {
         for (const std::string& c : split_comma_list(r["chunks"].as<std::string>()))
             q.space.chunks.push_back(c == "auto" ? 0 : numbers<int>("chunks", c).front());
         if (q.space.chunks.empty()) throw UsageError("--chunks is empty");
+        for (const std::string& d : split_comma_list(r["dispatch"].as<std::string>())) {
+            if (d != "capacity" && d != "dropless") throw UsageError("--dispatch " + d + ": expected capacity and/or dropless");
+            q.space.dispatch.push_back(parse_dispatch_mode(d));
+        }
+        if (q.space.dispatch.empty()) throw UsageError("--dispatch is empty");
         q.space.capacity_factors = numbers<float>("capacity-factors", r["capacity-factors"].as<std::string>());
-        q.space.batches = numbers<std::int64_t>("batches", r["batches"].as<std::string>());
+        if (r.count("batches")) q.space.batches = numbers<std::int64_t>("batches", r["batches"].as<std::string>());
+        q.space.max_batch = r["max-batch"].as<std::int64_t>();
+        if (q.space.max_batch < 4) throw UsageError("--max-batch must be >= 4 (the batch search starts at 4)");
+        q.memory_headroom = r["memory-headroom"].as<double>();
+        if (!(q.memory_headroom >= 0 && q.memory_headroom < 1))
+            throw UsageError("--memory-headroom " + fixed(q.memory_headroom, 3) +
+                             ": expected a fraction of the GPU's memory in [0, 1), e.g. 0.1 keeps 10% free");
         q.steps = r["steps"].as<int>();
         if (q.steps < 2) throw UsageError("--steps must be >= 2 (the first calibrates and is not timed)");
         for (const std::string& v : q.space.variants) {
@@ -168,77 +170,217 @@ Args parse(int argc, char** argv) {
 
 std::string chunks_name(int c) { return c == 0 ? "auto" : std::to_string(c); }
 
-std::string format_ms(double ms) {
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(1) << ms;
-    return os.str();
-}
+std::string status(const PlanCase& c) { return c.error.empty() ? "ok" : c.out_of_memory ? "OUT OF MEMORY" : "failed"; }
 
-int run(const Args& args) {
-    const PlanRequest& q = args.request;
-    std::vector<PlanCase> cases = plan_cases(q);
-    std::cout << "# scmoe-plan: " << cases.size() << " candidate(s) on " << describe(q.cluster) << "\n"
-              << "# GPU: " << make_emu_device(q.emu)->description() << "\n"
-              << "# model: " << args.model_name << "\n"
-              << "# predictions of the emulator (scmoe/kernels/emu/, scmoe/comm/topology.h), not measurements; " << q.steps
-              << " steps per candidate, the first not timed" << std::endl;
+void print_header(const PlanRequest& q, const std::string& model_name) {
+    std::cout << "# scmoe-plan on " << describe(q.cluster) << "\n";
+    for (const std::string& note : cluster_notes(q.emu)) std::cout << "# " << note << "\n";
+    const double capacity_gib = static_cast<double>(q.emu.spec.memory_bytes) / (1ull << 30);
+    std::cout << "# GPU " << q.emu.spec.name << " (--gpu " << q.emu.gpu << "): " << make_emu_device(q.emu)->description()
+              << "\n"
+              << "# model: " << model_name << "\n"
+              << "# emulated: predictions of the emulator (scmoe/kernels/emu/, scmoe/comm/topology.h), not "
+                 "measurements; "
+              << q.steps << " steps per candidate, the first not timed\n"
+              << "# " << band_text() << ": a predicted P tokens/s allows a measured P/" << fixed(1 + kPredictionErrorBand.high, 2)
+              << " .. P/" << fixed(1 + kPredictionErrorBand.low, 2) << " (the range beside each prediction)\n"
+              << "# memory: " << 100 * q.memory_headroom << "% of each GPU's " << fixed(capacity_gib, 1)
+              << " GiB kept free (--memory-headroom " << q.memory_headroom << "): a predicted peak above "
+              << fixed((1 - q.memory_headroom) * capacity_gib, 2) << " GiB is out of memory" << std::endl;
     if (std::find(q.space.variants.begin(), q.space.variants.end(), "top1") != q.space.variants.end())
         std::cout << "# note: top1 sends each token to one expert: half the expert FLOPs per token of top2, shared, "
                      "scmoe-*; compare it knowing it is a smaller model"
                   << std::endl;
-    for (std::size_t i = 0; i < cases.size(); ++i) {
-        PlanCase& c = cases[i];
-        run_plan_case(q, c);
-        std::cout << "# [" << i + 1 << "/" << cases.size() << "] " << c.variant << " ep " << c.ep << " dp " << c.dp
-                  << " chunks " << chunks_name(c.chunks) << " cf " << c.capacity_factor << " batch " << c.batch << ": "
-                  << (c.error.empty() ? format_ms(c.step_ms) + " ms/step" : c.out_of_memory ? "out of memory" : "failed: " + c.error)
-                  << std::endl;
-    }
-    rank_plan(cases);
-    std::cout << "#\n# rank  variant          ep   dp chunks    cf  batch   step ms     tokens/s  exposed%  peak GiB  status\n";
+}
+
+void print_table(const std::vector<PlanCase>& cases) {
+    std::cout << "#\n# rank  variant          ep   dp chunks dispatch    cf  batch   step ms     tokens/s (error band)"
+                 "         exposed%  a2a%  grad%  comm%  dropped/step  peak GiB  status\n";
     for (std::size_t i = 0; i < cases.size(); ++i) {
         const PlanCase& c = cases[i];
+        const bool ok = c.error.empty();
+        std::ostringstream band;
+        if (ok) band << "(" << fixed(band_low(c.tokens_per_s), 0) << "-" << fixed(band_high(c.tokens_per_s), 0) << ")";
         std::cout << std::setw(6) << i + 1 << "  " << std::left << std::setw(15) << c.variant << std::right
-                  << std::setw(4) << c.ep << std::setw(5) << c.dp << std::setw(7) << chunks_name(c.chunks) << std::fixed
-                  << std::setprecision(2) << std::setw(6) << c.capacity_factor << std::setw(7) << c.batch
-                  << std::setprecision(1) << std::setw(10) << c.step_ms << std::setprecision(0) << std::setw(13)
-                  << c.tokens_per_s << std::setprecision(1) << std::setw(10) << c.exposed_comm_pct
-                  << std::setprecision(2) << std::setw(10) << c.peak_gib << "  "
-                  << (c.error.empty() ? "ok" : c.out_of_memory ? "OUT OF MEMORY" : "failed") << std::defaultfloat
-                  << "\n";
+                  << std::setw(4) << c.ep << std::setw(5) << c.dp << std::setw(7) << chunks_name(c.chunks) << " "
+                  << std::left << std::setw(8) << dispatch_mode_name(c.dispatch) << std::right
+                  << std::setw(6) << (c.dispatch == DispatchMode::kCapacity ? fixed(c.capacity_factor, 2) : "-")
+                  << std::setw(7) << c.batch << std::setw(10) << fixed(c.step_ms, 1) << std::setw(13)
+                  << fixed(c.tokens_per_s, 0) << " " << std::left << std::setw(22) << band.str() << std::right
+                  << std::setw(8) << fixed(c.exposed_comm_pct, 1) << std::setw(6) << fixed(c.exposed_a2a_pct, 1)
+                  << std::setw(7) << fixed(c.exposed_grad_pct, 1) << std::setw(7) << fixed(c.comm_pct, 1)
+                  << std::setw(14) << fixed(c.dropped_tokens, 0) << std::setw(10) << fixed(c.peak_gib, 2) << "  "
+                  << status(c) << "\n";
     }
-    const bool any = !cases.empty() && cases.front().error.empty();
-    if (any) std::cout << "#\n# best: " << train_command(q, cases.front()) << "\n";
-    else std::cout << "#\n# no candidate fits this cluster\n";
+    std::cout << "# exposed%: of the step, communication with no compute beside it = a2a% (all-to-all) + grad% "
+                 "(gradient all-reduce); comm%: of the step, any communication; dropped/step: token assignments "
+                 "dropped by capacity, over every rank and MoE layer\n";
+}
+
+void print_best(const PlanRequest& q, const std::vector<PlanCase>& ranked, const std::vector<PlanCase>& tried) {
+    if (ranked.empty() || !ranked.front().error.empty()) {
+        std::cout << "#\n# no candidate fits this cluster\n";
+        return;
+    }
+    const PlanCase& best = ranked.front();
+    for (const std::string& w : search_edge_warnings(q, tried, best)) std::cout << "# warning: " << w << "\n";
+    const PlanCommands cmd = plan_commands(q, best);
+    std::cout << "#\n# best (predicted " << fixed(best.tokens_per_s, 0) << " tokens/s, error band "
+              << fixed(band_low(best.tokens_per_s), 0) << "-" << fixed(band_high(best.tokens_per_s), 0)
+              << "): " << best.variant << ", ep " << best.ep << " x dp " << best.dp << ", batch " << best.batch << "\n"
+              << "# replay on emulated GPUs (scmoe-train and scmoe-bench take the same cluster flags):\n"
+              << "replay-train: " << cmd.train_emu << "\n"
+              << "replay-bench: " << cmd.bench_emu << "\n"
+              << "# run it on the cluster (one process per GPU"
+              << (q.cluster.nodes > 1 ? ", " + std::to_string(q.cluster.gpus_per_node) + " per node" : std::string())
+              << "):\n"
+              << "best: " << cmd.train_cuda << "\n";
+    if (!cmd.slurm.empty())
+        std::cout << "slurm: " << cmd.slurm << "\n"
+                  << "# (launch/slurm.sbatch runs srun, one task per GPU, checkpointing; edit its partition)\n";
+}
+
+nlohmann::ordered_json plan_json(const Args& args, const PlanRequest& q, const std::vector<PlanCase>& cases,
+                                 const std::vector<PlanCase>& tried) {
+    nlohmann::ordered_json j;
+    j["cluster"] = q.cluster.name;
+    j["cluster_label"] = cluster_label(q.cluster);
+    j["cluster_description"] = describe(q.cluster);
+    j["cluster_flags"] = emu_choice_flags(q.emu);
+    j["assumed"] = nlohmann::ordered_json::array();
+    for (const std::string& n : cluster_notes(q.emu)) j["assumed"].push_back(n);
+    j["world"] = q.cluster.world_size();
+    j["nodes"] = q.cluster.nodes;
+    j["nic_gbit_s"] = q.cluster.nodes > 1 ? q.cluster.nic_gbps * 8 : 0.0;
+    j["gpu"] = q.emu.spec.name;
+    j["gpu_description"] = q.emu.spec.description;
+    j["model"] = args.model_name;
+    j["routing"] = q.emu.routing;
+    j["steps"] = q.steps;
+    j["memory_headroom"] = q.memory_headroom;
+    j["note"] = "emulated: predictions of the emulator, not measurements";
+    j["error_band"] = {{"low", kPredictionErrorBand.low}, {"high", kPredictionErrorBand.high},
+                       {"source", kPredictionErrorBand.source}};
+    j["cases"] = nlohmann::ordered_json::array();
+    for (const PlanCase& c : cases)
+        j["cases"].push_back({{"variant", c.variant},
+                              {"ep", c.ep},
+                              {"dp", c.dp},
+                              {"chunks", chunks_name(c.chunks)},
+                              {"dispatch", dispatch_mode_name(c.dispatch)},
+                              {"capacity_factor", c.capacity_factor},
+                              {"batch", c.batch},
+                              {"step_ms", c.step_ms},
+                              {"tokens_per_s", c.tokens_per_s},
+                              {"tokens_per_s_band", {band_low(c.tokens_per_s), band_high(c.tokens_per_s)}},
+                              {"exposed_comm_pct", c.exposed_comm_pct},
+                              {"exposed_a2a_pct", c.exposed_a2a_pct},
+                              {"exposed_grad_pct", c.exposed_grad_pct},
+                              {"comm_pct", c.comm_pct},
+                              {"dropped_tokens_per_step", c.dropped_tokens},
+                              {"peak_gib", c.peak_gib},
+                              {"out_of_memory", c.out_of_memory},
+                              {"error", c.error}});
+    if (!cases.empty() && cases.front().error.empty()) {
+        const PlanCommands cmd = plan_commands(q, cases.front());
+        j["best_command"] = cmd.train_cuda;
+        j["replay_train"] = cmd.train_emu;
+        j["replay_bench"] = cmd.bench_emu;
+        if (!cmd.slurm.empty()) j["slurm"] = cmd.slurm;
+        j["warnings"] = search_edge_warnings(q, tried, cases.front());
+    }
+    return j;
+}
+
+// One search: prints its progress, table and best; returns its JSON.
+nlohmann::ordered_json search(const Args& args, const PlanRequest& q, std::vector<PlanCase>* ranked_out) {
+    print_header(q, args.model_name);
+    const std::size_t configurations = plan_cases(q).size();
+    std::cout << "# " << configurations << " candidate configuration(s)"
+              << (q.space.batches.empty() ? ", each from batch 4 doubling until memory ends (max " +
+                                                std::to_string(q.space.max_batch) + ")"
+                                          : std::string())
+              << std::endl;
+    const std::vector<PlanCase> tried = run_plan(q, [](const PlanCase& c, std::size_t i) {
+        std::cout << "# [" << i + 1 << "] " << c.variant << " ep " << c.ep << " dp " << c.dp << " chunks "
+                  << chunks_name(c.chunks) << " " << dispatch_mode_name(c.dispatch) << " cf " << c.capacity_factor
+                  << " batch " << c.batch << ": "
+                  << (c.error.empty() ? fixed(c.step_ms, 1) + " ms/step"
+                                   : c.out_of_memory ? "out of memory (" + c.error + ")" : "failed: " + c.error)
+                  << std::endl;
+    });
+    std::vector<PlanCase> cases = tried;
+    rank_plan(cases);
+    print_table(cases);
+    print_best(q, cases, tried);
+    if (ranked_out) *ranked_out = cases;
+    return plan_json(args, q, cases, tried);
+}
+
+// The best case of `variant` (or nullptr).
+const PlanCase* best_of(const std::vector<PlanCase>& ranked, const std::string& variant) {
+    for (const PlanCase& c : ranked)
+        if (c.error.empty() && c.variant == variant) return &c;
+    return nullptr;
+}
+
+int run(const Args& args) {
+    if (args.nic_sweep.size() <= 1) {
+        std::vector<PlanCase> ranked;
+        const nlohmann::ordered_json j = search(args, args.request, &ranked);
+        if (!args.json.empty()) {
+            std::ofstream f(args.json);
+            if (!f) throw Error("-J " + args.json + ": cannot open for writing");
+            f << j.dump(2) << "\n";
+        }
+        return !ranked.empty() && ranked.front().error.empty() ? 0 : 1;
+    }
+    // The NIC-speed sweep: the same search at each speed, then one summary.
+    nlohmann::ordered_json all;
+    all["nic_sweep_gbit_s"] = args.nic_sweep;
+    all["plans"] = nlohmann::ordered_json::array();
+    std::vector<std::pair<double, std::vector<PlanCase>>> results;
+    for (double speed : args.nic_sweep) {
+        PlanRequest q = args.request;
+        ClusterFlags flags = q.emu.flags;
+        flags.nic_gbit_s = speed;
+        const std::string stack = q.emu.stack;
+        q.emu = resolve_emu_choice(q.emu.gpu, q.emu.routing, flags, 1);
+        q.emu.stack = stack;
+        q.cluster = stack_topology(q.emu.topology, load_stack(stack));
+        std::cout << "#\n# ===== NIC " << describe_nic_rate(q.cluster.nic_gbps) << " per node =====\n";
+        std::vector<PlanCase> ranked;
+        all["plans"].push_back(search(args, q, &ranked));
+        results.emplace_back(speed, std::move(ranked));
+    }
+    std::cout << "#\n# NIC-speed sweep (emulated; " << band_text() << "): each variant's best configuration\n"
+              << "# NIC Gb/s   GB/s  variant          ep  batch     tokens/s  comm% of step  exposed%  exposed % of comm\n";
+    all["summary"] = nlohmann::ordered_json::array();
+    for (const auto& [speed, ranked] : results)
+        for (const std::string& v : args.request.space.variants) {
+            const PlanCase* c = best_of(ranked, v);
+            if (!c) continue;
+            const double of_comm = c->comm_pct > 0 ? 100.0 * c->exposed_comm_pct / c->comm_pct : 0.0;
+            std::cout << "# " << std::setw(8) << fixed(speed, 0) << std::setw(7) << fixed(speed / 8, 1) << "  "
+                      << std::left << std::setw(15) << v << std::right << std::setw(4) << c->ep << std::setw(7)
+                      << c->batch << std::setw(13) << fixed(c->tokens_per_s, 0) << std::setw(15)
+                      << fixed(c->comm_pct, 1) << std::setw(10) << fixed(c->exposed_comm_pct, 1) << std::setw(19)
+                      << fixed(of_comm, 1) << "\n";
+            all["summary"].push_back({{"nic_gbit_s", speed},
+                                      {"variant", v},
+                                      {"ep", c->ep},
+                                      {"batch", c->batch},
+                                      {"tokens_per_s", c->tokens_per_s},
+                                      {"comm_pct", c->comm_pct},
+                                      {"exposed_comm_pct", c->exposed_comm_pct},
+                                      {"exposed_pct_of_comm", of_comm}});
+        }
     if (!args.json.empty()) {
-        nlohmann::ordered_json j;
-        j["cluster"] = q.cluster.name;
-        j["cluster_description"] = describe(q.cluster);
-        j["gpu"] = q.emu.spec.name;
-        j["model"] = args.model_name;
-        j["routing"] = q.emu.routing;
-        j["steps"] = q.steps;
-        j["note"] = "predictions of the emulator, not measurements";
-        j["cases"] = nlohmann::ordered_json::array();
-        for (const PlanCase& c : cases)
-            j["cases"].push_back({{"variant", c.variant},
-                                  {"ep", c.ep},
-                                  {"dp", c.dp},
-                                  {"chunks", chunks_name(c.chunks)},
-                                  {"capacity_factor", c.capacity_factor},
-                                  {"batch", c.batch},
-                                  {"step_ms", c.step_ms},
-                                  {"tokens_per_s", c.tokens_per_s},
-                                  {"exposed_comm_pct", c.exposed_comm_pct},
-                                  {"peak_gib", c.peak_gib},
-                                  {"out_of_memory", c.out_of_memory},
-                                  {"error", c.error}});
-        if (any) j["best_command"] = train_command(q, cases.front());
         std::ofstream f(args.json);
         if (!f) throw Error("-J " + args.json + ": cannot open for writing");
-        f << j.dump(2) << "\n";
+        f << all.dump(2) << "\n";
     }
-    return any ? 0 : 1;
+    return 0;
 }
 
 }  // namespace

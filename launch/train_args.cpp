@@ -189,18 +189,18 @@ Args parse(int argc, const char* const* argv) {
          cxxopts::value<std::string>()->default_value("auto"))
         ("gpu", "emu: the emulated GPU, a30, a800, h100, h200 (default h100) or a profile JSON (docs/emu.md)",
          cxxopts::value<std::string>())
-        ("cluster", "emu: the emulated cluster (a30-pcie-8, a800-nvlink-8, a800-2x8, h100-nvlink-8, h100-ib-2x8, "
-                    "h200-nvlink-8; default: the --gpu's 8-GPU node)", cxxopts::value<std::string>())
         ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
          cxxopts::value<std::string>()->default_value("balanced"))
         ("stack", "emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on "
                   "PyTorch) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>())
         ("device", "GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK)",
          cxxopts::value<int>())
-        ("link", "Emulated link under the expert-parallel all-to-all: pcie4, nvlink4, ib-ndr, 100gbe or gbps=X,latency_us=Y",
+        ("link", "Emulated link under the expert-parallel all-to-all: pcie4, nvlink4, ib-ndr, 100gbe or "
+                 "gbps=X,latency_us=Y (X in GB/s, gigabytes per second, per direction; Y in us)",
          cxxopts::value<std::string>())
         ("link-all", "Put the emulated link under every collective, the gradient all-reduce too (default: only the "
                      "expert-parallel all-to-all)");
+    add_cluster_options(o, "parallel");
     o.add_options("output")
         ("metrics", "JSON lines, one per step: step, loss, lr, tokens_per_s, step_ms, exposed_comm_pct, "
                     "dropped_tokens, ...", cxxopts::value<std::string>())
@@ -238,7 +238,7 @@ Args parse(int argc, const char* const* argv) {
     }
     if (r.count("help")) {
         std::cout
-            << o.help() << "\nExamples:\n"
+            << o.help(help_groups(o)) << "\nExamples:\n"
             << "  scmoe-train --ranks 4 --variants top2,scmoe-pos2 --link pcie4      # CPU quickstart\n"
             << "  scmoe-train --ranks 2 --eval-data default --eval-every 50 --checkpoint-dir ck  # held-out loss\n"
             << "  scmoe-train --ranks 2 --resume ck --eval-only --eval-data default            # evaluate ck\n"
@@ -354,14 +354,20 @@ Args parse(int argc, const char* const* argv) {
     a.backend = r["backend"].as<std::string>();
     if (a.backend != "auto" && a.backend != "cpu" && a.backend != "cuda" && a.backend != "emu")
         throw UsageError("--backend " + a.backend + ": expected auto, cpu, cuda or emu");
-    if (a.backend != "emu" && (r.count("gpu") || r.count("cluster") || r["routing"].count() || r.count("stack")))
-        throw UsageError("--gpu, --cluster, --routing and --stack describe emulated GPUs: they need --backend emu");
+    ClusterFlags cluster;
+    try {
+        cluster = read_cluster_options(r);
+    } catch (const Error& e) {
+        throw UsageError(e.what());
+    }
+    if (a.backend != "emu" && (r.count("gpu") || any_cluster_option(r) || r["routing"].count() || r.count("stack")))
+        throw UsageError("--gpu, --routing, --stack and the cluster flags (--cluster, --nodes, --gpus-per-node, "
+                         "--fabric, --gpu-link-gbyte-s, --nic-gbit-s) describe emulated GPUs: they need --backend emu");
     if (a.backend == "emu") {
         if (a.mpi) throw UsageError("--backend emu runs its ranks in-process (--ranks N), not under mpirun");
         try {
             a.emu = resolve_emu_choice(r.count("gpu") ? r["gpu"].as<std::string>() : "",
-                                       r.count("cluster") ? r["cluster"].as<std::string>() : "",
-                                       r["routing"].as<std::string>(), a.ranks);
+                                       r["routing"].as<std::string>(), cluster, a.ranks);
             if (r.count("stack")) a.emu.stack = r["stack"].as<std::string>();
             load_stack(a.emu.stack);  // checked here: a bad stack is a usage error
         } catch (const Error& e) {

@@ -42,6 +42,7 @@
 #include "launch/emu_choice.h"
 #include "launch/emu_stack.h"
 #include "launch/local_rank.h"
+#include "launch/plan.h"
 #include "launch/startup_watchdog.h"
 #include "launch/stop_signals.h"
 #include "launch/train_args.h"
@@ -300,18 +301,20 @@ int run_in_process(const Args& args) {
                             : std::string())
               << std::endl;
     const bool emulated = backend == "emu";
-    if (emulated)
-        std::cout << "# " << make_train_device(args, 0)->description() << "; cluster "
-                  << describe(cluster_topology(args.emu.cluster))
-                  << "\n# emu: step times are the emulator's predictions, not measurements; nothing is computed, so "
-                     "the losses are meaningless (zero)"
-                  << std::endl;
+    if (emulated) {
+        std::cout << "# " << make_train_device(args, 0)->description() << "; cluster " << describe(args.emu.topology);
+        for (const std::string& note : cluster_notes(args.emu)) std::cout << "\n# " << note;
+        std::cout << "\n# emu: step times are the emulator's predictions, not measurements; nothing is computed, so "
+                     "the losses are meaningless (zero); error band "
+                  << std::showpos << 100 * kPredictionErrorBand.low << "%.." << 100 * kPredictionErrorBand.high
+                  << std::noshowpos << "% (" << kPredictionErrorBand.source << ")" << std::endl;
+    }
     std::vector<RunSummary> runs;
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
         std::unique_ptr<LocalTrainGroups> groups =
-            emulated ? std::make_unique<LocalTrainGroups>(world, ep,
-                                                          stack_topology(args.emu.cluster, load_stack(args.emu.stack)))
+            emulated ? std::make_unique<LocalTrainGroups>(world, ep, stack_topology(args.emu.topology,
+                                                                                    load_stack(args.emu.stack)))
                      : std::make_unique<LocalTrainGroups>(world, ep, args.link, args.link_scope);
         std::vector<RunSummary> results(static_cast<std::size_t>(world));
         std::vector<emu::MemoryStats> memory(static_cast<std::size_t>(world));

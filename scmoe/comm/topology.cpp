@@ -13,10 +13,10 @@ namespace scmoe {
 namespace {
 
 // NVLink presets: NVSwitch boards, every GPU at its full NVLink bandwidth to every other.
-Topology nvlink(std::string name, std::string description, double link_gbps, double efficiency, int comm_sms) {
+Topology nvlink(std::string name, std::string gpu, double link_gbps, double efficiency, int comm_sms) {
     Topology t;
     t.name = std::move(name);
-    t.description = std::move(description);
+    t.gpu = std::move(gpu);
     t.fabric = Topology::Fabric::kNvlink;
     t.gpu_link_gbps = link_gbps;
     t.link_efficiency = efficiency;
@@ -32,7 +32,7 @@ std::vector<Topology> make_presets() {
     {
         Topology t;
         t.name = "a30-pcie-8";
-        t.description = "1 node x 8 A30 on PCIe Gen4 (2 switches x 4 GPUs)";
+        t.gpu = "A30";
         t.fabric = Topology::Fabric::kPcie;
         t.gpu_link_gbps = 32;       // PCIe Gen4 x16: 64 GB/s both directions (A30 datasheet)
         t.gpus_per_switch = 4;      // assumption: the paper does not describe its server
@@ -41,50 +41,71 @@ std::vector<Topology> make_presets() {
         t.hop_latency_us = 5.7;
         t.comm_sms = 8;  // PCIe peers get 2 p2p channels each in NCCL's paths.cc; 2-8 channels in total
         t.sources = {"A30 datasheet: PCIe Gen4 64GB/s", "NCCL src/graph/paths.cc: 2 p2p channels per PCIe peer",
-                     "NCCL src/graph/tuning.cc latencies", "assumed: 2 PCIe switches of 4 GPUs, each with one "
-                                                           "Gen4 x16 uplink (the ScMoE paper gives no topology)"};
+                     "NCCL src/graph/tuning.cc latencies"};
+        t.assumptions = {{"pcie-switches", "2 PCIe switches of 4 GPUs, each with one Gen4 x16 uplink (32 GB/s per "
+                                           "direction) to the CPU: the ScMoE paper does not describe its A30 server"},
+                         {"pcie-efficiency", "NCCL reaches 80% of a PCIe link, as on NVLink (no PCIe measurement "
+                                             "found)"}};
         v.push_back(t);
     }
     {
-        Topology t = nvlink("a800-nvlink-8", "1 node x 8 A800 SXM4 on NVLink (400 GB/s per GPU)", 200, 0.78, 16);
+        Topology t = nvlink("a800-nvlink-8", "A800 SXM4", 200, 0.78, 16);
         t.sources.push_back("A800 datasheet: NVLink 400GB/s (both directions)");
         t.sources.push_back("A100 nccl-tests all_reduce busbw 234.89 GB/s = 78% of 300 GB/s per direction");
         t.sources.push_back("16 p2p channels on the H800 (NVLink limited to 400 GB/s): NVIDIA/nccl issue #892");
         v.push_back(t);
     }
     {
-        Topology t = nvlink("a800-2x8", "2 nodes x 8 A800 SXM4, NVLink within a node, 100 Gb/s Ethernet between",
-                            200, 0.78, 16);
+        Topology t = nvlink("a800-2x8", "A800 SXM4", 200, 0.78, 16);
         t.nodes = 2;
         t.nic_gbps = 12.5;  // assumption: the paper says "lower-bandwidth Ethernet" without a speed
+        t.nics_per_node = 1;
+        t.nic_kind = "Ethernet";
         t.nic_efficiency = 0.9;
         t.sources.push_back("A800 datasheet: NVLink 400GB/s");
-        t.sources.push_back("assumed: one 100 Gb/s Ethernet NIC per node (ScMoE paper, App. A.8: 'lower-bandwidth "
-                            "Ethernet', no speed given)");
+        t.assumptions = {{"nic", "one 100 Gb/s Ethernet NIC per node (12.5 GB/s): the ScMoE paper (App. A.8) says "
+                                 "'lower-bandwidth Ethernet' without a speed; sweep it with scmoe-plan --nic-gbit-s "
+                                 "100,200,400,..."},
+                         {"nic-efficiency", "the Ethernet NICs reach 90% of their line rate"}};
         v.push_back(t);
     }
     {
-        Topology t = nvlink("h100-nvlink-8", "1 node x 8 H100 SXM5 on NVLink (900 GB/s per GPU)", 450, 0.82, 32);
+        Topology t = nvlink("h100-nvlink-8", "H100 SXM5", 450, 0.82, 32);
         t.sources.push_back("H100 datasheet: NVLink 900GB/s; H100 ring all_reduce ~370 GB/s busbw = 82% of 450");
         t.sources.push_back("32 p2p channels on 8xH100 (nccl-tests log, docs/emu-sources.md item 4)");
         v.push_back(t);
     }
     {
-        Topology t = nvlink("h100-ib-2x8", "2 nodes x 8 H100 SXM5, NVLink within a node, 8x NDR 400 Gb/s "
-                                           "InfiniBand per node",
-                            450, 0.82, 32);
+        Topology t = nvlink("h100-ib-2x8", "H100 SXM5", 450, 0.82, 32);
         t.nodes = 2;
         t.nic_gbps = 400;  // 8 NICs x 50 GB/s
+        t.nics_per_node = 8;
+        t.nic_kind = "NDR InfiniBand";
         t.nic_efficiency = 0.95;  // 46-49 GB/s measured per NDR NIC
         t.sources.push_back("H100 datasheet: NVLink 900GB/s; NDR 400 Gb/s = 50 GB/s per NIC, 46-49 measured");
         v.push_back(t);
     }
     {
-        Topology t = nvlink("h200-nvlink-8", "1 node x 8 H200 SXM on NVLink (900 GB/s per GPU)", 450, 0.82, 32);
+        Topology t = nvlink("h200-nvlink-8", "H200 SXM", 450, 0.82, 32);
         t.sources.push_back("H200 product page: NVLink 900GB/s");
         v.push_back(t);
     }
     return v;
+}
+
+std::string fixed(double v, int digits) {
+    std::ostringstream os;
+    os.setf(std::ios::fixed);
+    os.precision(digits);
+    os << v;
+    return os.str();
+}
+
+// 12.5 -> "12.5", 200 -> "200", 0.104 -> "0.104"
+std::string number(double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
 }
 
 double gbps_us(double bytes, double gbps) { return gbps > 0 ? bytes / (gbps * 1e3) : 0.0; }  // GB/s = 1e3 B/us
@@ -140,7 +161,7 @@ Topology cluster_topology(std::string_view name) {
     if (name.rfind("link:", 0) == 0) {
         Topology t;
         t.name = std::string(name);
-        t.description = "one emulated link per GPU (no SM share)";
+        t.gpu = "GPUs";
         t.gpus_per_node = 64;
         t.link_efficiency = 1.0;
         t.base_latency_us = 0.0;
@@ -155,13 +176,16 @@ Topology cluster_topology(std::string_view name) {
             const double v = std::strtod(value.c_str(), &end);
             SCMOE_CHECK(!value.empty() && end && *end == 0 && v >= 0,
                         "cluster '" << name << "': " << key << " = '" << value << "' is not a number >= 0");
-            if (key == "gbps") t.gpu_link_gbps = v;
+            if (key == "gbps")
+                SCMOE_FAIL("cluster '" << name << "': the key 'gbps' is renamed 'gbyte_s' (its value is in GB/s, "
+                                          "gigabytes per second, each way: link:gbyte_s=" << value << ")");
+            if (key == "gbyte_s") t.gpu_link_gbps = v;
             else if (key == "latency_us") t.base_latency_us = v;
             else if (key == "gpus") t.gpus_per_node = static_cast<int>(v);
-            else SCMOE_FAIL("cluster '" << name << "': unknown key '" << key << "' (gbps, latency_us, gpus)");
+            else SCMOE_FAIL("cluster '" << name << "': unknown key '" << key << "' (gbyte_s, latency_us, gpus)");
         }
         SCMOE_CHECK(t.gpu_link_gbps > 0 && t.gpus_per_node >= 1,
-                    "cluster '" << name << "': needs gbps > 0 and gpus >= 1");
+                    "cluster '" << name << "': needs gbyte_s > 0 and gpus >= 1");
         return t;
     }
     std::string names;
@@ -169,7 +193,7 @@ Topology cluster_topology(std::string_view name) {
         if (t.name == name) return t;
         names += (names.empty() ? "" : ", ") + t.name;
     }
-    SCMOE_FAIL("unknown cluster '" << name << "': presets are " << names << ", or link:gbps=X[,latency_us=Y][,gpus=N]");
+    SCMOE_FAIL("unknown cluster '" << name << "': presets are " << names << ", or link:gbyte_s=X[,latency_us=Y][,gpus=N] (X in GB/s)");
 }
 
 std::string default_cluster_for_gpu(std::string_view gpu) {
@@ -179,15 +203,50 @@ std::string default_cluster_for_gpu(std::string_view gpu) {
     return "h100-nvlink-8";
 }
 
+std::string describe_nic_rate(double nic_gbyte_s) {
+    return number(nic_gbyte_s * 8) + " Gb/s (" + number(nic_gbyte_s) + " GB/s)";
+}
+
 std::string describe(const Topology& t) {
-    char buf[320];
-    std::snprintf(buf, sizeof buf, "%s: %s; %s %.0f GB/s per GPU per direction (x%.2f)%s; comm kernels hold %d SMs",
-                  t.name.c_str(), t.description.c_str(), t.fabric == Topology::Fabric::kNvlink ? "NVLink" : "PCIe",
-                  t.gpu_link_gbps, t.link_efficiency,
-                  t.nodes > 1 ? (", NICs " + std::to_string(static_cast<int>(t.nic_gbps)) + " GB/s per node").c_str()
-                              : "",
-                  t.comm_sms);
-    return buf;
+    std::ostringstream os;
+    os << t.name << ": ";
+    if (t.name.rfind("link:", 0) == 0) {
+        os << t.gpus_per_node << " " << t.gpu << ", each on one emulated link of " << number(t.gpu_link_gbps)
+           << " GB/s per direction (x" << fixed(t.link_efficiency, 2) << "), " << number(t.base_latency_us)
+           << " us per collective; comm kernels hold " << t.comm_sms << " SMs";
+        return os.str();
+    }
+    if (t.nodes > 1) os << t.nodes << " nodes x ";
+    os << t.gpus_per_node << " " << t.gpu << "; ";
+    if (t.fabric == Topology::Fabric::kNvlink) {
+        os << "NVLink " << number(t.gpu_link_gbps) << " GB/s per GPU per direction (x" << fixed(t.link_efficiency, 2)
+           << ")";
+    } else {
+        os << "PCIe " << number(t.gpu_link_gbps) << " GB/s per GPU per direction (x" << fixed(t.link_efficiency, 2)
+           << ")";
+        if (t.gpus_per_switch > 0 && t.gpus_per_switch < t.gpus_per_node)
+            os << ", " << (t.gpus_per_node + t.gpus_per_switch - 1) / t.gpus_per_switch << " switches of "
+               << t.gpus_per_switch << " GPUs per node, uplink " << number(t.switch_uplink_gbps) << " GB/s each";
+    }
+    if (t.nodes > 1) {
+        os << "; between nodes ";
+        if (t.nics_per_node > 0) os << t.nics_per_node << "x " << number(t.nic_gbps * 8 / t.nics_per_node) << " Gb/s ";
+        if (!t.nic_kind.empty()) os << t.nic_kind << " ";
+        os << "NICs per node = " << describe_nic_rate(t.nic_gbps) << " per direction (x" << fixed(t.nic_efficiency, 2)
+           << ")";
+    }
+    os << "; comm kernels hold " << t.comm_sms << " SMs";
+    return os.str();
+}
+
+std::string cluster_label(const Topology& t) {
+    std::ostringstream os;
+    if (t.nodes > 1) os << t.nodes << " nodes x ";
+    os << t.gpus_per_node << " " << t.gpu << ", ";
+    if (t.name.rfind("link:", 0) == 0) os << "link " << number(t.gpu_link_gbps) << " GB/s";
+    else os << (t.fabric == Topology::Fabric::kNvlink ? "NVLink " : "PCIe ") << number(t.gpu_link_gbps) << " GB/s";
+    if (t.nodes > 1) os << ", " << number(t.nic_gbps * 8) << " Gb/s" << (t.nic_kind.empty() ? "" : " " + t.nic_kind);
+    return os.str();
 }
 
 std::vector<double> all_to_all_us(const Topology& t, std::span<const int> ranks, std::span<const double> bytes) {

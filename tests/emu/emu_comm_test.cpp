@@ -60,14 +60,43 @@ TEST(Topology, InterNodeTrafficSharesTheNodesNics) {
 // A cluster of single links stands for EmulatedLink: latency + (n-1)/n of a rank's bytes / bandwidth,
 // the same formula as the link's model (scmoe/comm/emulated_link.h), and no SM share.
 TEST(Topology, ALinkClusterMatchesTheEmulatedLinksModel) {
-    const Topology t = cluster_topology("link:gbps=10,latency_us=50,gpus=4");
+    const Topology t = cluster_topology("link:gbyte_s=10,latency_us=50,gpus=4");
     EXPECT_EQ(t.comm_sms, 0);
     EXPECT_EQ(t.world_size(), 4);
     const std::vector<int> ranks = {0, 1, 2, 3};
     std::vector<double> bytes(16, 1e6);  // each rank sends 4 MB, 1 MB to each rank (itself included)
     EXPECT_NEAR(all_to_all_us(t, ranks, bytes)[2], 50 + 3e6 / (10 * 1e3), 1e-9);
-    EXPECT_THROW(cluster_topology("link:gbps=0"), Error);
-    EXPECT_THROW(cluster_topology("link:gbps=10,speed=3"), Error);
+    EXPECT_THROW(cluster_topology("link:gbyte_s=0"), Error);
+    EXPECT_THROW(cluster_topology("link:gbyte_s=10,speed=3"), Error);
+}
+
+// The key's unit is in its name: 'gbps' (which read as Gb/s but meant GB/s) is refused, naming the
+// new key, instead of being read in either unit.
+TEST(Topology, TheOldLinkKeyIsRefusedNamingTheNewOne) {
+    try {
+        cluster_topology("link:gbps=10,gpus=4");
+        FAIL() << "link:gbps= was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("renamed 'gbyte_s'"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("link:gbyte_s=10"), std::string::npos) << e.what();
+    }
+}
+
+// describe() is made from the cluster's fields, and a NIC's rate is printed in both units.
+TEST(Topology, DescriptionsComeFromTheFieldsWithUnits) {
+    const Topology t = cluster_topology("a800-2x8");
+    const std::string d = describe(t);
+    EXPECT_NE(d.find("2 nodes x 8 A800 SXM4"), std::string::npos) << d;
+    EXPECT_NE(d.find("100 Gb/s (12.5 GB/s)"), std::string::npos) << d;
+    EXPECT_NE(d.find("Ethernet"), std::string::npos) << d;
+    ASSERT_FALSE(t.assumptions.empty());  // the paper gives no speed for its Ethernet
+    EXPECT_EQ(t.assumptions.front().about, "nic");
+    const std::string pcie = describe(cluster_topology("a30-pcie-8"));
+    EXPECT_NE(pcie.find("PCIe"), std::string::npos) << pcie;
+    EXPECT_EQ(pcie.find("NVLink"), std::string::npos) << pcie;
+    EXPECT_NE(pcie.find("2 switches of 4 GPUs"), std::string::npos) << pcie;
+    EXPECT_EQ(describe(cluster_topology("link:gbyte_s=1,gpus=2")).find("NVLink"), std::string::npos);
+    EXPECT_EQ(describe_nic_rate(50), "400 Gb/s (50 GB/s)");
 }
 
 // Runs body(member, device, comm) on `n` emulated GPUs, one host thread each.

@@ -82,7 +82,7 @@ TEST(CommSms, CommunicatorsSayWhatTheirCollectivesOccupy) {
     EXPECT_EQ(emu->communicator(0)->kernel_sms(), 32);
     auto a800 = EmuGroup::create(cluster_topology("a800-nvlink-8"), {0, 1});
     EXPECT_EQ(a800->communicator(1)->kernel_sms(), 16);
-    auto link = EmuGroup::create(cluster_topology("link:gbps=1,gpus=2"), {0, 1});
+    auto link = EmuGroup::create(cluster_topology("link:gbyte_s=1,gpus=2"), {0, 1});
     EXPECT_EQ(link->communicator(0)->kernel_sms(), 0);
     auto local = LocalGroup::create(2);
     auto local0 = local->communicator(0);
