@@ -221,20 +221,17 @@ StepMetrics Trainer::step() {
 
 namespace {
 
-// Evaluation mode for the scope: no gate noise (MoeLayer::set_training), restored on the way out.
+// Evaluation mode for the scope (BlockStack::set_training): no gate noise, and attention keeps no
+// statistics for a backward; restored on the way out.
 class EvalMode {
   public:
-    explicit EvalMode(LanguageModel& model) : layers_(model.blocks().moe_layers()) {
-        for (MoeLayer* layer : layers_) layer->set_training(false);
-    }
-    ~EvalMode() {
-        for (MoeLayer* layer : layers_) layer->set_training(true);
-    }
+    explicit EvalMode(LanguageModel& model) : blocks_(model.blocks()) { blocks_.set_training(false); }
+    ~EvalMode() { blocks_.set_training(true); }
     EvalMode(const EvalMode&) = delete;
     EvalMode& operator=(const EvalMode&) = delete;
 
   private:
-    std::vector<MoeLayer*> layers_;
+    BlockStack& blocks_;
 };
 
 }  // namespace

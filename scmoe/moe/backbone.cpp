@@ -99,11 +99,12 @@ void AttentionSublayer::forward(const Tensor& h, const std::vector<Tensor>& p, T
     const DType dt = shape_.dtype;
     tokens_ = T;
     h_ = h;
+    saved_for_backward_ = training_;
     if (T == 0) return;
     rmsnorm_forward({T, H, shape_.norm_eps, dt, h.data, p[0].data, normed_, rstd_}, stream);
     gemm({false, false, T, Q, H, 1.0f, 0.0f, normed_, p[1].data, qkv_, dt, dt}, stream);
-    attention_forward({T / shape_.seq_len, shape_.seq_len, shape_.heads, H / shape_.heads, dt, qkv_, attn_, lse_,
-                       backbone_kv_heads(shape_)},
+    attention_forward({T / shape_.seq_len, shape_.seq_len, shape_.heads, H / shape_.heads, dt, qkv_, attn_,
+                       training_ ? lse_ : nullptr, backbone_kv_heads(shape_)},
                       stream);
     residual_gemm(h.data, attn_, p[2].data, out.data, T, H, H, dt, stream);
 }
@@ -113,6 +114,8 @@ void AttentionSublayer::backward(const Tensor& grad_out, const std::vector<Tenso
     check_tensor(grad_out, {tokens_, shape_.hidden}, shape_.dtype, "AttentionSublayer.backward: grad_out");
     check_tensor(grad_in, {tokens_, shape_.hidden}, shape_.dtype, "AttentionSublayer.backward: grad_in");
     check_params(param_specs(shape_), g, "AttentionSublayer grads");
+    SCMOE_CHECK(saved_for_backward_, "AttentionSublayer.backward: the last forward ran in inference mode "
+                                     "(set_training(false)) and kept nothing for a backward");
     const std::int64_t T = tokens_, H = shape_.hidden, Q = backbone_qkv_width(shape_);
     const DType dt = shape_.dtype, f32 = DType::kF32;
     if (T == 0) {

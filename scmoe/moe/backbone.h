@@ -50,6 +50,10 @@ public:
     void forward(const Tensor& h, const std::vector<Tensor>& params, Tensor out, Stream& stream);
     void backward(const Tensor& grad_out, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                   Tensor grad_in, Stream& stream);
+    // Training (the default): forward keeps attention's softmax statistics (lse) for backward.
+    // Inference (false): forward stores none (attention_forward with lse null, which also tells the
+    // emulator's unfused attention that no dropout runs); a backward after it throws.
+    void set_training(bool training) { training_ = training; }
 
 private:
     BackboneShape shape_;
@@ -59,6 +63,7 @@ private:
     void *normed_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *grad_attn_ = nullptr, *grad_qkv_ = nullptr,
          *grad_normed_ = nullptr;
     float *rstd_ = nullptr, *lse_ = nullptr;
+    bool training_ = true, saved_for_backward_ = false;
 };
 
 // Parameters: norm_w [H], w1 [H, I] (I = 2F for SwiGLU, F for GELU), w2 [F, H].

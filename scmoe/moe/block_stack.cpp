@@ -282,6 +282,13 @@ std::vector<MoeLayer*> BlockStack::moe_layers() {
     return out;
 }
 
+void BlockStack::set_training(bool training) {
+    for (auto& b : blocks_) {
+        if (b->attn) b->attn->set_training(training);
+        if (b->moe) b->moe->set_training(training);
+    }
+}
+
 void BlockStack::set_noise_key(std::uint64_t step, std::uint64_t stream) {
     const std::vector<MoeLayer*> layers = moe_layers();
     for (std::size_t m = 0; m < layers.size(); ++m) layers[m]->set_noise_key(step, stream * layers.size() + m);

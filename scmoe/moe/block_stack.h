@@ -111,6 +111,10 @@ public:
     const std::vector<std::unique_ptr<MoeParamStore>>& moe_params() const { return moe_params_; }
     const std::vector<std::unique_ptr<MoeParamStore>>& moe_grads() const { return moe_grads_; }
     std::vector<MoeLayer*> moe_layers();
+    // Training (the default) or inference for every block: the MoE layers' gate noise
+    // (MoeLayer::set_training) and whether attention keeps its statistics for a backward
+    // (AttentionSublayer::set_training). A backward after an inference forward throws.
+    void set_training(bool training);
     // Sets the gate-noise key of every MoE layer (MoeLayer::set_noise_key): the m-th MoE layer in
     // block order gets (step, stream * number of MoE layers + m), so the layers draw different noise
     // and (config noise_seed, step, stream) reproduces all of it. A trainer calls it before each

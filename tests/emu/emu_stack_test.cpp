@@ -20,6 +20,7 @@
 #include "scmoe/kernels/emu/stack.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/kernels/gemm.h"
+#include "scmoe/moe/backbone.h"
 
 namespace scmoe {
 namespace {
@@ -104,6 +105,118 @@ TEST(EmuStack, UnfusedAttentionCostsWhatTheFormulaSays) {
     DeviceBuffer grad(*device, 3 * 1638400 * 2);
     b.qkv = qkv.data(), b.out = out.data(), b.lse = lse.data(), b.grad_out = out.data(), b.grad_qkv = grad.data();
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(b, s); }), 369.10336, 1e-4);
+}
+
+// An inference forward (one that keeps no statistics for a backward: lse null, as an
+// AttentionSublayer in inference mode passes it) runs no dropout pass: PyTorch's dropout is off in
+// eval mode. Same shapes and times as above.
+TEST(EmuStack, AnInferenceForwardRunsNoDropoutPass) {
+    emu::GpuSpec spec = test::round_spec();
+    spec.launch_us = 0;
+    auto device = device_with(unfused(true), spec);
+    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2);
+    std::vector<float> lse(12800);
+    AttentionArgs a;
+    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
+    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584, 1e-4);
+    a.lse = nullptr;
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584 - 82.92, 1e-4);
+}
+
+// The signal comes from the model: an AttentionSublayer in inference mode (BlockStack::set_training,
+// which the trainer's evaluation and forward timing set) passes no lse, so under the paper stack its
+// forward is shorter by exactly the dropout kernel (and its gap), and a backward after it throws.
+TEST(EmuStack, TheBackbonesInferenceForwardSkipsTheDropoutPass) {
+    emu::GpuSpec spec = test::round_spec();
+    spec.launch_us = 0;
+    auto device = device_with(emu::builtin_stack("paper"), spec);
+    BackboneShape shape;
+    shape.hidden = 1280, shape.heads = 10, shape.seq_len = 1280, shape.ffn = 1280;
+    shape.dtype = DType::kBF16;
+    const std::int64_t T = 1280, H = 1280;
+    AttentionSublayer attn(shape, *device, T);
+    DeviceBuffer params(*device, (H + 3 * H * H + H * H) * 2), grads(*device, (H + 3 * H * H + H * H) * 4);
+    DeviceBuffer h(*device, T * H * 2), out(*device, T * H * 2), grad_in(*device, T * H * 2);
+    auto* pb = static_cast<char*>(params.data());
+    auto* gb = static_cast<char*>(grads.data());
+    const std::vector<Tensor> p = {Tensor(pb, DType::kBF16, {H}), Tensor(pb + H * 2, DType::kBF16, {H, 3 * H}),
+                                   Tensor(pb + (H + 3 * H * H) * 2, DType::kBF16, {H, H})};
+    const std::vector<Tensor> g = {Tensor(gb, DType::kF32, {H}), Tensor(gb + H * 4, DType::kF32, {H, 3 * H}),
+                                   Tensor(gb + (H + 3 * H * H) * 4, DType::kF32, {H, H})};
+    const Tensor in(h.data(), DType::kBF16, {T, H}), y(out.data(), DType::kBF16, {T, H}),
+        gin(grad_in.data(), DType::kBF16, {T, H});
+    const double train_us = elapsed_us(*device, [&](Stream& s) { attn.forward(in, p, y, s); });
+    attn.set_training(false);
+    const double infer_us = elapsed_us(*device, [&](Stream& s) { attn.forward(in, p, y, s); });
+    // The dropout kernel: 4S + S bytes = 81.92 us on round_spec, plus its 1 us gap.
+    EXPECT_NEAR(train_us - infer_us, 82.92, 1e-4);
+    auto stream = device->create_stream();
+    EXPECT_THROW(attn.backward(y, p, g, gin, *stream), Error);
+    attn.set_training(true);
+    attn.forward(in, p, y, *stream);
+    attn.backward(y, p, g, gin, *stream);
+    stream->synchronize();
+}
+
+// Training under an unfused stack keeps the [b*h, s, s] tensors autograd saves, counted against the
+// device's memory from the forward until the backward frees them (emu_ops.cpp). batch 1, 2 heads,
+// seq 64, bf16: one score-sized tensor is Se = 2*64*64*2 = 16,384 B, the dropout mask S = 8,192 B.
+TEST(EmuStack, UnfusedAttentionsSavedScoresCountAgainstDeviceMemory) {
+    const std::uint64_t Se = 16384, S = 8192;
+    AttentionArgs a;
+    a.batch = 1, a.seq = 64, a.heads = 2, a.head_dim = 16, a.dtype = DType::kBF16;
+    AttentionBackwardArgs b;
+    b.batch = 1, b.seq = 64, b.heads = 2, b.head_dim = 16, b.dtype = DType::kBF16;
+    for (const bool dropout : {true, false}) {
+        auto device = device_with(unfused(dropout));
+        emu::EmuDevice& emu_device = emu::as_emu(*device);
+        DeviceBuffer qkv(*device, 3 * 2048 * 2), out(*device, 2048 * 2), grad(*device, 3 * 2048 * 2);
+        std::vector<float> lse(128);
+        a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
+        b.qkv = qkv.data(), b.out = out.data(), b.lse = lse.data(), b.grad_out = out.data(), b.grad_qkv = grad.data();
+        auto stream = device->create_stream();
+        const std::uint64_t base = emu_device.memory().in_use;
+        ASSERT_EQ(emu_device.memory().peak, base);
+        // Training forward: kept: the probabilities, with dropout also the mask and the dropped
+        // probabilities. Peak: that, or scores + probabilities while the softmax runs (without dropout).
+        emu::attention_forward(a, *stream);
+        const std::uint64_t saved = dropout ? 2 * Se + S : Se;
+        EXPECT_EQ(emu_device.memory().in_use - base, saved) << dropout;
+        EXPECT_EQ(emu_device.memory().peak - base, dropout ? 2 * Se + S : 2 * Se) << dropout;
+        // Its backward frees them all; at its peak the saved tensors and two gradients live: with
+        // dropout dP of the dropped probabilities and dP (4Se + S), without dP and dS beside P (3Se).
+        emu::attention_backward(b, *stream);
+        EXPECT_EQ(emu_device.memory().in_use, base) << dropout;
+        EXPECT_EQ(emu_device.memory().peak - base, dropout ? 4 * Se + S : 3 * Se) << dropout;
+        // An inference forward keeps nothing.
+        a.lse = nullptr;
+        emu::attention_forward(a, *stream);
+        EXPECT_EQ(emu_device.memory().in_use, base) << dropout;
+        stream->synchronize();
+    }
+    // Two layers' forwards keep both (keyed by each layer's output buffer); the fused stack keeps none.
+    auto device = device_with(unfused(true));
+    emu::EmuDevice& emu_device = emu::as_emu(*device);
+    DeviceBuffer qkv(*device, 3 * 2048 * 2), out1(*device, 2048 * 2), out2(*device, 2048 * 2);
+    std::vector<float> lse(128);
+    auto stream = device->create_stream();
+    const std::uint64_t base = emu_device.memory().in_use;
+    a.qkv = qkv.data(), a.lse = lse.data();
+    a.out = out1.data();
+    emu::attention_forward(a, *stream);
+    a.out = out2.data();
+    emu::attention_forward(a, *stream);
+    EXPECT_EQ(emu_device.memory().in_use - base, 2 * (2 * Se + S));
+    auto fused = device_with(emu::builtin_stack("scmoe"));
+    DeviceBuffer qkv2(*fused, 3 * 2048 * 2), out3(*fused, 2048 * 2);
+    const std::uint64_t fused_base = emu::as_emu(*fused).memory().in_use;
+    a.qkv = qkv2.data(), a.out = out3.data();
+    auto fused_stream = fused->create_stream();
+    emu::attention_forward(a, *fused_stream);
+    EXPECT_EQ(emu::as_emu(*fused).memory().peak, fused_base);
+    stream->synchronize();
+    fused_stream->synchronize();
 }
 
 // A 3 us kernel (3e6 bytes at 1e6 B/us) after round_spec's 1 us gap; launch_us 2.

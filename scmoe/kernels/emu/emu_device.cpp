@@ -214,6 +214,23 @@ public:
         m.capacity = options_.spec.memory_bytes;
         return m;
     }
+    void hold(const void* key, int slot, std::size_t bytes) override {
+        release(key, slot);
+        void* p = allocate(bytes);
+        std::scoped_lock lock(held_mu_);
+        held_[{key, slot}] = p;
+    }
+    void release(const void* key, int slot) override {
+        void* p = nullptr;
+        {
+            std::scoped_lock lock(held_mu_);
+            auto it = held_.find({key, slot});
+            if (it == held_.end()) return;
+            p = it->second;
+            held_.erase(it);
+        }
+        deallocate(p);
+    }
     bool is_device_memory(const void* ptr, std::size_t bytes) const override {
         std::scoped_lock lock(mu_);
         return contains(allocations_, ptr, bytes);
@@ -242,6 +259,8 @@ private:
     mutable std::mutex mu_;
     std::map<std::uintptr_t, std::size_t> allocations_, pinned_;
     MemoryStats stats_;
+    std::mutex held_mu_;
+    std::map<std::pair<const void*, int>, void*> held_;  // hold(): (key, slot) -> allocation
     std::atomic<std::uint64_t> router_draws_{0};
 };
 

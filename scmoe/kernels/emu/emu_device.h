@@ -71,6 +71,12 @@ public:
     double launch_host_us() const { return spec().launch_us + stack().framework_us; }
     virtual Timeline& timeline() = 0;
     virtual MemoryStats memory() const = 0;
+    // Memory an op keeps from its forward until its backward (a framework's saved tensors, e.g. the
+    // unfused attention's probabilities under a stack, emu_ops.cpp): hold() allocates `bytes`
+    // against the capacity under (key, slot), first releasing what that pair held; release() frees it
+    // (nothing when it holds nothing).
+    virtual void hold(const void* key, int slot, std::size_t bytes) = 0;
+    virtual void release(const void* key, int slot) = 0;
     // Numbers the router's draws on this device (one host thread issues them, so the sequence is
     // deterministic).
     virtual std::uint64_t next_router_draw() = 0;

@@ -116,16 +116,50 @@ void copy_row_segments(const RowSegmentsArgs& a, Stream& s) {
 void rmsnorm_forward(const RmsNormArgs& a, Stream& s) { timed("rmsnorm_forward", op_cost(a), s); }
 void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) { timed("rmsnorm_backward", op_cost(a), s); }
 // The stack's attention (stack.h): scmoe's fused kernel, or the unfused kernels a framework runs.
+// A forward that keeps its statistics for a backward (lse set) is a training forward: only it runs
+// the dropout pass and keeps the score-sized tensors autograd saves, held under the output buffer
+// (the backward names the same one) until the backward frees them. The score-sized tensors are
+// allocated and freed in host order as PyTorch's autograd does (stack.h, unfused_attention_memory);
+// the emulated device counts them against its capacity and in its peak.
 void attention_forward(const AttentionArgs& a, Stream& s) {
     EmuStream& es = as_emu(s);
-    const Stack& stack = es.device().stack();
+    EmuDevice& device = es.device();
+    const Stack& stack = device.stack();
     if (stack.attention == AttentionImpl::kFused) return timed("attention_forward", op_cost(a), s);
-    for (const StackKernel& k : unfused_attention_forward(a, stack.attention_dropout)) es.launch(k.name, k.cost);
+    const bool training = a.lse != nullptr, dropout = training && stack.attention_dropout;
+    const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype);
+    void* scores = device.allocate(m.scores);  // baddbmm's output, the softmax's input
+    void* probs = nullptr;
+    if (training)
+        device.hold(a.out, kSavedProbs, m.scores);  // softmax's output: softmax's backward reads it
+    else
+        probs = device.allocate(m.scores);
+    device.deallocate(scores);
+    if (dropout) {
+        device.hold(a.out, kSavedMask, m.mask);       // dropout's mask
+        device.hold(a.out, kSavedDropped, m.scores);  // dropout's output: bmm's saved input
+    }
+    for (const StackKernel& k : unfused_attention_forward(a, dropout)) es.launch(k.name, k.cost);
+    device.deallocate(probs);
 }
 void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
     EmuStream& es = as_emu(s);
-    const Stack& stack = es.device().stack();
+    EmuDevice& device = es.device();
+    const Stack& stack = device.stack();
     if (stack.attention == AttentionImpl::kFused) return timed("attention_backward", op_cost(a), s);
+    const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype);
+    void* grad_p = device.allocate(m.scores);  // dP = dO v^T (of the dropped probabilities with dropout)
+    if (stack.attention_dropout) {
+        void* grad_dropped = grad_p;
+        grad_p = device.allocate(m.scores);  // dropout's backward: dP of the probabilities
+        device.deallocate(grad_dropped);
+        device.release(a.out, kSavedMask);
+        device.release(a.out, kSavedDropped);
+    }
+    void* grad_scores = device.allocate(m.scores);  // softmax's backward
+    device.deallocate(grad_p);
+    device.release(a.out, kSavedProbs);
+    device.deallocate(grad_scores);  // after dQ and dK (host order: the caching allocator reuses it later)
     for (const StackKernel& k : unfused_attention_backward(a, stack.attention_dropout)) es.launch(k.name, k.cost);
 }
 void kv_cache_append(const KvCacheAppendArgs& a, Stream& s) { timed("kv_cache_append", op_cost(a), s); }

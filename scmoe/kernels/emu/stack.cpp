@@ -138,6 +138,12 @@ double small_gemm_fraction(const Stack& s, const OpCost& c) {
     return side > 0 ? small_gemm_fraction(s, side) : 1.0;
 }
 
+UnfusedAttentionMemory unfused_attention_memory(std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                                                DType dtype) {
+    const std::size_t scores = static_cast<std::size_t>(batch * heads * seq * seq);
+    return {scores * dtype_size(dtype), scores};
+}
+
 // Unfused causal attention, PyTorch 1.x's F.multi_head_attention_forward core (stack.cpp's paper
 // stack quotes it), with B = batch*heads GEMMs, S = B*s*s score elements, Q = batch*s*heads*d
 // elements of q (or k, v, out), e = the op's dtype size (fairseq --fp16: 2; the scores, softmax and

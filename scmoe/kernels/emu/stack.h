@@ -37,7 +37,8 @@ struct Stack {
     std::string name = "scmoe";
     std::string description = "scmoe: fused attention, no framework time, NCCL all-to-all, no small-GEMM fall-off";
     AttentionImpl attention = AttentionImpl::kFused;
-    bool attention_dropout = false;      // unfused: a dropout pass over the probabilities (forward and backward)
+    bool attention_dropout = false;      // unfused: a dropout pass over the probabilities in training
+                                         // forwards (those that keep lse for a backward) and their backward
     double framework_us = 0;             // host time per op before its launch, us
     double all_to_all_efficiency = 1.0;  // factor on the all-to-all's link and NIC efficiency, (0, 1]
     std::vector<GemmEfficiencyPoint> small_gemm;  // sizes increasing, fractions non-decreasing; empty: 1
@@ -59,6 +60,23 @@ double small_gemm_fraction(const Stack& stack, double size);
 // The fraction for a kernel's cost: the curve at its GEMM's smallest side for tensor ops that carry a
 // GEMM shape (gemm_count > 0), else 1.
 double small_gemm_fraction(const Stack& stack, const OpCost& cost);
+
+// The score-sized tensors of the unfused attention, bytes: one [b*h, s, s] tensor in the op's dtype
+// (scores, probabilities, their gradients) and the dropout's mask (1 byte per score: PyTorch's
+// fused dropout keeps a bool mask). What autograd keeps from a training forward to its backward:
+// the softmax's output (its backward reads it) and, with dropout, the mask and the dropout's output
+// (bmm's saved input); without dropout, the probabilities only. Transient, in host order: the scores
+// until the softmax has run (so the forward peaks at scores + probabilities); in the backward dP,
+// with dropout the dP of the dropped probabilities before it, and dS, each freed once the next
+// exists (emu_ops.cpp). Not counted: the scaled q that baddbmm saves (b*s*h*d elements, d/s of the
+// scores).
+struct UnfusedAttentionMemory {
+    std::size_t scores = 0, mask = 0;
+};
+UnfusedAttentionMemory unfused_attention_memory(std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                                                DType dtype);
+// The slots of EmuDevice::hold the unfused attention keeps its saved tensors in.
+inline constexpr int kSavedProbs = 0, kSavedMask = 1, kSavedDropped = 2;
 
 // One kernel of an unfused attention.
 struct StackKernel {
