@@ -28,6 +28,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 
 # --- The runs: one emulator command each; several rows read one run. -----------------------------
 # Shapes and settings from docs/scmoe-paper-setup.md (Table 8 and 9); where the paper is silent
@@ -235,8 +236,16 @@ def run_all(args):
                     outputs[run] = {"error": f.read().strip(), "command": cmd}
             continue
         json_path = None
+        if args.outdir:  # a run's earlier output (or error) must not outlive this one
+            for ext in (".txt", ".json", ".error"):
+                stale = os.path.join(args.outdir, run + ext)
+                if os.path.exists(stale):
+                    os.remove(stale)
         if RUNS[run]["tool"] == BLOCK:
-            json_path = os.path.join(args.outdir or "/tmp", f"paper_table_{run}.json")
+            if args.outdir:
+                os.makedirs(args.outdir, exist_ok=True)
+            json_path = (os.path.join(args.outdir, run + ".json") if args.outdir
+                         else os.path.join(tempfile.gettempdir(), f"paper_table_{os.getpid()}_{run}.json"))
             cmd = cmd + ["-J", json_path]
         print(f"# running {run}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
         p = subprocess.run(cmd, capture_output=True, text=True)
@@ -249,8 +258,9 @@ def run_all(args):
             os.makedirs(args.outdir, exist_ok=True)
             ext = ".txt" if RUNS[run]["tool"] == TRAIN else ".json"
             if "text" in outputs[run]:
-                with open(os.path.join(args.outdir, run + ext), "w") as f:
-                    f.write(outputs[run]["text"])
+                if not json_path:  # the block runs wrote their JSON there already
+                    with open(os.path.join(args.outdir, run + ext), "w") as f:
+                        f.write(outputs[run]["text"])
             else:
                 with open(os.path.join(args.outdir, run + ".error"), "w") as f:
                     f.write(outputs[run]["error"] + "\n")
