@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "scmoe/kernels/cuda/attention_rows.cuh"
 #include "scmoe/kernels/cuda/check.cuh"
 #include "scmoe/kernels/cuda/cuda_ops.h"
 #include "scmoe/kernels/cuda/cudnn_attention_plan.h"
@@ -50,11 +51,6 @@ struct Shape {
     __device__ long long group() const { return heads / kv_heads; }
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
 // The warp's row: (b, h, i) with i fastest, h over `heads` (query heads, or K/V heads for the dK/dV
 // kernel). False when the warp is past the last row.
 __device__ __forceinline__ bool warp_row(const Shape& sh, long long heads, long long& b, long long& h, long long& i) {
@@ -64,15 +60,6 @@ __device__ __forceinline__ bool warp_row(const Shape& sh, long long heads, long 
     h = (w / sh.seq) % heads;
     b = w / (sh.seq * heads);
     return true;
-}
-
-template <class T, int kPer>
-__device__ __forceinline__ void load_row(const T* p, long long head_dim, int lane, float (&r)[kPer]) {
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-        const long long d = lane + 32LL * e;
-        r[e] = d < head_dim ? load_f32(p + d) : 0.0f;
-    }
 }
 
 template <class T, int kPer>

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "scmoe/kernels/cuda/attention_rows.cuh"
 #include "scmoe/kernels/cuda/check.cuh"
 #include "scmoe/kernels/cuda/cuda_ops.h"
 #include "scmoe/kernels/math.h"
@@ -47,20 +48,6 @@ __global__ void kv_cache_append_kernel(DecodeShape sh, const T* qkv, const std::
         const T* row = qkv + (b * sh.new_tokens + i) * sh.qkv_width();
         k_cache[sh.cache_row(b, g, pos) + d] = row[(sh.heads + g) * sh.head_dim + d];
         v_cache[sh.cache_row(b, g, pos) + d] = row[(sh.heads + sh.kv_heads + g) * sh.head_dim + d];
-    }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
-template <class T, int kPer>
-__device__ __forceinline__ void load_row(const T* p, long long head_dim, int lane, float (&r)[kPer]) {
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-        const long long d = lane + 32LL * e;
-        r[e] = d < head_dim ? load_f32(p + d) : 0.0f;
     }
 }
 
