@@ -202,7 +202,7 @@ void run_rank(const Args& a, const Plan& p, int rank, int world, Communicator* e
     config.backbone.dtype = config.moe.dtype = device->compute_dtype();
     SCMOE_CHECK(config.moe.num_experts % world == 0,
                 "--ranks " << world << ": the model's " << config.moe.num_experts << " experts do not split evenly");
-    models::LanguageModel lm(config, *device, config.backbone.seq_len, ep);
+    models::LanguageModel lm(config, *device, 0, ep);  // inference only: no gradients or activations
     const bool emulated = a.backend == "emu";
     if (!emulated) models::load_checkpoint_weights(p.checkpoint, lm);  // an emulated GPU holds no payload
     models::DecoderOptions d;

@@ -82,6 +82,7 @@ Decoder::Decoder(LanguageModel& model, const DecoderOptions& options, Communicat
         m->shortcut = stack.blocks[b].shortcut;
         m->layer = std::make_unique<MoeLayer>(decoding_moe_config(stack.moe), model.device(), max_rows_, ep);
         m->layer->set_training(false);
+        moe_workspace_bytes_ += MoeLayer::workspace_bytes(m->layer->config(), max_rows_, ep ? ep->size() : 1);
         m->params = &model.blocks().moe_params()[moe_.size()]->view();
         const std::string prefix = "blocks." + std::to_string(b) + ".moe.";
         m->norm_x = &backbone_param(prefix + "norm_x");

@@ -79,6 +79,10 @@ class Decoder {
     // Every sequence empty again (the cache is overwritten by the next passes).
     void reset() { cache_->reset(); }
 
+    // Device memory the decoder itself holds besides the model and the KV cache: its pass buffers
+    // and its MoE layers' workspaces.
+    std::uint64_t device_bytes() const { return workspace_.bytes() + moe_workspace_bytes_; }
+
   private:
     struct MoeBlock;
     void run(std::int64_t first_sequence, std::int64_t sequences, std::int64_t new_tokens, const std::int32_t* tokens);
@@ -97,6 +101,7 @@ class Decoder {
     std::vector<void*> h_, hmh_;  // [blocks + 1], [blocks]: the pass's residual stream, [max_rows, hidden]
     void *normed_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *mlp_hidden_ = nullptr, *mlp_act_ = nullptr,
          *logits_ = nullptr;
+    std::uint64_t moe_workspace_bytes_ = 0;
     std::vector<std::int32_t> host_ids_;
     std::vector<float> host_logits_;
 };

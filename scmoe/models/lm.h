@@ -51,7 +51,8 @@ struct NamedTensor {
     }
 };
 
-// A flat parameter array (compute dtype) with its f32 gradient array of the same layout.
+// A flat parameter array (compute dtype) with its f32 gradient array of the same layout (nullptr
+// for an inference-only model).
 struct ParamGroup {
     std::string name;  // "lm", "backbone", "blocks.1.moe"
     void* params = nullptr;
@@ -63,7 +64,9 @@ struct ParamGroup {
 
 class LanguageModel {
   public:
-    // max_tokens: most tokens per pass on this rank (a multiple of seq_len). ep: the MoE layers'
+    // max_tokens: most tokens per pass on this rank (a multiple of seq_len); 0: inference only, the
+    // parameters without gradients (ParamGroup::grads nullptr), activations or workspace, so the
+    // device holds what decoding needs (scmoe/models/decoder.h); forward passes refuse. ep: the MoE layers'
     // expert-parallel group (nullptr: single rank); it must outlive the model.
     // agree: the group the blocks' schedule is agreed over (BlockStack; nullptr = ep); a trainer
     // passes the world.
