@@ -36,7 +36,7 @@ float init_std(const std::string& name, std::int64_t layers) {
 }  // namespace
 
 LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
-                             Communicator* agree)
+                             Communicator* agree, Device* moe_param_device)
     : config_(config), device_(device), max_tokens_(max_tokens) {
     config_.validate();
     SCMOE_CHECK(config_.backbone.dtype == device.compute_dtype(),
@@ -47,7 +47,7 @@ LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_
                 "LanguageModel: max_tokens = " << max_tokens << " must be a positive multiple of seq_len "
                                                << config_.backbone.seq_len << " (or 0: inference only)");
     const bool training = max_tokens > 0;
-    blocks_ = std::make_unique<BlockStack>(config_.block_stack(), device, max_tokens, ep, agree);
+    blocks_ = std::make_unique<BlockStack>(config_.block_stack(), device, max_tokens, ep, agree, moe_param_device);
     const std::int64_t V = config_.vocab, H = config_.backbone.hidden, S = config_.backbone.seq_len;
     const DType dt = config_.backbone.dtype;
     const std::vector<ParamSpec> specs = {{"embed", {V, H}}, {"pos", {S, H}}, {"final_norm", {H}}};

@@ -70,8 +70,11 @@ class LanguageModel {
     // expert-parallel group (nullptr: single rank); it must outlive the model.
     // agree: the group the blocks' schedule is agreed over (BlockStack; nullptr = ep); a trainer
     // passes the world.
+    // moe_param_device (inference only): where the MoE layers' parameters live (BlockStack), e.g.
+    // pinned host memory for decoding with offloaded experts (scmoe/models/expert_cache.h); it must
+    // outlive the model.
     LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
-                  Communicator* agree = nullptr);
+                  Communicator* agree = nullptr, Device* moe_param_device = nullptr);
     ~LanguageModel();
     LanguageModel(const LanguageModel&) = delete;
     LanguageModel& operator=(const LanguageModel&) = delete;

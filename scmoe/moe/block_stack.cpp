@@ -147,7 +147,7 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
 }
 
 BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
-                       Communicator* agree)
+                       Communicator* agree, Device* moe_param_device)
     : config_(config),
       device_(device),
       max_tokens_(max_tokens),
@@ -205,7 +205,10 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
             DeviceBuffer& scratch = moe_scratch_[static_cast<std::size_t>(scratch_group[moe_params_.size()])];
             block->moe = std::make_unique<MoeLayer>(config_.moe, device, max_tokens, ep, nullptr, 0, scratch.data(),
                                                     scratch.bytes());
-            moe_params_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, config_.moe.dtype, ep_size));
+            SCMOE_CHECK(!moe_param_device || !training,
+                        "BlockStack: MoE parameters outside the device are for inference only (max_tokens 0)");
+            moe_params_.push_back(std::make_unique<MoeParamStore>(moe_param_device ? *moe_param_device : device,
+                                                                  config_.moe, config_.moe.dtype, ep_size));
             if (training) moe_grads_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, DType::kF32, ep_size));
         }
         blocks_.push_back(std::move(block));

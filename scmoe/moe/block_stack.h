@@ -99,8 +99,11 @@ public:
     // same slots and chunks and issues its NCCL operations in one global order (review R1: with
     // several communicators per GPU, ranks whose host launch orders differ can deadlock). The stack
     // owns its two streams.
+    // moe_param_device: where the MoE layers' parameter stores are allocated (nullptr: `device`; an
+    // inference-only stack decoding with host-resident experts passes pinned host memory,
+    // scmoe/models/expert_cache.h).
     BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
-               Communicator* agree = nullptr);
+               Communicator* agree = nullptr, Device* moe_param_device = nullptr);
     ~BlockStack();
     BlockStack(const BlockStack&) = delete;
     BlockStack& operator=(const BlockStack&) = delete;

@@ -4,7 +4,7 @@
 // variants (top1, top2, shared, scmoe-pos1/2/3, scmoe2) and every-block-pos1, with multi-head and grouped-query
 // attention; with 2 expert-parallel ranks the logits equal one rank's. The comparison can fail: the
 // same logits one position off differ by far more than the tolerance. Also the decoder's refusals
-// (a sequence beyond the cache, a token outside the vocabulary, a residency mode not built yet) and
+// (a sequence beyond the cache, a token outside the vocabulary, an expert cache outside prefetch) and
 // the KV cache's memory check naming its sizes.
 #include <gtest/gtest.h>
 
@@ -224,12 +224,15 @@ TEST(Decoder, RefusesPassesBeyondTheCacheAndTokensOutsideTheVocabulary) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find(std::to_string(c.backbone.seq_len + 1)), std::string::npos) << e.what();
     }
-    for (const char* mode : {"blocking", "prefetch"}) {
+    for (const char* mode : {"resident", "blocking"}) {
         try {
-            Decoder d(lm, {1, 4, parse_expert_residency(mode)});
-            FAIL() << mode << " was accepted";
+            Decoder d(lm, {1, 4, parse_expert_residency(mode), 3});
+            FAIL() << mode << " took an expert cache";
         } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find("not implemented yet (issue 27"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(std::string("--experts ") + mode + ": an expert cache (3 slots) is for "
+                                                 "--experts prefetch only"),
+                      std::string::npos)
+                << e.what();
         }
     }
     EXPECT_THROW(parse_expert_residency("eager"), Error);
