@@ -58,6 +58,7 @@ struct UsageError : std::runtime_error {
 struct Args {
     std::string resume, preset, variant, prompt, prompts_file, backend = "cpu", gpu = "h100", experts = "resident";
     double expert_cache_mib = 0;  // prefetch: 0 = the decoder's default
+    std::string stack = "scmoe";  // --backend emu: the software stack around the kernels
     bool have_prompt = false;
     std::int64_t max_new_tokens = 64;
     models::GenerateOptions gen;
@@ -111,6 +112,7 @@ Args parse(int argc, char** argv) {
         ("expert-cache-mib", "--experts prefetch: the device cache of experts in MiB (default: 2 x min(experts, batch x top_k) + 1 experts)", cxxopts::value<double>())
         ("backend", "cpu or emu (an emulated GPU: predicted times, meaningless text)", cxxopts::value<std::string>()->default_value("cpu"))
         ("gpu", "the emulated GPU of --backend emu: a30, a800, h100, h200 or a profile JSON", cxxopts::value<std::string>()->default_value("h100"))
+        ("stack", "--backend emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch eager) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>()->default_value("scmoe"))
         ("ranks", "in-process expert-parallel ranks", cxxopts::value<int>()->default_value("1"))
         ("h,help", "this help");
     cxxopts::ParseResult r;
@@ -166,6 +168,8 @@ Args parse(int argc, char** argv) {
         throw UsageError("--preset " + a.preset + ": an untrained model is for --backend emu (predicted times); on " +
                          a.backend + " generate from a trained checkpoint with --resume");
     a.gpu = r["gpu"].as<std::string>();
+    a.stack = r["stack"].as<std::string>();
+    if (a.backend != "emu" && r.count("stack")) throw UsageError("--stack is for --backend emu");
     a.ranks = r["ranks"].as<int>();
     if (a.ranks < 1) throw UsageError("--ranks " + std::to_string(a.ranks) + ": must be >= 1");
     a.mpi = launched_by_mpirun();
@@ -187,7 +191,11 @@ std::vector<std::string> read_prompts(const Args& a) {
 }
 
 std::unique_ptr<Device> make_generate_device(const Args& a) {
-    if (a.backend == "emu") return make_emu_device(resolve_emu_choice(a.gpu, "", "balanced", a.ranks));
+    if (a.backend == "emu") {
+        EmuChoice choice = resolve_emu_choice(a.gpu, "", "balanced", a.ranks);
+        choice.stack = a.stack;
+        return make_emu_device(choice);
+    }
     return make_device("cpu");
 }
 

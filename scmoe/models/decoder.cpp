@@ -196,8 +196,7 @@ std::uint64_t Decoder::device_bytes() const {
 
 std::string Decoder::describe_experts() const {
     std::ostringstream o;
-    o.setf(std::ios::fixed);
-    o.precision(1);
+    o.precision(4);  // significant digits: a test model's experts are KiB
     o << "experts " << expert_residency_name(options_.experts);
     if (!experts_) return o.str() + ": every routed expert on the device";
     const double mib = 1024.0 * 1024.0;
