@@ -49,8 +49,6 @@ emu::GpuSpec load_gpu(const std::string& name) {
         if (j.contains("sms")) s.sms = j.at("sms").get<int>();
         if (j.contains("threads_per_sm")) s.threads_per_sm = j.at("threads_per_sm").get<int>();
         num("host_link_gbps", s.host_link_gbps);
-        // A profile's host_link_gbps is what it measured (make_profile.py): achieved, unless it says otherwise.
-        if (j.contains("host_link_gbps")) s.host_link_efficiency = 1.0;
         num("host_link_efficiency", s.host_link_efficiency);
         num("gemm_efficiency", s.gemm_efficiency);
         num("bandwidth_efficiency", s.bandwidth_efficiency);

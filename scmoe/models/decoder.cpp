@@ -207,7 +207,9 @@ std::string Decoder::describe_experts() const {
     bool early = false, late = false;
     for (const auto& m : moe_) (m->shortcut == ShortcutSource::kCurrent ? late : early) = true;
     o << " (LRU cache; hits not copied); copies issued at the gate";
-    if (early) o << ": a ScMoE block's gate runs a block ahead, so its copies overlap the backbone";
+    if (early)
+        o << ": a ScMoE block's gate runs where its shortcut exists (Pos-2/3: in the previous block; Pos-1: before "
+             "its attention), so its copies overlap the backbone until its experts";
     if (late) o << (early ? "; " : ": ") << "a top-k block's gate runs after its own norm, so its copies can only start there";
     return o.str();
 }
