@@ -37,6 +37,7 @@ constexpr ProfileKey kProfileKeys[] = {
     {"sources", Kind::kStrings},       {"bf16_tflops", Kind::kNumber},
     {"fp32_tflops", Kind::kNumber},    {"hbm_gbps", Kind::kNumber},
     {"memory_gib", Kind::kNumber},     {"host_link_gbps", Kind::kNumber},
+    {"host_link_efficiency", Kind::kNumber},
     {"gemm_efficiency", Kind::kNumber}, {"bandwidth_efficiency", Kind::kNumber},
     {"launch_us", Kind::kNumber},      {"kernel_gap_us", Kind::kNumber},
     {"host_task_us", Kind::kNumber},   {"sync_us", Kind::kNumber},
@@ -139,6 +140,7 @@ emu::GpuSpec load_gpu(const std::string& name) {
     count("shared_bytes_reserved_per_block", s.shared_bytes_reserved_per_block);
     count("blocks_per_sm", s.blocks_per_sm);
     num("host_link_gbps", s.host_link_gbps);
+    num("host_link_efficiency", s.host_link_efficiency);
     num("gemm_efficiency", s.gemm_efficiency);
     num("bandwidth_efficiency", s.bandwidth_efficiency);
     num("launch_us", s.launch_us);
@@ -153,7 +155,7 @@ emu::GpuSpec load_gpu(const std::string& name) {
     }
     if (j.contains("sources"))
         for (const auto& v : j.at("sources")) s.sources.push_back(v.get<std::string>());
-    for (const char* key : {"gemm_efficiency", "bandwidth_efficiency"})
+    for (const char* key : {"gemm_efficiency", "bandwidth_efficiency", "host_link_efficiency"})
         if (j.contains(key))
             SCMOE_CHECK(j.at(key).get<double>() <= 1.0,
                         "--gpu " << name << ": field \"" << key << "\" " << j.at(key).get<double>()

@@ -2,8 +2,16 @@
 // LM's tokens are bytes: a prompt's bytes go in, new bytes come out, streamed as they are chosen.
 //
 //   scmoe-generate --resume CKPT --prompt TEXT [--max-new-tokens N] [--seed S] [--temperature T]
-//                  [--top-k K] [--experts resident] [--backend cpu|emu] [--ranks N]
+//                  [--top-k K] [--experts resident|blocking|prefetch] [--expert-cache-mib N]
+//                  [--backend cpu|emu] [--ranks N]
 //   scmoe-generate --resume CKPT --prompts FILE ...   (a batch: one prompt per line)
+//   scmoe-generate --preset NAME [--variant V] --backend emu ...   (an untrained model: the emulator
+//                  computes nothing, so its predictions need no weights)
+//
+// --experts (scmoe/models/decoder.h): resident keeps every expert on the device; blocking and prefetch
+// keep the routed experts in pinned host memory and copy the chosen ones in per pass (blocking: right
+// before each expert's FFN, on the compute stream; prefetch: from the block's gate, on a copy stream,
+// into an LRU cache of --expert-cache-mib). Single rank only.
 //
 // With --ranks N (or under mpirun, one rank per process) the experts are split over N
 // expert-parallel ranks, each decoding the whole batch; rank 0 prints. At the end: tokens/s, time to
@@ -28,9 +36,12 @@
 #include "scmoe/kernels/device.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/models/checkpoint.h"
+#include "scmoe/kernels/emu/emu_device.h"
 #include "scmoe/models/decoder.h"
+#include "scmoe/models/expert_cache.h"
 #include "scmoe/models/generator.h"
 #include "scmoe/models/lm.h"
+#include "scmoe/models/lm_config.h"
 #if SCMOE_WITH_MPI
 #include <mpi.h>
 #endif
@@ -45,7 +56,9 @@ struct UsageError : std::runtime_error {
 };
 
 struct Args {
-    std::string resume, prompt, prompts_file, backend = "cpu", gpu = "h100", experts = "resident";
+    std::string resume, preset, variant, prompt, prompts_file, backend = "cpu", gpu = "h100", experts = "resident";
+    double expert_cache_mib = 0;  // prefetch: 0 = the decoder's default
+    std::string stack = "scmoe";  // --backend emu: the software stack around the kernels
     bool have_prompt = false;
     std::int64_t max_new_tokens = 64;
     models::GenerateOptions gen;
@@ -93,9 +106,13 @@ Args parse(int argc, char** argv) {
         ("seed", "sampling seed: the same seed gives the same tokens", cxxopts::value<std::uint64_t>()->default_value("0"))
         ("temperature", "0: greedy; > 0: sample from softmax(logits / T)", cxxopts::value<float>()->default_value("0"))
         ("top-k", "sample among the K most likely tokens (0: all)", cxxopts::value<std::int64_t>()->default_value("0"))
-        ("experts", "expert residency: resident (blocking and prefetch: issue 27, not implemented yet)", cxxopts::value<std::string>()->default_value("resident"))
+        ("preset", "--backend emu only: an untrained model of this preset (tiny, gpt2-moe-small, gpt2-moe-medium, gpt3-moe-xl, llama2-moe) instead of --resume", cxxopts::value<std::string>())
+        ("variant", "with --preset: the block variant (default: the preset's)", cxxopts::value<std::string>())
+        ("experts", "expert residency: resident (on the device), blocking (host memory, copied before each expert) or prefetch (host memory, copied from the gate on a copy stream into a cache)", cxxopts::value<std::string>()->default_value("resident"))
+        ("expert-cache-mib", "--experts prefetch: the device cache of experts in MiB (default: 2 x min(experts, batch x top_k) + 1 experts)", cxxopts::value<double>())
         ("backend", "cpu or emu (an emulated GPU: predicted times, meaningless text)", cxxopts::value<std::string>()->default_value("cpu"))
         ("gpu", "the emulated GPU of --backend emu: a30, a800, h100, h200 or a profile JSON", cxxopts::value<std::string>()->default_value("h100"))
+        ("stack", "--backend emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch eager) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>()->default_value("scmoe"))
         ("ranks", "in-process expert-parallel ranks", cxxopts::value<int>()->default_value("1"))
         ("h,help", "this help");
     cxxopts::ParseResult r;
@@ -110,8 +127,14 @@ Args parse(int argc, char** argv) {
     }
     if (!r.unmatched().empty()) throw UsageError("unexpected argument '" + r.unmatched()[0] + "'");
     Args a;
-    if (!r.count("resume")) throw UsageError("--resume CKPT is required (a checkpoint scmoe-train wrote)");
-    a.resume = r["resume"].as<std::string>();
+    if (r.count("resume") == r.count("preset"))
+        throw UsageError("give exactly one of --resume CKPT (a checkpoint scmoe-train wrote) and --preset NAME (--backend emu)");
+    if (r.count("resume")) a.resume = r["resume"].as<std::string>();
+    else a.preset = r["preset"].as<std::string>();
+    if (r.count("variant")) {
+        if (a.preset.empty()) throw UsageError("--variant goes with --preset (a checkpoint has its own)");
+        a.variant = r["variant"].as<std::string>();
+    }
     if (r.count("prompt") == r.count("prompts")) throw UsageError("give exactly one of --prompt TEXT and --prompts FILE");
     a.have_prompt = r.count("prompt") > 0;
     if (a.have_prompt) a.prompt = r["prompt"].as<std::string>();
@@ -125,9 +148,13 @@ Args parse(int argc, char** argv) {
     try {
         a.gen.sampling.validate();
         const models::ExpertResidency mode = models::parse_expert_residency(r["experts"].as<std::string>());
-        SCMOE_CHECK(mode == models::ExpertResidency::kResident,
-                    "--experts " << models::expert_residency_name(mode)
-                                 << ": not implemented yet (issue 27, item 2: expert residency); use --experts resident");
+        if (r.count("expert-cache-mib")) {
+            a.expert_cache_mib = r["expert-cache-mib"].as<double>();
+            SCMOE_CHECK(mode == models::ExpertResidency::kPrefetch,
+                        "--expert-cache-mib " << a.expert_cache_mib << ": the expert cache is for --experts prefetch, not "
+                                              << models::expert_residency_name(mode));
+            SCMOE_CHECK(a.expert_cache_mib > 0, "--expert-cache-mib " << a.expert_cache_mib << ": must be > 0");
+        }
     } catch (const Error& e) {
         throw UsageError(e.what());
     }
@@ -137,7 +164,12 @@ Args parse(int argc, char** argv) {
         throw UsageError("--backend " + a.backend +
                          ": expected cpu or emu (decoding on CUDA has not run on a GPU yet, issue 27: its kernels "
                          "compile and GpuAttentionDecode checks them where a GPU is present)");
+    if (!a.preset.empty() && a.backend != "emu")
+        throw UsageError("--preset " + a.preset + ": an untrained model is for --backend emu (predicted times); on " +
+                         a.backend + " generate from a trained checkpoint with --resume");
     a.gpu = r["gpu"].as<std::string>();
+    a.stack = r["stack"].as<std::string>();
+    if (a.backend != "emu" && r.count("stack")) throw UsageError("--stack is for --backend emu");
     a.ranks = r["ranks"].as<int>();
     if (a.ranks < 1) throw UsageError("--ranks " + std::to_string(a.ranks) + ": must be >= 1");
     a.mpi = launched_by_mpirun();
@@ -159,12 +191,17 @@ std::vector<std::string> read_prompts(const Args& a) {
 }
 
 std::unique_ptr<Device> make_generate_device(const Args& a) {
-    if (a.backend == "emu") return make_emu_device(resolve_emu_choice(a.gpu, "", "balanced", a.ranks));
+    if (a.backend == "emu") {
+        EmuChoice choice = resolve_emu_choice(a.gpu, "", "balanced", a.ranks);
+        choice.stack = a.stack;
+        return make_emu_device(choice);
+    }
     return make_device("cpu");
 }
 
 struct Plan {
-    models::CheckpointWeights checkpoint;
+    models::CheckpointWeights checkpoint;  // --resume
+    models::LmConfig config;              // the model (the checkpoint's, or --preset's)
     std::vector<std::vector<std::int32_t>> prompts;
     std::int64_t max_length = 0;
 };
@@ -172,8 +209,15 @@ struct Plan {
 // Checks everything that does not need a device: the checkpoint, the prompts, the lengths.
 Plan plan(const Args& a) {
     Plan p;
-    p.checkpoint = models::open_checkpoint_weights(a.resume);
-    const models::LmConfig& c = p.checkpoint.config;
+    if (a.preset.empty()) {
+        p.checkpoint = models::open_checkpoint_weights(a.resume);
+        p.config = p.checkpoint.config;
+    } else {
+        p.config = models::lm_preset(a.preset);
+        if (!a.variant.empty()) p.config.variant = a.variant;
+        p.config.validate();
+    }
+    const models::LmConfig& c = p.config;
     const std::vector<std::string> texts = read_prompts(a);
     for (std::size_t i = 0; i < texts.size(); ++i) {
         p.prompts.push_back(byte_tokens(texts[i], i, c.vocab));
@@ -198,27 +242,50 @@ Plan plan(const Args& a) {
 
 // One rank's generation; rank 0 streams and reports.
 void run_rank(const Args& a, const Plan& p, int rank, int world, Communicator* ep, std::unique_ptr<Device> device) {
-    models::LmConfig config = p.checkpoint.config;
+    models::LmConfig config = p.config;
     config.backbone.dtype = config.moe.dtype = device->compute_dtype();
     SCMOE_CHECK(config.moe.num_experts % world == 0,
                 "--ranks " << world << ": the model's " << config.moe.num_experts << " experts do not split evenly");
-    models::LanguageModel lm(config, *device, config.backbone.seq_len, ep);
+    const models::ExpertResidency mode = models::parse_expert_residency(a.experts);
+    const bool offload = mode != models::ExpertResidency::kResident;
+    SCMOE_CHECK(!offload || world == 1, "--experts " << a.experts << ": single rank only (" << world
+                                                     << " expert-parallel ranks); use --experts resident");
+    // Offloaded experts: the MoE layers' parameters in pinned host memory (the decoder copies their
+    // router and shared expert to the device).
+    const std::unique_ptr<Device> host_memory = offload ? models::pinned_host_memory(*device) : nullptr;
+    models::LanguageModel lm(config, *device, 0, ep, nullptr, host_memory.get());  // inference only
     const bool emulated = a.backend == "emu";
     if (!emulated) models::load_checkpoint_weights(p.checkpoint, lm);  // an emulated GPU holds no payload
     models::DecoderOptions d;
     d.batch = static_cast<std::int64_t>(p.prompts.size());
     d.max_length = p.max_length;
-    d.experts = models::parse_expert_residency(a.experts);
+    d.experts = mode;
+    if (a.expert_cache_mib > 0) {
+        const MoeConfig& moe = lm.blocks().config().moe;
+        const double expert_mib = static_cast<double>((moe.hidden * moe.expert_inner_width() + moe.ffn * moe.hidden) *
+                                                      static_cast<std::int64_t>(dtype_size(moe.dtype))) /
+                                  (1024.0 * 1024.0);
+        d.expert_cache_slots = static_cast<std::int64_t>(a.expert_cache_mib / expert_mib);
+        SCMOE_CHECK(d.expert_cache_slots >= 1, "--expert-cache-mib " << a.expert_cache_mib
+                                                   << ": smaller than one expert (" << expert_mib << " MiB: w1 ["
+                                                   << moe.hidden << ", " << moe.expert_inner_width() << "] + w2 ["
+                                                   << moe.ffn << ", " << moe.hidden << "] " << dtype_name(moe.dtype)
+                                                   << ")");
+    }
     models::Decoder decoder(lm, d, ep);
+    decoder.set_moe_block_timing(true);
     const bool lead = rank == 0;
     const bool one = p.prompts.size() == 1;
     if (lead) {
-        std::cout << "# scmoe-generate: " << p.checkpoint.dir << " (step " << p.checkpoint.state.step << "), "
-                  << config.describe() << "\n# " << device->description() << ", " << world
+        std::cout << "# scmoe-generate: "
+                  << (a.preset.empty() ? p.checkpoint.dir + " (step " + std::to_string(p.checkpoint.state.step) + ")"
+                                       : "untrained --preset " + a.preset)
+                  << ", " << config.describe() << "\n# " << device->description() << ", " << world
                   << " expert-parallel rank(s), experts " << a.experts << ", "
                   << describe_sampling(a.gen.sampling)
                   << ", seed " << a.gen.seed << ", KV cache " << decoder.cache().shape().describe() << "\n";
         for (const std::string& note : p.checkpoint.notes) std::cout << "# " << note << "\n";
+        std::cout << "# " << decoder.describe_experts() << "\n";
         if (emulated)
             std::cout << "# emu: nothing is computed: the times are the emulator's predictions and the text is "
                          "meaningless\n";
@@ -259,6 +326,22 @@ void run_rank(const Args& a, const Plan& p, int rank, int world, Communicator* e
               << " ms; per-token latency (a step, one token per prompt) mean " << t.step_mean() * 1e3 << " ms, p50 "
               << t.step_quantile(0.5) * 1e3 << " ms, p90 " << t.step_quantile(0.9) * 1e3 << " ms over "
               << t.step_s.size() << " steps" << std::defaultfloat << std::endl;
+    const models::BlockTimes& mb = decoder.moe_block_times();
+    std::cout << std::fixed << std::setprecision(3) << "# " << (emulated ? "predicted (emu): " : "")
+              << "MoE block latency (its attention, experts and combine; decode steps) mean " << mb.mean_ms()
+              << " ms over " << mb.count << " block passes";
+    if (models::ExpertCache* cache = decoder.expert_cache()) {
+        const models::ExpertCacheStats& st = cache->stats();
+        std::cout << "; expert copies " << st.copies << " (" << static_cast<double>(st.bytes_copied) / (1024.0 * 1024.0)
+                  << " MiB), cache hits " << st.hits << ", copies at the FFN " << st.late;
+    }
+    std::cout << std::defaultfloat << "\n";
+    if (emulated) {
+        const emu::MemoryStats m = emu::as_emu(decoder.device()).memory();
+        std::cout << std::fixed << std::setprecision(1) << "# device memory (emu): peak "
+                  << static_cast<double>(m.peak) / (1024.0 * 1024.0) << " MiB of "
+                  << static_cast<double>(m.capacity) / (1024.0 * 1024.0) << " MiB" << std::defaultfloat << std::endl;
+    }
 }
 
 int run_in_process(const Args& a, const Plan& p) {

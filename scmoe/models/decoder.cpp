@@ -1,6 +1,7 @@
 #include "scmoe/models/decoder.h"
 
 #include <algorithm>
+#include <sstream>
 
 #include "scmoe/comm/communicator.h"
 #include "scmoe/kernels/activation.h"
@@ -36,7 +37,13 @@ struct Decoder::MoeBlock {
     std::size_t block = 0;
     ShortcutSource shortcut = ShortcutSource::kCurrent;
     std::unique_ptr<MoeLayer> layer;
-    const MoeParams* params = nullptr;  // the model's (resident) parameters of this layer
+    const MoeParams* params = nullptr;  // what route / the shared expert read: the model's, or `offload`
+    MoeParams offload;                  // offloaded experts: the device copies of the non-expert weights,
+                                        // the model's host experts (never read by route or the shared expert)
+    DeviceBuffer dense;                 // the device copies `offload` points to
+    int cache_layer = -1;               // its layer in the expert cache
+    std::vector<int> chosen;            // prefetch: the experts this pass's gate chose
+    std::unique_ptr<Event> start, end;  // the block's span (set_moe_block_timing)
     const Tensor* norm_x = nullptr;
     const Tensor* norm_s = nullptr;     // with a shortcut only
     void *x = nullptr, *s = nullptr, *y = nullptr;
@@ -56,13 +63,24 @@ MoeConfig decoding_moe_config(const MoeConfig& trained) {
 
 }  // namespace
 
+std::int64_t default_prefetch_slots(const MoeConfig& moe, std::int64_t batch) {
+    return 2 * std::min<std::int64_t>(moe.num_experts, batch * moe.top_k) + 1;
+}
+
 Decoder::Decoder(LanguageModel& model, const DecoderOptions& options, Communicator* ep)
     : model_(model), options_(options) {
     const LmConfig& config = model.config();
     const BackboneShape& bb = config.backbone;
-    SCMOE_CHECK(options.experts == ExpertResidency::kResident,
-                "--experts " << expert_residency_name(options.experts)
-                             << ": not implemented yet (issue 27, item 2: expert residency); use --experts resident");
+    const ExpertResidency mode = options.experts;
+    const char* mode_name = expert_residency_name(mode);
+    SCMOE_CHECK(mode == ExpertResidency::kResident || !ep || ep->size() == 1,
+                "--experts " << mode_name << ": single rank only (with " << ep->size()
+                             << " expert-parallel ranks a rank's experts' rows are known only after the dispatch "
+                                "exchange); use --experts resident");
+    SCMOE_CHECK(options.expert_cache_slots >= 0, "Decoder: expert cache of " << options.expert_cache_slots << " slots");
+    SCMOE_CHECK(mode == ExpertResidency::kPrefetch || options.expert_cache_slots == 0,
+                "--experts " << mode_name << ": an expert cache (" << options.expert_cache_slots
+                             << " slots) is for --experts prefetch only");
     SCMOE_CHECK(options.batch > 0, "Decoder: batch = " << options.batch << " must be positive");
     SCMOE_CHECK(options.max_length > 0 && options.max_length <= bb.seq_len,
                 "Decoder: max_length = " << options.max_length << " positions (prompt + new tokens) must be in [1, "
@@ -75,24 +93,60 @@ Decoder::Decoder(LanguageModel& model, const DecoderOptions& options, Communicat
                                      backbone_kv_heads(bb), bb.hidden / bb.heads, bb.dtype});
 
     moe_of_block_.assign(n, -1);
+    const MoeConfig moe_config = decoding_moe_config(stack.moe);
+    const int local_experts = moe_config.num_experts / (ep ? ep->size() : 1);
+    const std::size_t ds = dtype_size(bb.dtype);
+    if (mode != ExpertResidency::kResident) {
+        const std::size_t w1 = static_cast<std::size_t>(moe_config.hidden * moe_config.expert_inner_width()) * ds;
+        const std::size_t w2 = static_cast<std::size_t>(moe_config.ffn * moe_config.hidden) * ds;
+        const std::int64_t slots = mode == ExpertResidency::kBlocking ? 1
+                                   : options.expert_cache_slots > 0
+                                       ? options.expert_cache_slots
+                                       : default_prefetch_slots(moe_config, options.batch);
+        experts_ = std::make_unique<ExpertCache>(
+            model.device(), mode == ExpertResidency::kBlocking ? ExpertCache::Mode::kBlocking : ExpertCache::Mode::kPrefetch,
+            slots, w1, w2);
+    }
     for (std::size_t b = 0; b < n; ++b) {
         if (stack.blocks[b].ffn != FfnKind::kMoe) continue;
         auto m = std::make_unique<MoeBlock>();
         m->block = b;
         m->shortcut = stack.blocks[b].shortcut;
-        m->layer = std::make_unique<MoeLayer>(decoding_moe_config(stack.moe), model.device(), max_rows_, ep);
+        m->layer = std::make_unique<MoeLayer>(moe_config, model.device(), max_rows_, ep);
         m->layer->set_training(false);
+        moe_workspace_bytes_ += MoeLayer::workspace_bytes(moe_config, max_rows_, ep ? ep->size() : 1);
         m->params = &model.blocks().moe_params()[moe_.size()]->view();
+        if (experts_) {
+            // The router, shared expert and CG-1 gate on the device; the routed experts stay where they are.
+            const MoeParams& host = *m->params;
+            std::size_t bytes = 0;
+            for (const Tensor* t : {&host.gate_w, &host.shared_w1, &host.shared_w2, &host.cg_w})
+                if (t->data) bytes += (t->bytes() + 255) / 256 * 256;
+            m->dense = DeviceBuffer(model.device(), bytes);
+            m->offload = host;
+            char* next = m->dense.as<char>();
+            Stream& s = model.stream();
+            for (Tensor* t : {&m->offload.gate_w, &m->offload.shared_w1, &m->offload.shared_w2, &m->offload.cg_w}) {
+                if (!t->data) continue;
+                s.copy(next, t->data, t->bytes());
+                t->data = next;
+                next += (t->bytes() + 255) / 256 * 256;
+            }
+            s.synchronize();
+            m->params = &m->offload;
+            m->cache_layer = experts_->add_layer(host.expert_w1.data, host.expert_w2.data, local_experts);
+        }
         const std::string prefix = "blocks." + std::to_string(b) + ".moe.";
         m->norm_x = &backbone_param(prefix + "norm_x");
         if (m->shortcut != ShortcutSource::kCurrent) m->norm_s = &backbone_param(prefix + "norm_s");
+        m->start = model.device().create_event();
+        m->end = model.device().create_event();
         moe_of_block_[b] = static_cast<int>(moe_.size());
         moe_.push_back(std::move(m));
     }
 
     const std::int64_t R = max_rows_, H = bb.hidden, F = bb.ffn;
     const std::int64_t I = activation_input_width(bb.activation, F);
-    const std::size_t ds = dtype_size(bb.dtype);
     auto carve = [&](WorkspaceCarver& w) {
         auto take = [&](std::int64_t elements) { return w.take_bytes(static_cast<std::size_t>(elements) * ds); };
         ids_ = w.take<std::int32_t>(R);
@@ -133,9 +187,59 @@ const Tensor& Decoder::backbone_param(const std::string& name) const {
     SCMOE_FAIL("Decoder: the model has no parameter " << name);
 }
 
-// Issue 27, item 2 hooks in here: a residency mode returns the weights of the experts this pass's
-// gate chose once they are on the device (blocking: copied now; prefetch: copied since the gate).
-const MoeParams& Decoder::expert_weights(const MoeBlock& m) const { return *m.params; }
+std::uint64_t Decoder::device_bytes() const {
+    std::uint64_t bytes = workspace_.bytes() + moe_workspace_bytes_;
+    for (const auto& m : moe_) bytes += m->dense.bytes();
+    if (experts_) bytes += experts_->device_bytes();
+    return bytes;
+}
+
+std::string Decoder::describe_experts() const {
+    std::ostringstream o;
+    o.precision(4);  // significant digits: a test model's experts are KiB
+    o << "experts " << expert_residency_name(options_.experts);
+    if (!experts_) return o.str() + ": every routed expert on the device";
+    const double mib = 1024.0 * 1024.0;
+    o << ": routed experts in pinned host memory, " << experts_->slots() << " device slot(s) x "
+      << static_cast<double>(experts_->expert_bytes()) / mib << " MiB = "
+      << static_cast<double>(experts_->device_bytes()) / mib << " MiB";
+    if (options_.experts == ExpertResidency::kBlocking) return o.str() + "; each chosen expert copied before its FFN";
+    bool early = false, late = false;
+    for (const auto& m : moe_) (m->shortcut == ShortcutSource::kCurrent ? late : early) = true;
+    o << " (LRU cache; hits not copied); copies issued at the gate";
+    if (early)
+        o << ": a ScMoE block's gate runs where its shortcut exists (Pos-2/3: in the previous block; Pos-1: before "
+             "its attention), so its copies overlap the backbone until its experts";
+    if (late) o << (early ? "; " : ": ") << "a top-k block's gate runs after its own norm, so its copies can only start there";
+    return o.str();
+}
+
+void Decoder::set_probes(DecoderProbes probes) {
+    probes_ = std::move(probes);
+    if (experts_) experts_->set_copy_probe(probes_.expert_copy);
+}
+
+// The pass's chosen experts (rows > 0), read on the host (a sync of `s`).
+static std::vector<int> chosen_experts(MoeLayer& layer, Stream& s) {
+    const std::vector<std::int32_t> rows = layer.routed_rows(s);
+    std::vector<int> chosen;
+    for (std::size_t e = 0; e < rows.size(); ++e)
+        if (rows[e] > 0) chosen.push_back(static_cast<int>(e));
+    return chosen;
+}
+
+void Decoder::run_experts(MoeBlock& m, Stream& s) {
+    if (!experts_) {
+        m.layer->experts(*m.params, s);
+        return;
+    }
+    if (options_.experts == ExpertResidency::kBlocking) m.chosen = chosen_experts(*m.layer, s);
+    for (int e : m.chosen) {
+        const auto [w1, w2] = experts_->acquire(m.cache_layer, e, s);
+        m.layer->expert_one(e, w1, w2, s);
+        experts_->release(m.cache_layer, e, s);
+    }
+}
 
 const std::vector<float>& Decoder::prefill(std::int64_t sequence, const std::int32_t* tokens, std::int64_t n) {
     SCMOE_CHECK(sequence >= 0 && sequence < options_.batch,
@@ -147,6 +251,11 @@ const std::vector<float>& Decoder::prefill(std::int64_t sequence, const std::int
 
 const std::vector<float>& Decoder::step(const std::int32_t* tokens) {
     run(0, options_.batch, 1, tokens);
+    if (timing_)
+        for (const auto& m : moe_) {
+            block_times_.total_ms += m->end->elapsed_ms_since(*m->start);
+            ++block_times_.count;
+        }
     return host_logits_;
 }
 
@@ -168,6 +277,10 @@ void Decoder::gate(MoeBlock& m, std::int64_t rows, Stream& s) {
     m.layer->route(routed, *m.params, s);
     m.layer->permute(s);
     m.gated = true;
+    if (options_.experts == ExpertResidency::kPrefetch) {
+        m.chosen = chosen_experts(*m.layer, s);
+        experts_->prefetch(m.cache_layer, m.chosen);
+    }
 }
 
 void Decoder::run(std::int64_t first, std::int64_t sequences, std::int64_t new_tokens, const std::int32_t* tokens) {
@@ -228,6 +341,8 @@ void Decoder::run(std::int64_t first, std::int64_t sequences, std::int64_t new_t
     const std::size_t n = moe_of_block_.size();
     for (std::size_t b = 0; b < n; ++b) {
         const std::string prefix = "blocks." + std::to_string(b) + ".";
+        if (probes_.block_start) probes_.block_start(b, s);
+        if (timing_ && moe_of_block_[b] >= 0) moe_[static_cast<std::size_t>(moe_of_block_[b])]->start->record(s);
         // Gates whose routing input is h_b: block b's Pos-1, block b+1's Pos-3.
         gate_if(b, ShortcutSource::kPos1);
         gate_if(b + 1, ShortcutSource::kPos3);
@@ -261,12 +376,13 @@ void Decoder::run(std::int64_t first, std::int64_t sequences, std::int64_t new_t
         const bool shared = model_.blocks().config().moe.shared_expert;
         if (shared) m.layer->shared_expert_compute(x, *m.params, s);  // after route: it sizes the pass
         m.layer->dispatch(s);
-        m.layer->experts(expert_weights(m), s);
+        run_experts(m, s);
         m.layer->collect(s);
         m.layer->combine(y, s);
         if (shared) m.layer->shared_expert_add(y, s);
         s.copy(h_[b + 1], hmh_[b], static_cast<std::size_t>(rows) * row_bytes);
         gated_add({rows, H, dt, nullptr, m.y, h_[b + 1]}, s);
+        if (timing_) m.end->record(s);
     }
     // Final norm and the tied head.
     rmsnorm_forward({rows, H, bb.norm_eps, dt, h_[n], lm_tensor("final_norm"), normed_, nullptr}, s);

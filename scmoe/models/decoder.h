@@ -23,16 +23,29 @@
 // Each MoE block routes ("gate": its shortcut's norm, the router, the permutation) as soon as its
 // routing input exists: a ScMoE block's gate runs blocks before its experts (Pos-2: right after the
 // previous block's attention), a top-k block's after its own norm_x. The experts then run at the
-// block's FFN, on the weights expert_weights() gives: the place where an expert residency mode
-// (issue 27, item 2: host-resident experts copied in, blocking or prefetched from the gate) hooks in.
+// block's FFN.
+//
+// Expert residency (issue 27, item 2; DecoderOptions::experts): kResident runs every local expert
+// on the model's device weights. kBlocking and kPrefetch read the routed experts from host memory
+// (the model built with its MoE parameters in pinned host memory: LanguageModel's moe_param_device
+// = pinned_host_memory(device)), keep the
+// rest of each MoE layer (router, shared expert, CG-1 gate) in a device copy the decoder makes when it
+// is built (so load the weights first), and run each chosen expert on a device slot of an
+// ExpertCache (scmoe/models/expert_cache.h): blocking copies it on the compute stream right before
+// its FFN; prefetch issues the copies at the block's gate on a copy stream (a ScMoE block's gate
+// runs blocks early, so the copies overlap the backbone in between; a top-k block's gate runs just
+// before its experts, so its copies can only start there) and each expert waits on its own copy.
+// Single rank only. The tokens are the same bit for bit in every mode (the same GEMM per expert).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "scmoe/kernels/device.h"
+#include "scmoe/models/expert_cache.h"
 #include "scmoe/models/kv_cache.h"
 #include "scmoe/models/lm.h"
 #include "scmoe/moe/moe_layer.h"
@@ -43,8 +56,8 @@ class Communicator;
 
 namespace scmoe::models {
 
-// Where a decoding MoE layer's routed experts live (issue 27, item 2). Only kResident is built:
-// every expert on the device, as in training.
+// Where a decoding MoE layer's routed experts live (issue 27, item 2): on the device (as in
+// training), or in pinned host memory, copied in per pass (blocking, or prefetched from the gate).
 enum class ExpertResidency { kResident, kBlocking, kPrefetch };
 const char* expert_residency_name(ExpertResidency mode);  // "resident", "blocking", "prefetch"
 // "resident" | "blocking" | "prefetch"; throws scmoe::Error naming the value otherwise.
@@ -54,6 +67,29 @@ struct DecoderOptions {
     std::int64_t batch = 1;       // sequences decoded together
     std::int64_t max_length = 0;  // positions per sequence (prompt + new tokens); <= the model's seq_len
     ExpertResidency experts = ExpertResidency::kResident;
+    // kPrefetch: device slots of the expert cache (0: default_prefetch_slots). kBlocking uses one
+    // slot (nothing is reused) and refuses another count; kResident refuses any.
+    std::int64_t expert_cache_slots = 0;
+};
+
+// The default prefetch cache: the chosen experts of two gated layers (a ScMoE gate runs a block
+// ahead of the previous layer's experts) of one step, plus one slot to rotate:
+// 2 x min(local experts, batch x top_k) + 1.
+std::int64_t default_prefetch_slots(const MoeConfig& moe, std::int64_t batch);
+
+// Latencies of the MoE blocks over the decode steps (Decoder::set_moe_block_timing): each from an
+// event before the block's first op (its attention's norm) to one after its residual add, on the
+// compute stream (device time on CUDA, modeled on emu, wall time on CPU).
+struct BlockTimes {
+    double total_ms = 0;
+    std::int64_t count = 0;
+    double mean_ms() const { return count > 0 ? total_ms / static_cast<double>(count) : 0.0; }
+};
+
+// Tests: hooks at points of a pass.
+struct DecoderProbes {
+    std::function<void(std::size_t block, Stream& compute)> block_start;  // before block b's first op
+    std::function<void(Stream& stream)> expert_copy;  // before an expert's copy is enqueued on `stream`
 };
 
 class Decoder {
@@ -79,11 +115,24 @@ class Decoder {
     // Every sequence empty again (the cache is overwritten by the next passes).
     void reset() { cache_->reset(); }
 
+    // Device memory the decoder itself holds besides the model and the KV cache: its pass buffers,
+    // its MoE layers' workspaces, and with offloaded experts the device copies of the MoE layers'
+    // other weights and the expert cache.
+    std::uint64_t device_bytes() const;
+    // The expert cache (nullptr for kResident).
+    ExpertCache* expert_cache() { return experts_.get(); }
+    // One line: where the routed experts live and when their copies start.
+    std::string describe_experts() const;
+    void set_probes(DecoderProbes probes);
+    // Off by default: records two events per MoE block and step, read after the step's sync.
+    void set_moe_block_timing(bool on) { timing_ = on; }
+    const BlockTimes& moe_block_times() const { return block_times_; }
+
   private:
     struct MoeBlock;
     void run(std::int64_t first_sequence, std::int64_t sequences, std::int64_t new_tokens, const std::int32_t* tokens);
     void gate(MoeBlock& m, std::int64_t rows, Stream& s);
-    const MoeParams& expert_weights(const MoeBlock& m) const;
+    void run_experts(MoeBlock& m, Stream& s);
     const Tensor& backbone_param(const std::string& name) const;
 
     LanguageModel& model_;
@@ -97,6 +146,11 @@ class Decoder {
     std::vector<void*> h_, hmh_;  // [blocks + 1], [blocks]: the pass's residual stream, [max_rows, hidden]
     void *normed_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *mlp_hidden_ = nullptr, *mlp_act_ = nullptr,
          *logits_ = nullptr;
+    std::unique_ptr<ExpertCache> experts_;  // offloaded experts' device slots
+    std::uint64_t moe_workspace_bytes_ = 0;
+    DecoderProbes probes_;
+    bool timing_ = false;
+    BlockTimes block_times_;
     std::vector<std::int32_t> host_ids_;
     std::vector<float> host_logits_;
 };

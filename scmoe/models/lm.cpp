@@ -36,27 +36,28 @@ float init_std(const std::string& name, std::int64_t layers) {
 }  // namespace
 
 LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
-                             Communicator* agree)
+                             Communicator* agree, Device* moe_param_device)
     : config_(config), device_(device), max_tokens_(max_tokens) {
     config_.validate();
     SCMOE_CHECK(config_.backbone.dtype == device.compute_dtype(),
                 "LanguageModel: dtype " << dtype_name(config_.backbone.dtype) << " but the "
                                         << backend_name(device.backend()) << " backend computes in "
                                         << dtype_name(device.compute_dtype()));
-    SCMOE_CHECK(max_tokens > 0 && max_tokens % config_.backbone.seq_len == 0,
+    SCMOE_CHECK(max_tokens >= 0 && max_tokens % config_.backbone.seq_len == 0,
                 "LanguageModel: max_tokens = " << max_tokens << " must be a positive multiple of seq_len "
-                                               << config_.backbone.seq_len);
-    blocks_ = std::make_unique<BlockStack>(config_.block_stack(), device, max_tokens, ep, agree);
+                                               << config_.backbone.seq_len << " (or 0: inference only)");
+    const bool training = max_tokens > 0;
+    blocks_ = std::make_unique<BlockStack>(config_.block_stack(), device, max_tokens, ep, agree, moe_param_device);
     const std::int64_t V = config_.vocab, H = config_.backbone.hidden, S = config_.backbone.seq_len;
     const DType dt = config_.backbone.dtype;
     const std::vector<ParamSpec> specs = {{"embed", {V, H}}, {"pos", {S, H}}, {"final_norm", {H}}};
     params_ = ParamSet(device, specs, dt);
-    grads_ = ParamSet(device, specs, DType::kF32);
+    if (training) grads_ = ParamSet(device, specs, DType::kF32);
     final_norm_ = std::make_unique<NormSublayer>(config_.backbone, device, max_tokens);
 
     // Parameter groups: the LM's own, the blocks' backbone, one per MoE layer.
     auto add_set = [&](const std::string& name, const ParamSet& p, const ParamSet& g) {
-        ParamGroup group{name, p.data(), dt, static_cast<float*>(g.data()), p.numel(), {}};
+        ParamGroup group{name, p.data(), dt, training ? static_cast<float*>(g.data()) : nullptr, p.numel(), {}};
         std::int64_t offset = 0;
         for (const ParamSpec& s : p.specs()) {
             group.tensors.push_back({s.name, s.shape, offset, false, 0});
@@ -74,10 +75,10 @@ LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_
     for (std::size_t b = 0; b < blocks_->config().blocks.size(); ++b) {
         if (blocks_->config().blocks[b].ffn != FfnKind::kMoe) continue;
         const MoeParamStore& p = *blocks_->moe_params()[m];
-        const MoeParamStore& g = *blocks_->moe_grads()[m];
+        float* g = training ? static_cast<float*>(blocks_->moe_grads()[m]->data()) : nullptr;
         ++m;
         const std::string prefix = "blocks." + std::to_string(b) + ".moe";
-        ParamGroup group{prefix, p.data(), dt, static_cast<float*>(g.data()), p.numel(), {}};
+        ParamGroup group{prefix, p.data(), dt, g, p.numel(), {}};
         const Tensor* t = p.view().begin();
         for (std::size_t i = 0; i < moe_specs.size(); ++i, ++t) {
             if (moe_specs[i].shape.empty()) continue;
@@ -97,7 +98,8 @@ LanguageModel::LanguageModel(const LmConfig& config, Device& device, std::int64_
             else t.grads_stage = num_grads_stages() - 1;  // embed, pos
         }
 
-    // Workspace: token ids, activations [T, H], logits [T, V], per-token loss.
+    // Workspace: token ids, activations [T, H], logits [T, V], per-token loss. None for inference.
+    if (!training) return;
     const std::int64_t T = max_tokens;
     auto carve = [&](WorkspaceCarver& w) {
         ids_ = w.take<std::int32_t>(T);
@@ -168,6 +170,9 @@ void LanguageModel::init_params(std::uint64_t seed) {
 
 void LanguageModel::upload_tokens(const std::int32_t* inputs, const std::int32_t* targets, std::int64_t tokens) {
     const std::int64_t S = config_.backbone.seq_len;
+    SCMOE_CHECK(max_tokens_ > 0, "LanguageModel: built with max_tokens 0 (inference only: parameters without "
+                                 "activations or gradients); forward passes need max_tokens > 0, decoding uses "
+                                 "scmoe/models/decoder.h");
     SCMOE_CHECK(tokens > 0 && tokens <= max_tokens_ && tokens % S == 0,
                 "LanguageModel: " << tokens << " tokens; expected a positive multiple of seq_len " << S
                                   << " and at most max_tokens " << max_tokens_);

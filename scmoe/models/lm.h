@@ -51,7 +51,8 @@ struct NamedTensor {
     }
 };
 
-// A flat parameter array (compute dtype) with its f32 gradient array of the same layout.
+// A flat parameter array (compute dtype) with its f32 gradient array of the same layout (nullptr
+// for an inference-only model).
 struct ParamGroup {
     std::string name;  // "lm", "backbone", "blocks.1.moe"
     void* params = nullptr;
@@ -63,12 +64,17 @@ struct ParamGroup {
 
 class LanguageModel {
   public:
-    // max_tokens: most tokens per pass on this rank (a multiple of seq_len). ep: the MoE layers'
+    // max_tokens: most tokens per pass on this rank (a multiple of seq_len); 0: inference only, the
+    // parameters without gradients (ParamGroup::grads nullptr), activations or workspace, so the
+    // device holds what decoding needs (scmoe/models/decoder.h); forward passes refuse. ep: the MoE layers'
     // expert-parallel group (nullptr: single rank); it must outlive the model.
     // agree: the group the blocks' schedule is agreed over (BlockStack; nullptr = ep); a trainer
     // passes the world.
+    // moe_param_device (inference only): where the MoE layers' parameters live (BlockStack), e.g.
+    // pinned host memory for decoding with offloaded experts (scmoe/models/expert_cache.h); it must
+    // outlive the model.
     LanguageModel(const LmConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
-                  Communicator* agree = nullptr);
+                  Communicator* agree = nullptr, Device* moe_param_device = nullptr);
     ~LanguageModel();
     LanguageModel(const LanguageModel&) = delete;
     LanguageModel& operator=(const LanguageModel&) = delete;

@@ -147,7 +147,7 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
 }
 
 BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep,
-                       Communicator* agree)
+                       Communicator* agree, Device* moe_param_device)
     : config_(config),
       device_(device),
       max_tokens_(max_tokens),
@@ -174,7 +174,9 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
     // staging), one per group of layers whose branch windows are disjoint (moe_scratch_groups).
     const std::vector<int> scratch_group = moe_scratch_groups(config_.blocks);
     const int groups = scratch_group.empty() ? 0 : *std::max_element(scratch_group.begin(), scratch_group.end()) + 1;
-    const std::size_t scratch_bytes = groups ? MoeLayer::scratch_bytes(config_.moe, max_tokens, ep_size) : 0;
+    // Inference only (max_tokens 0): parameters, no scratch, gradients or activations.
+    const bool training = max_tokens > 0;
+    const std::size_t scratch_bytes = groups && training ? MoeLayer::scratch_bytes(config_.moe, max_tokens, ep_size) : 0;
     for (int g = 0; g < groups; ++g) moe_scratch_.emplace_back(device, scratch_bytes);
     for (std::size_t b = 0; b < n; ++b) {
         auto block = std::make_unique<Block>();
@@ -203,14 +205,18 @@ BlockStack::BlockStack(const BlockStackConfig& config, Device& device, std::int6
             DeviceBuffer& scratch = moe_scratch_[static_cast<std::size_t>(scratch_group[moe_params_.size()])];
             block->moe = std::make_unique<MoeLayer>(config_.moe, device, max_tokens, ep, nullptr, 0, scratch.data(),
                                                     scratch.bytes());
-            moe_params_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, config_.moe.dtype, ep_size));
-            moe_grads_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, DType::kF32, ep_size));
+            SCMOE_CHECK(!moe_param_device || !training,
+                        "BlockStack: MoE parameters outside the device are for inference only (max_tokens 0)");
+            moe_params_.push_back(std::make_unique<MoeParamStore>(moe_param_device ? *moe_param_device : device,
+                                                                  config_.moe, config_.moe.dtype, ep_size));
+            if (training) moe_grads_.push_back(std::make_unique<MoeParamStore>(device, config_.moe, DType::kF32, ep_size));
         }
         blocks_.push_back(std::move(block));
     }
     backbone_params_ = ParamSet(device, specs, config_.backbone.dtype);
-    backbone_grads_ = ParamSet(device, specs, DType::kF32);
+    if (training) backbone_grads_ = ParamSet(device, specs, DType::kF32);
     set_noise_key(0, static_cast<std::uint64_t>(ep ? ep->rank() : 0));
+    if (!training) return;
 
     // Residual stream and MoE activations, each [max_tokens, hidden].
     const std::size_t slab = static_cast<std::size_t>(std::max<std::int64_t>(max_tokens, 1) * config_.backbone.hidden) *
@@ -311,7 +317,14 @@ void BlockStack::synchronize() {
     if (first) std::rethrow_exception(first);
 }
 
+void BlockStack::require_training(const char* what) const {
+    SCMOE_CHECK(max_tokens_ > 0, "BlockStack." << what << ": this stack was built with max_tokens 0 (inference only: "
+                                                  "parameters without activations or gradients; decode with "
+                                                  "scmoe/models/decoder.h)");
+}
+
 void BlockStack::calibrate(const Tensor& input, const Tensor& grad_output, int repeats) {
+    require_training("calibrate");
     const std::int64_t T = input.ndim == 2 ? input.dim(0) : -1;
     check_tensor(input, {T, config_.backbone.hidden}, config_.backbone.dtype, "BlockStack.calibrate: input");
     check_tensor(grad_output, {T, config_.backbone.hidden}, config_.backbone.dtype,
@@ -347,6 +360,7 @@ std::string BlockStack::describe_schedule() const {
 }
 
 void BlockStack::forward(const Tensor& input, Tensor output, bool overlap, Tracer* trace) {
+    require_training("forward");
     const std::int64_t T = input.ndim == 2 ? input.dim(0) : -1;
     SCMOE_CHECK(T >= 0 && T <= max_tokens_ && T % config_.backbone.seq_len == 0,
                 "BlockStack.forward: input " << describe(input) << ": expected [tokens, " << config_.backbone.hidden
@@ -362,6 +376,7 @@ void BlockStack::forward(const Tensor& input, Tensor output, bool overlap, Trace
 
 void BlockStack::backward(const Tensor& grad_output, Tensor grad_input, bool overlap, Tracer* trace,
                           const GradsReadyFn& grads_ready) {
+    require_training("backward");
     SCMOE_CHECK(plan_tokens_ >= 0, "BlockStack.backward: no forward to differentiate");
     check_tensor(grad_output, {plan_tokens_, config_.backbone.hidden}, config_.backbone.dtype,
                  "BlockStack.backward: grad_output");

@@ -91,20 +91,25 @@ std::vector<int> moe_scratch_groups(const std::vector<BlockSpec>& blocks);
 
 class BlockStack {
 public:
-    // max_tokens: most tokens per pass on this rank (a multiple of seq_len). ep: expert-parallel group
+    // max_tokens: most tokens per pass on this rank (a multiple of seq_len); 0: inference only, the
+    // parameters without gradients, activations or MoE scratch (forward/backward/calibrate refuse;
+    // scmoe/models/decoder.h decodes on its own buffers). ep: expert-parallel group
     // of the MoE layers (nullptr = single rank). agree: the group calibrate() averages its times over
     // (nullptr = ep). A trainer with data parallelism passes the world, so every rank chooses the
     // same slots and chunks and issues its NCCL operations in one global order (review R1: with
     // several communicators per GPU, ranks whose host launch orders differ can deadlock). The stack
     // owns its two streams.
+    // moe_param_device: where the MoE layers' parameter stores are allocated (nullptr: `device`; an
+    // inference-only stack decoding with host-resident experts passes pinned host memory,
+    // scmoe/models/expert_cache.h).
     BlockStack(const BlockStackConfig& config, Device& device, std::int64_t max_tokens, Communicator* ep = nullptr,
-               Communicator* agree = nullptr);
+               Communicator* agree = nullptr, Device* moe_param_device = nullptr);
     ~BlockStack();
     BlockStack(const BlockStack&) = delete;
     BlockStack& operator=(const BlockStack&) = delete;
 
     const BlockStackConfig& config() const { return config_; }
-    // Parameters and gradients (f32), one ParamSet for the backbone of every block (attention,
+    // Parameters and gradients (f32; none for an inference-only stack), one ParamSet for the backbone of every block (attention,
     // MLP, MoE norms) and one MoeParamStore per MoE block (this rank's experts).
     const ParamSet& backbone_params() const { return backbone_params_; }
     const ParamSet& backbone_grads() const { return backbone_grads_; }
@@ -169,6 +174,7 @@ public:
 private:
     struct Block;
     void build_plans(std::int64_t tokens);
+    void require_training(const char* what) const;  // throws for an inference-only stack
     Tensor act(void* base, std::int64_t tokens) const;
 
     BlockStackConfig config_;

@@ -217,6 +217,35 @@ void MoeLayer::experts(const MoeParams& params, Stream& stream) { experts_range(
 // The grouped GEMMs over local experts [first, end): their offsets (absolute rows) and weights are
 // the unchunked ones shifted to `first`, so every expert's GEMM sees the same rows and weights.
 void MoeLayer::experts_range(const MoeParams& params, int first, int end, Stream& stream) {
+    const int El = num_local_experts();
+    experts_range_at(expert_slice(params.expert_w1, first, El), expert_slice(params.expert_w2, first, El), first, end,
+                     stream);
+}
+
+void MoeLayer::expert_one(int expert, const void* w1, const void* w2, Stream& stream) {
+    require_forward("expert_one");
+    SCMOE_CHECK(ep_size_ == 1, "MoeLayer.expert_one: single rank only (expert parallelism: " << ep_size_ << " ranks)");
+    SCMOE_CHECK(expert >= 0 && expert < num_local_experts(),
+                "MoeLayer.expert_one: expert " << expert << " outside [0, " << num_local_experts() << ")");
+    SCMOE_CHECK(w1 && w2, "MoeLayer.expert_one: null weights");
+    experts_range_at(w1, w2, expert, expert + 1, stream);
+}
+
+std::vector<std::int32_t> MoeLayer::routed_rows(Stream& stream) {
+    require_forward("routed_rows");
+    SCMOE_CHECK(ep_size_ == 1, "MoeLayer.routed_rows: single rank only (expert parallelism: " << ep_size_ << " ranks)");
+    std::vector<std::int32_t> offsets(static_cast<std::size_t>(config_.num_experts + 1));
+    stream.copy(offsets.data(), buf_->group_offsets, offsets.size() * sizeof(std::int32_t));
+    stream.synchronize();
+    std::vector<std::int32_t> rows(static_cast<std::size_t>(config_.num_experts));
+    for (std::size_t e = 0; e < rows.size(); ++e) rows[e] = offsets[e + 1] - offsets[e];
+    return rows;
+}
+
+// The grouped GEMMs over local experts [first, end) on weights w1/w2 (local expert `first`'s slice
+// onwards): their offsets are the unchunked ones shifted to `first`, so every expert's GEMM sees
+// the same rows and weights.
+void MoeLayer::experts_range_at(const void* w1, const void* w2, int first, int end, Stream& stream) {
     Buffers& b = *buf_;
     const int El = num_local_experts();
     const std::int64_t Re = expert_rows();
@@ -229,21 +258,22 @@ void MoeLayer::experts_range(const MoeParams& params, int first, int end, Stream
     g.k = config_.hidden;
     g.n = config_.expert_inner_width();
     g.a = b.xe;
-    g.b = expert_slice(params.expert_w1, first, El);
+    g.b = w1;
     g.c = b.h;
     grouped_gemm(g, stream, provider_);
 
     ActivationArgs act{config_.activation, Re, config_.ffn, config_.dtype, b.h, b.act, expert_rows_in_use(b)};
-    if (!whole) {
-        act.first_row = b.local_offsets + first;
-        act.num_rows = b.local_offsets + end;
+    if (!whole) {  // the range's rows: the offsets the GEMMs read (local_offsets with expert parallelism)
+        const std::int32_t* offsets = expert_gemm_args(b).group_offsets;
+        act.first_row = offsets + first;
+        act.num_rows = offsets + end;
     }
     activation_forward(act, stream);
 
     g.k = config_.ffn;
     g.n = config_.hidden;
     g.a = b.act;
-    g.b = expert_slice(params.expert_w2, first, El);
+    g.b = w2;
     g.c = b.ye;
     grouped_gemm(g, stream, provider_);
 }

@@ -136,6 +136,14 @@ public:
     void permute(Stream& stream);                                                 // gather into expert order
     void dispatch(Stream& stream);                       // all-to-all: rows to the ranks owning their experts
     void experts(const MoeParams& params, Stream& stream);                        // grouped expert FFN
+    // The FFN of one local expert alone, on weights given apart from a MoeParams: w1 [H, I] and
+    // w2 [F, H] in config.dtype (one expert's slice, e.g. a device copy of a host-resident expert,
+    // scmoe/models/expert_cache.h). Calling it for every local expert computes what experts() does,
+    // bit for bit on the CPU (the same GEMM per expert). Single rank only (no expert parallelism).
+    void expert_one(int expert, const void* w1, const void* w2, Stream& stream);
+    // Rows each local expert receives in the pass in flight (after route(); single rank), copied to
+    // the host: the experts a residency mode must bring in. Synchronizes `stream`.
+    std::vector<std::int32_t> routed_rows(Stream& stream);
     void collect(Stream& stream);                        // all-to-all: expert outputs back to their ranks
     void combine(Tensor y, Stream& stream);                                       // y = weighted sum (overwrites)
     void shared_expert(const Tensor& x, const MoeParams& params, Tensor y, Stream& stream);  // y += [c*] SE(x)
@@ -235,6 +243,7 @@ private:
     void build_chunk_tables(int chunks, Stream& stream);
     void exchange_chunk(const void* from, void* to, bool to_experts, int chunk, int chunks, Stream& stream);
     void experts_range(const MoeParams& params, int first_expert, int end_expert, Stream& stream);
+    void experts_range_at(const void* w1, const void* w2, int first_expert, int end_expert, Stream& stream);
     void experts_backward_range(const MoeParams& params, const MoeGrads& grads, int first_expert, int end_expert,
                                 Stream& stream);
 

@@ -145,7 +145,8 @@ TEST(EmuDrain, ProgramOrderIdlesTheBackboneThroughTheBranchStart) {
     // The count exchange alone is 8.4 + 3.4 us on NVLink (scmoe/comm/topology.h).
     EXPECT_GT(f.idle_in_pre_and_send_us, 8.4 + 3.4)
         << "the backbone ran through the branch's gate and dispatch: the drain at `ready` is gone";
-    EXPECT_NEAR(f.idle_after_experts_us, 0, 1e-6) << "collect blocked the host again";
+    // 1e-3 us: the trace's times are float milliseconds, 2.4e-4 us apart at a 2 ms forward.
+    EXPECT_NEAR(f.idle_after_experts_us, 0, 1e-3) << "collect blocked the host again";
 }
 
 // The fix (LayerScheduler's default IssueOrder::kBackboneAhead): the backbone's segments are
@@ -154,8 +155,8 @@ TEST(EmuDrain, ProgramOrderIdlesTheBackboneThroughTheBranchStart) {
 TEST(EmuDrain, IssuingTheBackboneAheadKeepsItBusyThroughEveryExchange) {
     const DrainFigures drained = drain_figures(IssueOrder::kProgram);
     const DrainFigures fixed = drain_figures(IssueOrder::kBackboneAhead);
-    EXPECT_NEAR(fixed.idle_in_pre_and_send_us, 0, 1e-6) << "the backbone idled during the gate and dispatch";
-    EXPECT_NEAR(fixed.idle_after_experts_us, 0, 1e-6) << "the backbone idled after the experts";
+    EXPECT_NEAR(fixed.idle_in_pre_and_send_us, 0, 1e-3) << "the backbone idled during the gate and dispatch";
+    EXPECT_NEAR(fixed.idle_after_experts_us, 0, 1e-3) << "the backbone idled after the experts";
     EXPECT_LT(fixed.idle_total_us, drained.idle_total_us);
     EXPECT_LT(fixed.forward_us, drained.forward_us);
 }

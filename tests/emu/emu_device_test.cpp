@@ -236,6 +236,92 @@ TEST(EmuDevice, PageableCopiesBlockTheHostAndPinnedOnesDoNot) {
     device->deallocate_host(pinned);
 }
 
+// Item 3 of issue 27: the host link. A copy runs on a copy engine, not the SMs: a pinned 1 MiB
+// host-to-device copy enqueued right after a long kernel on another stream ends when the link alone
+// says (its launch, the 1 us setup, 104.8576 us of bytes), long before the kernel, which keeps its
+// own time.
+TEST(EmuHostLink, ACopyRunsOnACopyEngineBesideAKernel) {
+    auto device = round_device();
+    auto a = device->create_stream(), b = device->create_stream();
+    const std::int64_t m = 4096, n = 4096, k = 4096;
+    DeviceBuffer x(*device, m * k * 2), y(*device, k * n * 2), z(*device, m * n * 2), d(*device, 1 << 20);
+    void* pinned = device->allocate_host(1 << 20);
+    const GemmArgs g = bf16_gemm(m, n, k, x, y, z);
+    const double work = emu::model_kernel(op_cost(g), test::round_spec()).work_us;
+    ASSERT_GT(work, 500.0);
+    auto start = device->create_event(), kernel_end = device->create_event(), copy_end = device->create_event();
+    start->record(*a);
+    gemm(g, *a);                           // launched at +2, its gap, then `work`
+    kernel_end->record(*a);
+    b->copy(d.data(), pinned, 1 << 20);    // launched at +4, its setup, then the bytes
+    copy_end->record(*b);
+    a->synchronize();
+    b->synchronize();
+    EXPECT_NEAR(copy_end->elapsed_ms_since(*start) * 1e3, 4.0 + 1.0 + (1 << 20) / 1e4, 1e-3);  // elapsed_ms_since is a float
+    EXPECT_NEAR(kernel_end->elapsed_ms_since(*start) * 1e3, 2.0 + 1.0 + work, 1e-3);  // elapsed_ms_since is a float
+    device->deallocate_host(pinned);
+}
+
+// Two host-to-device copies in flight share the link: the first has it alone from +3 to +5 (2e4
+// bytes), then each gets half (5e3 B/us) until the first is done, then the second finishes alone:
+// the link is busy for 2 MiB / 1e4 B/us = 209.7152 us from +3, so the second ends at +212.7152 and
+// the first at +5 + (1 MiB - 2e4) / 5e3 = +210.7152. Opposite directions do not share (full duplex).
+TEST(EmuHostLink, CopiesOfOneDirectionShareTheLinkAndOppositeDirectionsDoNot) {
+    auto device = round_device();
+    auto b = device->create_stream(), c = device->create_stream();
+    DeviceBuffer d1(*device, 1 << 20), d2(*device, 1 << 20);
+    void* h1 = device->allocate_host(1 << 20);
+    void* h2 = device->allocate_host(1 << 20);
+    auto run = [&](bool opposite) {
+        auto start = device->create_event(), end1 = device->create_event(), end2 = device->create_event();
+        start->record(*b);
+        b->copy(d1.data(), h1, 1 << 20);
+        end1->record(*b);
+        if (opposite) c->copy(h2, d2.data(), 1 << 20);
+        else c->copy(d2.data(), h2, 1 << 20);
+        end2->record(*c);
+        b->synchronize();
+        c->synchronize();
+        return std::pair<double, double>{end1->elapsed_ms_since(*start) * 1e3, end2->elapsed_ms_since(*start) * 1e3};
+    };
+    const auto [same1, same2] = run(false);
+    EXPECT_NEAR(same1, 5.0 + ((1 << 20) - 2e4) / 5e3, 1e-3);  // elapsed_ms_since is a float
+    EXPECT_NEAR(same2, 3.0 + 2.0 * (1 << 20) / 1e4, 1e-3);  // elapsed_ms_since is a float
+    const auto [up, down] = run(true);
+    EXPECT_NEAR(up, 3.0 + (1 << 20) / 1e4, 1e-3);  // elapsed_ms_since is a float
+    EXPECT_NEAR(down, 5.0 + (1 << 20) / 1e4, 1e-3);  // elapsed_ms_since is a float
+    device->deallocate_host(h1);
+    device->deallocate_host(h2);
+}
+
+// The built-in links: PCIe Gen4 x16 (A30, A800) at the 25 GB/s per direction measured on an A100
+// PCIe, Gen5 x16 (H100, H200) at the 55.4 GB/s nvbandwidth measured host-to-device on an H200 node
+// (gpu_spec.cpp, docs/emu-sources.md): 25e6 and 55.4e6 bytes take 1000 us.
+TEST(EmuHostLink, BuiltInLinksRunAtTheirPcieGenerationsMeasuredRate) {
+    for (const char* name : {"a30", "a800"}) {
+        EXPECT_DOUBLE_EQ(emu::builtin_gpu_spec(name).host_link_gbps, 32.0) << name;
+        EXPECT_NEAR(emu::host_copy_us(25e6, emu::builtin_gpu_spec(name)), 1000.0, 1e-9) << name;
+    }
+    for (const char* name : {"h100", "h200"}) {
+        EXPECT_DOUBLE_EQ(emu::builtin_gpu_spec(name).host_link_gbps, 64.0) << name;
+        EXPECT_NEAR(emu::host_copy_us(55.4e6, emu::builtin_gpu_spec(name)), 1000.0, 1e-9) << name;
+    }
+}
+
+// Pinned host memory (cudaHostAlloc) is not GPU memory: it does not count against the capacity, and
+// a payload fill of it, like one of device memory, costs this process no memory.
+TEST(EmuHostLink, PinnedHostMemoryIsNotCountedOnTheGpu) {
+    auto device = round_device();  // 1 GiB
+    auto stream = device->create_stream();
+    void* pinned = device->allocate_host(2ull << 30);  // more than the GPU holds
+    EXPECT_EQ(emu::as_emu(*device).memory().in_use, 0u);
+    stream->fill_zero(pinned, 2ull << 30);
+    stream->synchronize();
+    DeviceBuffer d(*device, 1 << 20);
+    EXPECT_EQ(emu::as_emu(*device).memory().in_use, 1u << 20);
+    device->deallocate_host(pinned);
+}
+
 // The router's choices come from the routing model and are real: the layout runs on them, and the
 // grouped GEMM's time follows the rows each expert got.
 TEST(EmuDevice, RoutingMetadataIsRealAndDrivesTheGroupedGemmTime) {

@@ -5,8 +5,12 @@
 #  - 2 in-process expert-parallel ranks (and 2 mpirun processes, with -DMPIRUN) give 1 rank's text;
 #  - a batch (--prompts FILE) gives each prompt the text it gets alone (greedy);
 #  - the emulated backend says its times are predictions and its text meaningless;
+#  - --experts blocking and prefetch (routed experts in host memory) give the resident text, a
+#    prefetch cache of one expert too, on 1 rank;
+#  - an untrained --preset decodes on emu, and --experts offloading lowers its predicted peak memory;
 #  - errors name the value: a missing or corrupted checkpoint, a prompt beyond seq_len, max-new-tokens
-#    beyond the cache, --experts prefetch (not implemented yet), an empty prompt.
+#    beyond the cache, an expert cache below one expert or outside prefetch, offloading on 2 ranks,
+#    --preset off emu, an empty prompt.
 # -DGENERATE=scmoe-generate -DTRAIN=scmoe-train -DOUT=dir [-DMPIRUN="mpirun|-np|2|..."]
 file(REMOVE_RECURSE ${OUT})
 file(MAKE_DIRECTORY ${OUT})
@@ -71,6 +75,21 @@ if(MPIRUN)
   endif()
 endif()
 
+# Expert residency: the same text in every mode (the CPU's bits are the same, decoder residency_test).
+foreach(mode blocking prefetch)
+  gen(mode_text ${GENERATE} ${ck} --prompt "The " --max-new-tokens 10 --experts ${mode})
+  if(NOT mode_text STREQUAL greedy OR NOT mode_text_all MATCHES "# experts ${mode}: routed experts in pinned host memory")
+    message(FATAL_ERROR "--experts ${mode}: '${mode_text}' vs resident '${greedy}'
+${mode_text_all}")
+  endif()
+endforeach()
+# One expert here: [32, 32] + [32, 32] f32 = 8 KiB.
+gen(one_slot ${GENERATE} ${ck} --prompt "The " --max-new-tokens 10 --experts prefetch --expert-cache-mib 0.0079)
+if(NOT one_slot STREQUAL greedy OR NOT one_slot_all MATCHES "1 device slot")
+  message(FATAL_ERROR "--expert-cache-mib of one expert: '${one_slot}' vs '${greedy}'
+${one_slot_all}")
+endif()
+
 # A batch: each prompt's text is the one it gets alone.
 file(WRITE ${OUT}/prompts.txt "The \nyou may\nx\n")
 gen(batch ${GENERATE} ${ck} --prompts ${OUT}/prompts.txt --max-new-tokens 10)
@@ -87,6 +106,16 @@ foreach(prompt "The " "you may" "x")
 endforeach()
 
 gen(emu ${GENERATE} ${ck} --prompt "The " --max-new-tokens 6 --backend emu --gpu a30)
+# An untrained preset on emu: offloaded experts leave the device (lower predicted peak memory).
+foreach(mode resident blocking)
+  gen(preset_${mode} ${GENERATE} --preset gpt2-moe-small --variant scmoe-pos2 --backend emu --gpu a30 --prompt "The "
+      --max-new-tokens 4 --experts ${mode})
+  string(REGEX MATCH "peak ([0-9.]+) MiB" _ "${preset_${mode}_all}")
+  set(peak_${mode} ${CMAKE_MATCH_1})
+endforeach()
+if(NOT peak_resident OR NOT peak_blocking OR NOT peak_blocking LESS peak_resident)
+  message(FATAL_ERROR "predicted peak memory: resident '${peak_resident}' MiB, blocking '${peak_blocking}' MiB")
+endif()
 if(NOT emu_all MATCHES "the times are the emulator's predictions and the text is meaningless" OR
    NOT emu_all MATCHES "predicted \\(emu\\): 6 new tokens")
   message(FATAL_ERROR "emu output:\n${emu_all}")
@@ -100,8 +129,11 @@ file(APPEND ${OUT}/bad/step-00000008/dense.safetensors "x")
 refused("dense.safetensors: checksum mismatch" --resume ${OUT}/bad/step-00000008 --prompt x --max-new-tokens 4)
 refused("prompt 0 is 17 bytes, longer than the model's seq_len 16" ${ck} --prompt "seventeen bytes!!")
 refused("--max-new-tokens 15 .* at most 14 new tokens" ${ck} --prompt "abc" --max-new-tokens 15)
-refused("--experts prefetch: not implemented yet \\(issue 27" ${ck} --prompt "abc" --experts prefetch)
-refused("--experts blocking: not implemented yet \\(issue 27" ${ck} --prompt "abc" --experts blocking)
+refused("--expert-cache-mib 0.001: smaller than one expert \\(0.0078125 MiB: w1 \\[32, 32\\] \\+ w2 \\[32, 32\\] f32\\)" ${ck} --prompt "abc" --max-new-tokens 4 --experts prefetch --expert-cache-mib 0.001)
+refused("--expert-cache-mib 8: the expert cache is for --experts prefetch, not blocking" ${ck} --prompt "abc" --experts blocking --expert-cache-mib 8)
+refused("--experts blocking: single rank only \\(2 expert-parallel ranks\\)" ${ck} --prompt "abc" --max-new-tokens 4 --experts blocking --ranks 2)
+refused("--preset tiny: an untrained model is for --backend emu" --preset tiny --prompt "abc")
+refused("give exactly one of --resume CKPT" ${ck} --preset tiny --prompt "abc" --backend emu)
 file(WRITE ${OUT}/empty_line.txt "abc\n\nxyz\n")
 refused("prompt 1 is empty" ${ck} --prompts ${OUT}/empty_line.txt --max-new-tokens 4)
 refused("--temperature -1" ${ck} --prompt "abc" --temperature -1)

@@ -27,7 +27,9 @@ KernelTime model_kernel(const OpCost& c, const GpuSpec& s, int sm_limit, double 
     return t;
 }
 
-double host_copy_us(double bytes, const GpuSpec& s) { return bytes / (s.host_link_gbps * 1e9) * 1e6; }
+double host_copy_us(double bytes, const GpuSpec& s) {
+    return bytes / (s.host_link_gbps * s.host_link_efficiency * 1e9) * 1e6;
+}
 
 double device_copy_us(double bytes, const GpuSpec& s) {
     return 2.0 * bytes / (s.hbm_gbps * 1e9 * s.bandwidth_efficiency) * 1e6;

@@ -31,7 +31,8 @@ struct KernelTime {
 // a tensor op's efficiency (the stack's small-GEMM curve, stack.h; 1: none).
 KernelTime model_kernel(const OpCost& cost, const GpuSpec& spec, int sm_limit = 0, double gemm_fraction = 1.0);
 
-// Copies over the host link (one direction) and device-to-device copies (read + write of HBM).
+// Copies over the host link (one direction, at host_link_gbps x host_link_efficiency) and
+// device-to-device copies (read + write of HBM).
 double host_copy_us(double bytes, const GpuSpec& spec);
 double device_copy_us(double bytes, const GpuSpec& spec);
 

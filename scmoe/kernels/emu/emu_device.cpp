@@ -144,6 +144,7 @@ public:
     ~EmuDeviceImpl() override {
         std::scoped_lock lock(mu_);
         for (auto& [p, bytes] : allocations_) munmap(reinterpret_cast<void*>(p), bytes);
+        for (auto& [p, bytes] : pinned_) munmap(reinterpret_cast<void*>(p), bytes);
     }
     Backend backend() const override { return Backend::kEmu; }
     std::string description() const override {
@@ -184,21 +185,25 @@ public:
         stats_.in_use -= it->second;
         allocations_.erase(it);
     }
+    // Pinned host memory is real host memory (copies to the host are performed), not counted in the
+    // GPU's memory (cudaHostAlloc takes none of it). Reserved like device memory (MAP_NORESERVE):
+    // a payload no op writes (offloaded experts, scmoe/models/expert_cache.h) costs no host memory.
     void* allocate_host(std::size_t bytes) override {
         if (bytes == 0) return nullptr;
-        void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-        if (!p) throw std::bad_alloc();
+        const std::size_t rounded = (bytes + 255) / 256 * 256;
+        void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) throw std::bad_alloc();
         std::scoped_lock lock(mu_);
-        pinned_[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+        pinned_[reinterpret_cast<std::uintptr_t>(p)] = rounded;
         return p;
     }
     void deallocate_host(void* ptr) override {
         if (!ptr) return;
-        {
-            std::scoped_lock lock(mu_);
-            pinned_.erase(reinterpret_cast<std::uintptr_t>(ptr));
-        }
-        std::free(ptr);
+        std::scoped_lock lock(mu_);
+        auto it = pinned_.find(reinterpret_cast<std::uintptr_t>(ptr));
+        if (it == pinned_.end()) return;
+        munmap(ptr, it->second);
+        pinned_.erase(it);
     }
     std::unique_ptr<Event> create_event() override { return std::make_unique<EmuEventImpl>(); }
     double host_time_us() const override { return timeline_.host_time_us(); }
@@ -294,6 +299,8 @@ void EmuStreamImpl::copy(void* dst, const void* src, std::size_t bytes) {
     w.fixed_us = spec().kernel_gap_us;
     w.work_us = dst_device && src_device ? device_copy_us(static_cast<double>(bytes), spec())
                                          : host_copy_us(static_cast<double>(bytes), spec());
+    // Over the host link (timeline.h: one direction's copies share it); host-to-host copies take none.
+    w.link = dst_device == src_device ? 0 : (dst_device ? 1 : 2);
     if (!dst_device || bytes <= kRealCopyBytes) w.effect = [=] { std::memcpy(dst, src, bytes); };
     timeline().enqueue(id_, std::move(w), launch_host_us());
     if (pageable) synchronize();
@@ -301,7 +308,10 @@ void EmuStreamImpl::copy(void* dst, const void* src, std::size_t bytes) {
 
 void EmuStreamImpl::fill_zero(void* dst, std::size_t bytes) {
     if (bytes == 0) return;
-    const bool real = !device_.is_device_memory(dst, bytes) || bytes <= kRealCopyBytes;
+    // Large fills of device or pinned memory are payload (timed, not performed); pageable memory is the
+    // host's own.
+    const bool payload = device_.is_device_memory(dst, bytes) || device_.is_pinned(dst, bytes);
+    const bool real = !payload || bytes <= kRealCopyBytes;
     OpCost cost = elementwise_cost(0, static_cast<std::int64_t>(bytes), DType::kI32, 0.0);
     cost.bytes = static_cast<double>(bytes);
     launch("memset", cost, real ? std::function<void()>([=] { std::memset(dst, 0, bytes); }) : nullptr);

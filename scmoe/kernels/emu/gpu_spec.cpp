@@ -66,6 +66,23 @@ GpuSpec with_sm_limits(GpuSpec s, int compute_capability) {
     return s;
 }
 
+// The host link's achieved fraction of its per-direction peak for large pinned copies (docs/emu-sources.md,
+// the PCIe rows): Gen4 x16 25 of 32 GB/s, "the peak *16 PCIe Gen4 is 25GBps ... it is measured peak"
+// (BaM issue #54, an A100 PCIe, the A30's Gen4 x16 link); Gen5 x16 55.4 of 64 GB/s host-to-device,
+// nvbandwidth on an 8 x H200 node (Stas Bekman, Machine Learning Engineering: "nvbandwidth reports
+// 55.43GBps host-to-device and 55.06GBps device-to-host").
+GpuSpec with_link_efficiency(GpuSpec s, double achieved_gbps, const char* source) {
+    s.host_link_efficiency = achieved_gbps / s.host_link_gbps;
+    s.sources.push_back(source);
+    return s;
+}
+
+constexpr const char* kGen4Achieved =
+    "PCIe Gen4 x16 achieved 25 GB/s per direction of 32: BaM issue #54 (A100 PCIe, measured), docs/emu-sources.md";
+constexpr const char* kGen5Achieved =
+    "PCIe Gen5 x16 achieved 55.4 GB/s host-to-device of 64: nvbandwidth on 8 x H200 (Stas Bekman, Machine Learning "
+    "Engineering), docs/emu-sources.md";
+
 std::vector<GpuSpec> make_specs() {
     // PCIe per direction: Gen4 x16 64 GB/s and Gen5 x16 128 GB/s both directions together.
     return {
@@ -103,6 +120,14 @@ std::vector<GpuSpec> make_specs() {
     };
 }
 
+std::vector<GpuSpec> make_linked_specs() {
+    std::vector<GpuSpec> specs = make_specs();
+    for (GpuSpec& s : specs)
+        s = with_link_efficiency(std::move(s), s.host_link_gbps < 60 ? 25.0 : 55.4,
+                                 s.host_link_gbps < 60 ? kGen4Achieved : kGen5Achieved);
+    return specs;
+}
+
 std::string lower(std::string_view s) {
     std::string out(s);
     std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -112,7 +137,7 @@ std::string lower(std::string_view s) {
 }  // namespace
 
 const std::vector<GpuSpec>& builtin_gpu_specs() {
-    static const std::vector<GpuSpec> specs = make_specs();
+    static const std::vector<GpuSpec> specs = make_linked_specs();
     return specs;
 }
 

@@ -22,7 +22,8 @@ struct GpuSpec {
     std::uint64_t memory_bytes = 0;  // capacity cudaMalloc can hand out
     int sms = 0;                  // streaming multiprocessors
     int threads_per_sm = 2048;    // resident threads per SM (compute capability 8.0 / 9.0)
-    double host_link_gbps = 0;    // host <-> device copies (PCIe, one direction), GB/s
+    double host_link_gbps = 0;    // host <-> device copies (PCIe x16, one direction, nominal), GB/s
+    double host_link_efficiency = 1;  // achieved fraction of host_link_gbps for a large pinned copy
 
     // What one SM holds for its resident blocks (scmoe/kernels/emu/residency.h): a block becomes resident
     // only where its registers, shared memory, threads and block slot fit. 0 = unknown: that

@@ -361,7 +361,14 @@ void Timeline::start(StreamState& s, double at) {
             a.fixed_left = w.fixed_us;
             a.work_left = w.work_us;
             break;
-        case WorkKind::kCopy: a.fixed_left = w.fixed_us + w.work_us; break;
+        case WorkKind::kCopy:
+            if (w.link != 0) {  // the setup, then its bytes at its share of the link
+                a.fixed_left = w.fixed_us;
+                a.work_left = w.work_us;
+            } else {
+                a.fixed_left = w.fixed_us + w.work_us;
+            }
+            break;
         case WorkKind::kHostTask:
             a.fixed_left = w.fixed_us + w.work_us;
             lane_free_ = at + a.fixed_left;
@@ -382,6 +389,7 @@ bool Timeline::finished(const Active& a) const {
         case WorkKind::kComm:
             return a.work.rendezvous->resolved() && a.work.rendezvous->end_us(a.work.member) <= now_ + kEps;
         case WorkKind::kKernel: return a.fixed_left <= kEps && a.work_left <= kEps;
+        case WorkKind::kCopy: return a.fixed_left <= kEps && (a.work.link == 0 || a.work_left <= kEps);
         default: return a.fixed_left <= kEps;
     }
 }
@@ -490,6 +498,7 @@ double Timeline::next_event(bool& blocked) const {
                     bound = std::min(bound, std::max(now_, a.work.rendezvous->end_us(a.work.member)));
                 break;
             case WorkKind::kKernel:
+            case WorkKind::kCopy:
                 if (a.fixed_left > kEps)
                     next = std::min(next, now_ + a.fixed_left);
                 else if (a.rate > 0)
@@ -523,6 +532,15 @@ void Timeline::set_rates() {
             if (a.fixed_left <= kEps) kernels.push_back(&a);
         }
     }
+    // The host link: the copies of one direction past their setup share it equally.
+    for (int link : {1, 2}) {
+        std::vector<Active*> copies;
+        for (StreamState& s : streams_)
+            if (s.active && s.active->work.kind == WorkKind::kCopy && s.active->work.link == link &&
+                s.active->fixed_left <= kEps)
+                copies.push_back(&*s.active);
+        for (Active* c : copies) c->rate = 1.0 / static_cast<double>(copies.size());
+    }
     capacity = std::max(0.0, capacity);
     for (int priority : {1, 0}) {
         std::vector<Active*> group;
@@ -547,7 +565,7 @@ void Timeline::progress_to(double t) {
         if (a.work.kind == WorkKind::kComm) continue;
         if (a.fixed_left > kEps)
             a.fixed_left -= dt;
-        else if (a.work.kind == WorkKind::kKernel)
+        else if (a.work.kind == WorkKind::kKernel || (a.work.kind == WorkKind::kCopy && a.work.link != 0))
             a.work_left -= a.rate * dt;
     }
     now_ = t;

@@ -21,6 +21,9 @@
 //    So a comm kernel that arrives while a persistent kernel holds every SM (CUTLASS's grouped GEMM:
 //    64,512 of 65,536 registers per SM, review 2 #6) runs only once that kernel ends, unless the
 //    kernel's grid was limited to SMs - R (Stream::set_sm_budget), leaving it R SMs.
+//  - Copies over the host link (PCIe) run on copy engines, beside kernels; the copies of one
+//    direction in flight share that direction's bandwidth equally (each at 1/n of its speed alone),
+//    host-to-device and device-to-host independently (PCIe is full duplex).
 //  - Host tasks of all streams run on one callback lane per GPU, one at a time.
 //  - Comm Work meets the same Work on its peers' GPUs (a Rendezvous): it holds its SM share from
 //    its own arrival and completes its duration after the last member arrives.
@@ -123,6 +126,7 @@ struct Work {
     double fixed_us = 0;      // holds the stream first and uses no SMs (kernel gap, copy setup)
     double work_us = 0;       // kernel: time alone on the GPU; copy, host task: duration
     double demand = 1;        // kernel: SM share it fills alone, (0, 1]; comm: SM share it holds
+    int link = 0;             // copy: 0 none (device-local), 1 host-to-device, 2 device-to-host (shared)
     // Residency (see the header): the SMs the Work holds while resident, 0 for an ordinary kernel
     // (processor sharing only); a comm Work's channels, a persistent kernel's grid (demand is then
     // resident_sms / SMs). `block`: what one of its blocks holds on its SM.
