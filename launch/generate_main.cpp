@@ -3,7 +3,7 @@
 //
 //   scmoe-generate --resume CKPT --prompt TEXT [--max-new-tokens N] [--seed S] [--temperature T]
 //                  [--top-k K] [--experts resident|blocking|prefetch] [--expert-cache-mib N]
-//                  [--backend cpu|emu] [--ranks N]
+//                  [--backend cpu|cuda|emu|auto] [--device I] [--ranks N]
 //   scmoe-generate --resume CKPT --prompts FILE ...   (a batch: one prompt per line)
 //   scmoe-generate --preset NAME [--variant V] --backend emu ...   (an untrained model: the emulator
 //                  computes nothing, so its predictions need no weights)
@@ -11,7 +11,13 @@
 // --experts (scmoe/models/decoder.h): resident keeps every expert on the device; blocking and prefetch
 // keep the routed experts in pinned host memory and copy the chosen ones in per pass (blocking: right
 // before each expert's FFN, on the compute stream; prefetch: from the block's gate, on a copy stream,
-// into an LRU cache of --expert-cache-mib). Single rank only.
+// into an LRU cache of --expert-cache-mib). Single rank only. On CUDA the host copies are the CUDA
+// device's pinned memory (Device::allocate_host: cudaMallocHost).
+//
+// --backend cuda (auto: cuda when a CUDA device answers, else cpu) decodes in bf16 on the GPU of
+// --device I, by default the local rank (launch/local_rank.h) as scmoe-train does: in-process ranks
+// share that one GPU; under mpirun each process takes its local rank's GPU. Not yet run on a GPU
+// (issue 27): tests/gpu/gpu_decoder_test.cpp checks it where a GPU is present.
 //
 // With --ranks N (or under mpirun, one rank per process) the experts are split over N
 // expert-parallel ranks, each decoding the whole batch; rank 0 prints. At the end: tokens/s, time to
@@ -25,6 +31,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,6 +70,7 @@ struct Args {
     std::int64_t max_new_tokens = 64;
     models::GenerateOptions gen;
     int ranks = 1;
+    std::optional<int> device;  // --device: the CUDA device index (default: the local rank)
     bool mpi = false;
 };
 
@@ -110,7 +118,8 @@ Args parse(int argc, char** argv) {
         ("variant", "with --preset: the block variant (default: the preset's)", cxxopts::value<std::string>())
         ("experts", "expert residency: resident (on the device), blocking (host memory, copied before each expert) or prefetch (host memory, copied from the gate on a copy stream into a cache)", cxxopts::value<std::string>()->default_value("resident"))
         ("expert-cache-mib", "--experts prefetch: the device cache of experts in MiB (default: 2 x min(experts, batch x top_k) + 1 experts)", cxxopts::value<double>())
-        ("backend", "cpu or emu (an emulated GPU: predicted times, meaningless text)", cxxopts::value<std::string>()->default_value("cpu"))
+        ("backend", "cpu, cuda (bf16 on a GPU; not yet run on a GPU), emu (an emulated GPU: predicted times, meaningless text) or auto (cuda when a CUDA device answers, else cpu)", cxxopts::value<std::string>()->default_value("cpu"))
+        ("device", "--backend cuda: the GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK, else 0; in-process ranks share it)", cxxopts::value<int>())
         ("gpu", "the emulated GPU of --backend emu: a30, a800, h100, h200 or a profile JSON", cxxopts::value<std::string>()->default_value("h100"))
         ("stack", "--backend emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch eager) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>()->default_value("scmoe"))
         ("ranks", "in-process expert-parallel ranks", cxxopts::value<int>()->default_value("1"))
@@ -160,10 +169,15 @@ Args parse(int argc, char** argv) {
     }
     a.experts = r["experts"].as<std::string>();
     a.backend = r["backend"].as<std::string>();
-    if (a.backend != "cpu" && a.backend != "emu")
-        throw UsageError("--backend " + a.backend +
-                         ": expected cpu or emu (decoding on CUDA has not run on a GPU yet, issue 27: its kernels "
-                         "compile and GpuAttentionDecode checks them where a GPU is present)");
+    if (a.backend != "cpu" && a.backend != "cuda" && a.backend != "emu" && a.backend != "auto")
+        throw UsageError("--backend " + a.backend + ": expected cpu, cuda, emu or auto");
+    if (a.backend == "auto") a.backend = cuda_device_available() ? "cuda" : "cpu";
+    if (r.count("device")) {
+        if (a.backend != "cuda")
+            throw UsageError("--device is the GPU of --backend cuda (the backend is " + a.backend + ")");
+        a.device = r["device"].as<int>();
+        if (*a.device < 0) throw UsageError("--device " + std::to_string(*a.device) + ": must be >= 0");
+    }
     if (!a.preset.empty() && a.backend != "emu")
         throw UsageError("--preset " + a.preset + ": an untrained model is for --backend emu (predicted times); on " +
                          a.backend + " generate from a trained checkpoint with --resume");
@@ -190,13 +204,14 @@ std::vector<std::string> read_prompts(const Args& a) {
     return out;
 }
 
-std::unique_ptr<Device> make_generate_device(const Args& a) {
+// cpu; cuda on GPU `index` (make_device names why when CUDA cannot be used); or the emulated GPU.
+std::unique_ptr<Device> make_generate_device(const Args& a, int index) {
     if (a.backend == "emu") {
         EmuChoice choice = resolve_emu_choice(a.gpu, "", "balanced", a.ranks);
         choice.stack = a.stack;
         return make_emu_device(choice);
     }
-    return make_device("cpu");
+    return make_device(a.backend, a.backend == "cuda" ? index : 0);
 }
 
 struct Plan {
@@ -345,8 +360,10 @@ void run_rank(const Args& a, const Plan& p, int rank, int world, Communicator* e
 }
 
 int run_in_process(const Args& a, const Plan& p) {
+    // In-process ranks share one GPU on cuda (as scmoe-train's do): --device, else the local rank.
+    const int gpu = a.backend == "cuda" ? local_rank(a.device).value : 0;
     if (a.ranks == 1) {
-        run_rank(a, p, 0, 1, nullptr, make_generate_device(a));
+        run_rank(a, p, 0, 1, nullptr, make_generate_device(a, gpu));
         return 0;
     }
     std::unique_ptr<LocalTrainGroups> groups =
@@ -354,7 +371,7 @@ int run_in_process(const Args& a, const Plan& p) {
                            : std::make_unique<LocalTrainGroups>(a.ranks, a.ranks, std::nullopt);
     run_local_ranks(*groups, a.ranks, [&](int r, const RankComms& comms) {
         try {
-            run_rank(a, p, r, a.ranks, comms.comms().ep, make_generate_device(a));
+            run_rank(a, p, r, a.ranks, comms.comms().ep, make_generate_device(a, gpu));
         } catch (const std::exception& e) {
             groups->abandon(r, e.what());
             throw;
@@ -370,11 +387,14 @@ int run_mpi(const Args& a, const Plan& p) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     try {
-        SCMOE_CHECK(a.backend == "cpu", "under mpirun only --backend cpu is supported (emu: use --ranks)");
+        SCMOE_CHECK(a.backend != "emu", "under mpirun --backend emu is not supported: the emulated ranks are "
+                                        "in-process (use --ranks N)");
         const models::ParallelLayout layout{world, rank, world};
         layout.validate();
-        std::unique_ptr<Device> device = make_device("cpu");
-        RankComms comms = mpi_rank_comms(layout, *device, 0, std::nullopt);
+        // One GPU per process on cuda: --device, else the local rank (as scmoe-train).
+        const LocalRank local = local_rank(a.device);
+        std::unique_ptr<Device> device = make_generate_device(a, local.value);
+        RankComms comms = mpi_rank_comms(layout, *device, a.backend == "cuda" ? local.value : 0, std::nullopt);
         run_rank(a, p, rank, world, comms.comms().ep, std::move(device));
     } catch (const std::exception& e) {
         // One write(): mpirun interleaves the ranks' stderr chunk by chunk (launch/mpirun.sh reads the line).

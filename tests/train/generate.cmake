@@ -10,7 +10,7 @@
 #  - an untrained --preset decodes on emu, and --experts offloading lowers its predicted peak memory;
 #  - errors name the value: a missing or corrupted checkpoint, a prompt beyond seq_len, max-new-tokens
 #    beyond the cache, an expert cache below one expert or outside prefetch, offloading on 2 ranks,
-#    --preset off emu, an empty prompt.
+#    --preset off emu, an empty prompt, an unknown --backend, --device off cuda.
 # -DGENERATE=scmoe-generate -DTRAIN=scmoe-train -DOUT=dir [-DMPIRUN="mpirun|-np|2|..."]
 file(REMOVE_RECURSE ${OUT})
 file(MAKE_DIRECTORY ${OUT})
@@ -134,6 +134,8 @@ refused("--expert-cache-mib 8: the expert cache is for --experts prefetch, not b
 refused("--experts blocking: single rank only \\(2 expert-parallel ranks\\)" ${ck} --prompt "abc" --max-new-tokens 4 --experts blocking --ranks 2)
 refused("--preset tiny: an untrained model is for --backend emu" --preset tiny --prompt "abc")
 refused("give exactly one of --resume CKPT" ${ck} --preset tiny --prompt "abc" --backend emu)
+refused("--backend tpu: expected cpu, cuda, emu or auto" ${ck} --prompt "abc" --backend tpu)
+refused("--device is the GPU of --backend cuda \\(the backend is cpu\\)" ${ck} --prompt "abc" --device 0)
 file(WRITE ${OUT}/empty_line.txt "abc\n\nxyz\n")
 refused("prompt 1 is empty" ${ck} --prompts ${OUT}/empty_line.txt --max-new-tokens 4)
 refused("--temperature -1" ${ck} --prompt "abc" --temperature -1)
