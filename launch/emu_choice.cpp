@@ -65,7 +65,10 @@ std::string json_type(const nlohmann::json& v) {
 
 // Checks every key of the profile: known, of its kind. Throws naming the field.
 void check_profile_keys(const std::string& path, const nlohmann::json& j) {
-    for (const auto& [key, value] : j.items()) {
+    for (const auto& item : j.items()) {
+        // References, not a structured binding: clang 14 refuses a lambda capturing one (C++20 allows it).
+        const std::string& key = item.key();
+        const nlohmann::json& value = item.value();
         const auto* k = std::find_if(std::begin(kProfileKeys), std::end(kProfileKeys),
                                      [&](const ProfileKey& p) { return key == p.name; });
         if (k == std::end(kProfileKeys)) {
