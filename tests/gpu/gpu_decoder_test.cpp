@@ -26,6 +26,7 @@
 #include "scmoe/models/expert_cache.h"
 #include "scmoe/models/lm.h"
 #include "scmoe/models/lm_config.h"
+#include "models/train_test_util.h"
 
 namespace scmoe::models {
 namespace {
@@ -36,18 +37,7 @@ using gpu_testing::F;
 constexpr double kBf16Logits = 5e-2;  // relative L2 of one position's logits row
 
 LmConfig gpu_decode_lm(const std::string& variant, DType dtype) {
-    LmConfig c;
-    c.layers = 4;
-    c.variant = variant;
-    c.backbone.hidden = 32;
-    c.backbone.heads = 4;
-    c.backbone.seq_len = 32;
-    c.backbone.ffn = 48;
-    c.backbone.activation = Activation::kGeLU;
-    c.moe.num_experts = 4;
-    c.moe.ffn = 24;
-    c.moe.activation = Activation::kGeLU;
-    c.moe.dispatch = DispatchMode::kDropless;  // the full forward drops nothing either
+    LmConfig c = testing::decode_lm(variant);
     c.backbone.dtype = c.moe.dtype = dtype;
     return c;
 }
@@ -70,13 +60,6 @@ void spread_params(LanguageModel& lm, std::uint64_t seed) {
         copy_from_host(gpu_testing::round_bf16(std::move(host)), Tensor(g.params, g.dtype, {g.numel}), lm.stream());
     }
     lm.stream().synchronize();
-}
-
-Tokens prompt_tokens(std::int64_t n, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    Tokens t(static_cast<std::size_t>(n));
-    for (auto& v : t) v = static_cast<std::int32_t>(rng() % 256);
-    return t;
 }
 
 // One sequence: its prompt prefilled, then `steps` greedy steps. logits[p] ([positions, vocab])
@@ -122,7 +105,7 @@ void expect_logits_equal_full_forward(const std::string& variant) {
     const LmConfig c = gpu_decode_lm(variant, gpu->compute_dtype());
     LanguageModel lm(c, *gpu, c.backbone.seq_len);
     spread_params(lm, 11);
-    const Decoded d = decode(lm, prompt_tokens(5, 1), 6);
+    const Decoded d = decode(lm, testing::random_tokens(5, 1), 6);
     // The full forward over the whole sequence (padded to seq_len; causal, so the padding changes
     // nothing before it): its row p is the logits after tokens 0..p.
     Tokens in(static_cast<std::size_t>(c.backbone.seq_len), 0);
@@ -157,7 +140,7 @@ Decoded decode_in_mode(const std::string& variant, ExpertResidency mode) {
     const std::unique_ptr<Device> host = mode == ExpertResidency::kResident ? nullptr : pinned_host_memory(*gpu);
     LanguageModel lm(c, *gpu, 0, nullptr, nullptr, host.get());
     spread_params(lm, 13);
-    return decode(lm, prompt_tokens(7, 2), 6, mode);
+    return decode(lm, testing::random_tokens(7, 2), 6, mode);
 }
 
 TEST(GpuDecoder, ResidencyModesGiveBitwiseTheSameTokensAndLogits) {
@@ -176,7 +159,7 @@ TEST(GpuDecoder, ResidencyModesGiveBitwiseTheSameTokensAndLogits) {
 
 TEST(GpuDecoder, FirstGeneratedLogitsMatchTheCpuReference) {
     SCMOE_REQUIRE_GPU();
-    const Tokens prompt = prompt_tokens(6, 3);
+    const Tokens prompt = testing::random_tokens(6, 3);
     F first[2];  // the logits after the prompt (the first generated token's distribution): CPU, CUDA
     const char* backends[2] = {"cpu", "cuda"};
     for (int i = 0; i < 2; ++i) {

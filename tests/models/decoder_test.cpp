@@ -33,22 +33,8 @@ namespace {
 
 using Tokens = std::vector<std::int32_t>;
 
-LmConfig decode_lm(const std::string& variant, std::int64_t kv_heads) {
-    LmConfig c;
-    c.layers = 4;
-    c.variant = variant;
-    c.backbone.hidden = 32;
-    c.backbone.heads = 4;
-    c.backbone.kv_heads = kv_heads;
-    c.backbone.seq_len = 32;
-    c.backbone.ffn = 48;
-    c.backbone.activation = Activation::kGeLU;
-    c.moe.num_experts = 4;
-    c.moe.ffn = 24;
-    c.moe.activation = Activation::kGeLU;
-    c.moe.dispatch = DispatchMode::kDropless;  // the full forward drops nothing either
-    return c;
-}
+using testing::decode_lm;
+using testing::random_tokens;
 
 // Parameters with enough spread that the logits depend visibly on every input (the init's 0.02
 // gives near-uniform logits): uniform in [-0.35, 0.35], the same on every rank for its experts.
@@ -67,13 +53,6 @@ void spread_params(LanguageModel& lm, std::uint64_t seed) {
         }
         copy_from_host(host, Tensor(g.params, g.dtype, {g.numel}), lm.stream());
     }
-}
-
-Tokens testing_tokens(std::int64_t n, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    Tokens t(static_cast<std::size_t>(n));
-    for (auto& v : t) v = static_cast<std::int32_t>(rng() % 256);
-    return t;
 }
 
 std::int32_t argmax(const float* row, std::int64_t n) {
@@ -146,7 +125,7 @@ void expect_decoder_matches_full_forward(const std::string& variant, std::int64_
     auto device = make_device("cpu");
     LanguageModel lm(c, *device, c.backbone.seq_len);
     spread_params(lm, 11);
-    const std::vector<Tokens> prompts = {testing_tokens(5, 1), testing_tokens(11, 2), testing_tokens(1, 3)};
+    const std::vector<Tokens> prompts = {random_tokens(5, 1), random_tokens(11, 2), random_tokens(1, 3)};
     const Decoded d = decode(lm, prompts, 12, nullptr);
     const std::int64_t V = c.vocab;
     for (std::size_t b = 0; b < prompts.size(); ++b) {
@@ -173,7 +152,7 @@ TEST(Decoder, LogitsEqualTheFullForwardWithGqa) {
 
 TEST(DecoderRanks, TwoExpertParallelRanksGiveOneRanksLogits) {
     const LmConfig c = decode_lm("scmoe-pos2", 2);
-    const std::vector<Tokens> prompts = {testing_tokens(7, 4), testing_tokens(3, 5)};
+    const std::vector<Tokens> prompts = {random_tokens(7, 4), random_tokens(3, 5)};
     auto device = make_device("cpu");
     LanguageModel lm(c, *device, c.backbone.seq_len);
     spread_params(lm, 5);
@@ -201,7 +180,7 @@ TEST(Decoder, RefusesPassesBeyondTheCacheAndTokensOutsideTheVocabulary) {
     LanguageModel lm(c, *device, c.backbone.seq_len);
     lm.init_params(1);
     Decoder dec(lm, {2, 6});
-    const Tokens prompt = testing_tokens(5, 1);
+    const Tokens prompt = random_tokens(5, 1);
     dec.prefill(0, prompt.data(), 5);
     const Tokens two = {1, 2};
     dec.step(two.data());  // sequence 0 now holds 6 = max_length, sequence 1 holds 1
@@ -250,7 +229,7 @@ TEST(DecoderEmu, EveryVariantDecodesOnTheEmulatedGpu) {
         const std::uint64_t before = emu::as_emu(*device).memory().in_use;
         Decoder dec(lm, {2, 16});
         EXPECT_GE(emu::as_emu(*device).memory().in_use - before, dec.cache().shape().bytes()) << variant;
-        const Tokens prompt = testing_tokens(6, 1), step = {1, 2};
+        const Tokens prompt = random_tokens(6, 1), step = {1, 2};
         const double t0 = device->host_time_us();
         dec.prefill(0, prompt.data(), 6);
         dec.prefill(1, prompt.data(), 3);
@@ -279,7 +258,7 @@ TEST(DecoderMemory, PeakIsTheParametersTheCacheAndTheDecodersBuffers) {
     {
         LanguageModel lm(c, *device, 0);
         Decoder dec(lm, {1, 64});
-        const Tokens prompt = testing_tokens(16, 1), one = {7};
+        const Tokens prompt = random_tokens(16, 1), one = {7};
         dec.prefill(0, prompt.data(), 16);
         for (int i = 0; i < 4; ++i) dec.step(one.data());
         decode_peak = emu::as_emu(*device).memory().peak;

@@ -25,12 +25,7 @@ namespace {
 using testing::run_train_ranks;
 using testing::small_lm;
 
-std::vector<std::int32_t> random_tokens(std::int64_t n, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
-    for (auto& t : v) t = static_cast<std::int32_t>(rng() % 256);
-    return v;
-}
+using testing::random_tokens;
 
 std::vector<float> group_values(const ParamGroup& g, bool grads) {
     std::vector<float> v(static_cast<std::size_t>(g.numel));

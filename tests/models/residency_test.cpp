@@ -26,33 +26,17 @@
 #include "scmoe/models/lm.h"
 #include "scmoe/models/lm_config.h"
 #include "scmoe/moe/block_stack.h"
+#include "train_test_util.h"
 
 namespace scmoe::models {
 namespace {
 
 using Tokens = std::vector<std::int32_t>;
 
-LmConfig residency_lm(const std::string& variant) {
-    LmConfig c;
-    c.layers = 4;
-    c.variant = variant;
-    c.backbone.hidden = 32;
-    c.backbone.heads = 4;
-    c.backbone.seq_len = 32;
-    c.backbone.ffn = 48;
-    c.backbone.activation = Activation::kGeLU;
-    c.moe.num_experts = 4;
-    c.moe.ffn = 24;
-    c.moe.activation = Activation::kGeLU;
-    return c;
-}
+// The decoding tests' model in capacity mode (decoding drops nothing whatever the mode).
+LmConfig residency_lm(const std::string& variant) { return testing::decode_lm(variant, 0, DispatchMode::kCapacity); }
 
-Tokens tokens(std::int64_t n, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    Tokens t(static_cast<std::size_t>(n));
-    for (auto& v : t) v = static_cast<std::int32_t>(rng() % 256);
-    return t;
-}
+Tokens tokens(std::int64_t n, std::uint64_t seed) { return testing::random_tokens(n, seed); }
 
 struct Decoded {
     std::vector<float> logits;  // every pass's, concatenated

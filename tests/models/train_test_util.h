@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,35 @@ inline models::LmConfig small_lm(const std::string& variant = "scmoe-pos2") {
     c.moe.ffn = 16;
     c.moe.activation = Activation::kGeLU;
     return c;
+}
+
+// The decoding tests' model: 4 blocks, hidden 32, 4 heads (kv_heads K/V heads; 0 = heads), seq 32,
+// 4 experts of ffn 24, GELU. Dropless by default: the full forward it is compared with drops
+// nothing either.
+inline models::LmConfig decode_lm(const std::string& variant, std::int64_t kv_heads = 0,
+                                  DispatchMode dispatch = DispatchMode::kDropless) {
+    models::LmConfig c;
+    c.layers = 4;
+    c.variant = variant;
+    c.backbone.hidden = 32;
+    c.backbone.heads = 4;
+    c.backbone.kv_heads = kv_heads;
+    c.backbone.seq_len = 32;
+    c.backbone.ffn = 48;
+    c.backbone.activation = Activation::kGeLU;
+    c.moe.num_experts = 4;
+    c.moe.ffn = 24;
+    c.moe.activation = Activation::kGeLU;
+    c.moe.dispatch = dispatch;
+    return c;
+}
+
+// n byte tokens, uniform, from `seed`.
+inline std::vector<std::int32_t> random_tokens(std::int64_t n, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::int32_t> v(static_cast<std::size_t>(n));
+    for (auto& t : v) t = static_cast<std::int32_t>(rng() % 256);
+    return v;
 }
 
 inline models::TrainConfig small_training(std::int64_t steps) {

@@ -174,16 +174,6 @@ __global__ void attention_grad_kv_kernel(Shape sh, const T* qkv, const T* out, c
     store_row(grad_qkv + vj, sh.head_dim, lane, dv, 1.0f);
 }
 
-// Calls fn(std::integral_constant<int, kPer>) with the smallest kPer in {1, 2, 4, 8} covering head_dim.
-template <class Fn>
-void dispatch_per_lane(std::int64_t head_dim, Fn&& fn) {
-    if (head_dim <= 32) return fn(std::integral_constant<int, 1>{});
-    if (head_dim <= 64) return fn(std::integral_constant<int, 2>{});
-    if (head_dim <= 128) return fn(std::integral_constant<int, 4>{});
-    if (head_dim <= 256) return fn(std::integral_constant<int, 8>{});
-    SCMOE_FAIL("attention: head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
-}
-
 Shape shape_of(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim, std::int64_t kv_heads) {
     return {batch, seq, heads, head_dim, math::attention_scale(head_dim), attention_kv_heads(heads, kv_heads)};
 }
@@ -212,7 +202,7 @@ void own_attention_forward(const AttentionArgs& a, cudaStream_t s) {
     const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads);
     dispatch_float_dtype(a.dtype, "attention_forward", [&](auto tag) {
         using T = decltype(tag);
-        dispatch_per_lane(a.head_dim, [&](auto per) {
+        dispatch_per_lane("attention", a.head_dim, [&](auto per) {
             constexpr int kPer = decltype(per)::value;
             attention_forward_kernel<T, kPer><<<row_blocks(sh, sh.heads), kWarpsPerBlock * 32, 0, s>>>(
                 sh, static_cast<const T*>(a.qkv), static_cast<T*>(a.out), a.lse);
@@ -229,7 +219,7 @@ void own_attention_backward(const AttentionBackwardArgs& a, cudaStream_t s) {
         const auto* out = static_cast<const T*>(a.out);
         const auto* go = static_cast<const T*>(a.grad_out);
         auto* gq = static_cast<T*>(a.grad_qkv);
-        dispatch_per_lane(a.head_dim, [&](auto per) {
+        dispatch_per_lane("attention", a.head_dim, [&](auto per) {
             constexpr int kPer = decltype(per)::value;
             attention_grad_q_kernel<T, kPer>
                 <<<row_blocks(sh, sh.heads), kWarpsPerBlock * 32, 0, s>>>(sh, qkv, out, a.lse, go, gq);

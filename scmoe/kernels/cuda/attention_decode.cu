@@ -90,15 +90,6 @@ __global__ void attention_decode_kernel(DecodeShape sh, const T* qkv, const std:
     }
 }
 
-template <class Fn>
-void dispatch_per_lane(std::int64_t head_dim, Fn&& fn) {
-    if (head_dim <= 32) return fn(std::integral_constant<int, 1>{});
-    if (head_dim <= 64) return fn(std::integral_constant<int, 2>{});
-    if (head_dim <= 128) return fn(std::integral_constant<int, 4>{});
-    if (head_dim <= 256) return fn(std::integral_constant<int, 8>{});
-    SCMOE_FAIL("attention_decode: head_dim " << head_dim << " exceeds the CUDA kernels' limit " << kAttentionCudaMaxHeadDim);
-}
-
 }  // namespace
 
 void kv_cache_append(const KvCacheAppendArgs& a, void* stream) {
@@ -124,7 +115,7 @@ void attention_decode(const AttentionDecodeArgs& a, void* stream) {
     SCMOE_CHECK(blocks <= 0x7fffffffLL, "attention_decode: batch*heads*new_tokens = " << rows << " rows exceed one CUDA grid");
     dispatch_float_dtype(a.dtype, "attention_decode", [&](auto tag) {
         using T = decltype(tag);
-        dispatch_per_lane(a.head_dim, [&](auto per) {
+        dispatch_per_lane("attention_decode", a.head_dim, [&](auto per) {
             constexpr int kPer = decltype(per)::value;
             attention_decode_kernel<T, kPer><<<static_cast<unsigned int>(blocks), kWarpsPerBlock * 32, 0, s>>>(
                 sh, static_cast<const T*>(a.qkv), a.lengths, static_cast<const T*>(a.k_cache),
