@@ -26,7 +26,7 @@ std::string number(double v) {
 }
 
 // A profile's keys and what each takes (docs/emu.md, "Profiles").
-enum class Kind { kString, kNumber, kCount, kStrings };
+enum class Kind { kString, kNumber, kCount, kStrings, kPoints };
 struct ProfileKey {
     const char* name;
     Kind kind;
@@ -44,7 +44,7 @@ constexpr ProfileKey kProfileKeys[] = {
     {"sms", Kind::kCount},             {"threads_per_sm", Kind::kCount},
     {"compute_capability", Kind::kCount}, {"registers_per_sm", Kind::kCount},
     {"shared_bytes_per_sm", Kind::kCount}, {"shared_bytes_reserved_per_block", Kind::kCount},
-    {"blocks_per_sm", Kind::kCount},
+    {"blocks_per_sm", Kind::kCount},  {"fused_attention", Kind::kPoints},
 };
 
 const char* kind_name(Kind k) {
@@ -53,6 +53,7 @@ const char* kind_name(Kind k) {
         case Kind::kNumber: return "a number >= 0";
         case Kind::kCount: return "a whole number >= 0";
         case Kind::kStrings: return "a list of strings";
+        case Kind::kPoints: return "a list of {\"head_dim\", \"forward\", \"backward\"} objects of numbers";
     }
     return "";
 }
@@ -84,6 +85,14 @@ void check_profile_keys(const std::string& path, const nlohmann::json& j) {
             case Kind::kCount: ok = value.is_number_unsigned() || (value.is_number_integer() && value.get<long long>() >= 0); break;
             case Kind::kStrings:
                 ok = value.is_array() && std::all_of(value.begin(), value.end(), [](const auto& s) { return s.is_string(); });
+                break;
+            case Kind::kPoints:
+                ok = value.is_array() && std::all_of(value.begin(), value.end(), [](const auto& p) {
+                         constexpr const char* kFields[] = {"head_dim", "forward", "backward"};
+                         return p.is_object() && p.size() == 3 &&
+                                std::all_of(std::begin(kFields), std::end(kFields),
+                                            [&](const char* f) { return p.contains(f) && p.at(f).is_number(); });
+                     });
                 break;
         }
         SCMOE_CHECK(ok, "--gpu " << path << ": field \"" << key << "\" must be " << kind_name(k->kind) << ", not "
@@ -155,6 +164,13 @@ emu::GpuSpec load_gpu(const std::string& name) {
         SCMOE_CHECK(d == "bf16" || d == "f32",
                     "--gpu " << name << ": field \"compute_dtype\" '" << d << "': bf16 or f32");
         s.compute_dtype = d == "f32" ? DType::kF32 : DType::kBF16;
+    }
+    if (j.contains("fused_attention")) {
+        s.fused_attention.clear();
+        for (const auto& v : j.at("fused_attention"))
+            s.fused_attention.push_back({v.at("head_dim").get<double>(), v.at("forward").get<double>(),
+                                         v.at("backward").get<double>()});
+        emu::check_fused_attention(s.fused_attention, "--gpu " + name);
     }
     if (j.contains("sources"))
         for (const auto& v : j.at("sources")) s.sources.push_back(v.get<std::string>());

@@ -29,6 +29,9 @@ struct OpCost {
     // GEMM-shaped ops: the shape of one (the largest) GEMM, for the efficiency curve by shape.
     std::int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
     std::int64_t gemm_count = 0;  // GEMMs in the op (groups of a grouped GEMM)
+    // A tensor op whose kernel is known to reach another rate than the GEMM model's: a factor (> 0)
+    // on it (the emulator's fused attention, GpuSpec::fused_attention). 1: the GEMM model as is.
+    double efficiency = 1.0;
 };
 
 // Threads a GEMM kernel runs: one 256-thread block per 128x128 output tile (the tile of

@@ -82,8 +82,38 @@ TEST(EmuProfile, UnknownKeysAndWrongTypesNameTheField) {
         "bandwidth_efficiency": 0.9, "threads_per_sm": 1536, "launch_us": 2.5, "kernel_gap_us": 1.3,
         "host_task_us": 26, "sync_us": 3, "compute_dtype": "bf16", "compute_capability": 86,
         "registers_per_sm": 65536, "shared_bytes_per_sm": 102400, "shared_bytes_reserved_per_block": 1024,
-        "blocks_per_sm": 16, "sources": ["x"]})"),
+        "blocks_per_sm": 16, "fused_attention": [{"head_dim": 64, "forward": 0.3, "backward": 0.2}],
+        "sources": ["x"]})"),
               "(accepted)");
+    // fused_attention: a list of {head_dim, forward, backward} points, fractions of the peak, head dims
+    // increasing.
+    EXPECT_NE(error_of("fa-type.json", R"({"base": "a800", "name": "a", "fused_attention": {"head_dim": 64}})")
+                  .find("field \"fused_attention\" must be a list of"),
+              std::string::npos);
+    EXPECT_NE(error_of("fa-field.json", R"({"base": "a800", "name": "a",
+                                           "fused_attention": [{"head_dim": 64, "forwrd": 0.3, "backward": 0.2}]})")
+                  .find("field \"fused_attention\""),
+              std::string::npos);
+    EXPECT_NE(error_of("fa-range.json", R"({"base": "a800", "name": "a",
+                                           "fused_attention": [{"head_dim": 64, "forward": 1.3, "backward": 0.2}]})")
+                  .find("fused_attention[0].forward 1.3"),
+              std::string::npos);
+    EXPECT_NE(error_of("fa-order.json", R"({"base": "a800", "name": "a", "fused_attention": [
+                                           {"head_dim": 128, "forward": 0.4, "backward": 0.3},
+                                           {"head_dim": 64, "forward": 0.3, "backward": 0.2}]})")
+                  .find("fused_attention[1].head_dim: head dims must increase"),
+              std::string::npos);
+}
+
+// A profile's fused_attention replaces its base's; without one it keeps the base's measured points.
+TEST(EmuProfile, FusedAttentionReplacesTheBasesOrKeepsIt) {
+    const emu::GpuSpec ours = launch::load_gpu(write_profile("fa.json", R"({"base": "h200", "name": "ours",
+        "fused_attention": [{"head_dim": 64, "forward": 0.5, "backward": 0.25}]})"));
+    ASSERT_EQ(ours.fused_attention.size(), 1u);
+    EXPECT_DOUBLE_EQ(emu::fused_attention_efficiency(ours, 128, true), 0.25);
+    const emu::GpuSpec kept = launch::load_gpu(write_profile("fa-kept.json", R"({"base": "h200", "name": "kept"})"));
+    EXPECT_DOUBLE_EQ(emu::fused_attention_efficiency(kept, 64, false),
+                     emu::fused_attention_efficiency(emu::builtin_gpu_spec("h200"), 64, false));
 }
 
 // The cluster flags: the description follows the overrides (no "NVLink" on PCIe, "2 nodes x 4" with

@@ -16,7 +16,8 @@ KernelTime model_kernel(const OpCost& c, const GpuSpec& s, int sm_limit, double 
         const double tiles = c.threads / 256.0;
         const double waves = std::max(1.0, std::ceil(tiles / sms));
         const double wave_efficiency = tiles > 0 ? std::min(1.0, tiles / (waves * sms)) : 1.0;
-        compute_us = c.flops / (s.bf16_tflops * 1e12 * fraction * s.gemm_efficiency * wave_efficiency * gemm_fraction) * 1e6;
+        compute_us = c.flops / (s.bf16_tflops * 1e12 * fraction * s.gemm_efficiency * wave_efficiency * gemm_fraction *
+                              c.efficiency) * 1e6;
         t.demand = std::min(1.0, tiles / sms) * fraction;
     } else {
         compute_us = c.flops / (s.fp32_tflops * 1e12 * fraction) * 1e6;

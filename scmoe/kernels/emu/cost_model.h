@@ -3,10 +3,11 @@
 //
 //   time alone = max(flops / (peak * efficiency(shape)), bytes / (hbm_gbps * bandwidth_efficiency))
 //   (a roofline: the op is bound by whichever of arithmetic and memory traffic takes longer)
-//   tensor ops: peak = bf16_tflops, efficiency = gemm_efficiency * wave_efficiency, where
+//   tensor ops: peak = bf16_tflops, efficiency = gemm_efficiency * wave_efficiency * OpCost::efficiency, where
 //     wave_efficiency = tiles / (waves * SMs), tiles = 128x128 output tiles, waves = ceil(tiles / SMs)
 //     (the "wave quantization" of NVIDIA's Matrix Multiplication Background User's Guide: the last
 //     wave of tiles leaves SMs idle; small GEMMs fill only tiles/SMs of the GPU);
+//     (OpCost::efficiency: what a kernel is known to reach below that, e.g. fused attention, GpuSpec::fused_attention);
 //   vector ops: peak = fp32_tflops, bandwidth-bound in practice.
 //   demand (share of the SMs it fills alone) = min(1, threads / (SMs * threads per SM)); for tensor
 //     ops one 256-thread tile block per SM fills it: min(1, tiles / SMs).

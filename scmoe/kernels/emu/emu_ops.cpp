@@ -115,7 +115,8 @@ void copy_row_segments(const RowSegmentsArgs& a, Stream& s) {
 
 void rmsnorm_forward(const RmsNormArgs& a, Stream& s) { timed("rmsnorm_forward", op_cost(a), s); }
 void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) { timed("rmsnorm_backward", op_cost(a), s); }
-// The stack's attention (stack.h): scmoe's fused kernel, or the unfused kernels a framework runs.
+// The stack's attention (stack.h): scmoe's fused kernel (at the GPU's measured fused-attention rate,
+// GpuSpec::fused_attention), or the unfused kernels a framework runs.
 // A forward that keeps its statistics for a backward (lse set) is a training forward: only it runs
 // the dropout pass and keeps the score-sized tensors autograd saves, held under the output buffer
 // (the backward names the same one) until the backward frees them. The score-sized tensors are
@@ -125,7 +126,12 @@ void attention_forward(const AttentionArgs& a, Stream& s) {
     EmuStream& es = as_emu(s);
     EmuDevice& device = es.device();
     const Stack& stack = device.stack();
-    if (stack.attention == AttentionImpl::kFused) return timed("attention_forward", op_cost(a), s);
+    if (stack.attention == AttentionImpl::kFused) {
+        OpCost c = op_cost(a);
+        c.efficiency = fused_attention_efficiency(device.spec(), static_cast<double>(a.head_dim), false) /
+                       device.spec().gemm_efficiency;
+        return timed("attention_forward", c, s);
+    }
     const bool training = a.lse != nullptr, dropout = training && stack.attention_dropout;
     const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype);
     void* scores = device.allocate(m.scores);  // baddbmm's output, the softmax's input
@@ -146,7 +152,12 @@ void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
     EmuStream& es = as_emu(s);
     EmuDevice& device = es.device();
     const Stack& stack = device.stack();
-    if (stack.attention == AttentionImpl::kFused) return timed("attention_backward", op_cost(a), s);
+    if (stack.attention == AttentionImpl::kFused) {
+        OpCost c = op_cost(a);
+        c.efficiency = fused_attention_efficiency(device.spec(), static_cast<double>(a.head_dim), true) /
+                       device.spec().gemm_efficiency;
+        return timed("attention_backward", c, s);
+    }
     const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype);
     void* grad_p = device.allocate(m.scores);  // dP = dO v^T (of the dropped probabilities with dropout)
     if (stack.attention_dropout) {

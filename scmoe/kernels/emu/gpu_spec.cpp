@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -77,6 +78,41 @@ GpuSpec with_link_efficiency(GpuSpec s, double achieved_gbps, const char* source
     return s;
 }
 
+// cuDNN's fused causal attention (SDPA) measured on one H200 by this project's acceptance run
+// (docs/results/gpu-h200-2026-11-26/raw/attention_b8_s1024_h12_d{64,128}.json: scmoe-bench attention
+// --provider auto, cuDNN 9 through its frontend, bf16, batch 8, seq 1024, 12 heads): head_dim 64
+// forward 268.9 and backward 183.2 TFLOP/s, head_dim 128 396.6 and 279.9, against 959.0 = the 989
+// TFLOP/s peak after wave quantization at that shape (768 tiles / (6 waves x 132 SMs)): forward 0.280
+// and 0.414, backward 0.191 and 0.292 (a large GEMM reaches 0.80). The H100 SXM5 has the same GH100
+// SMs and clocks (attention at this size is bound by the SMs, not HBM): ASSUMED equal there.
+GpuSpec with_gh100_fused_attention(GpuSpec s, bool measured_here) {
+    s.fused_attention = {{64, 0.280, 0.191}, {128, 0.414, 0.292}};
+    s.sources.push_back(measured_here
+                            ? "fused_attention: cuDNN SDPA measured on this H200 (docs/results/gpu-h200-2026-11-26, "
+                              "scmoe-bench attention, b8 s1024 h12, head_dim 64 and 128)"
+                            : "fused_attention: ASSUMED the H200's measurement (same GH100 SMs and clocks; "
+                              "docs/results/gpu-h200-2026-11-26)");
+    return s;
+}
+
+// cuDNN's fused causal attention on the A100 (GA100; the A800 and A30 have its SM): the only published
+// per-configuration figure found is a forward. NVIDIA/cudnn-frontend 51a3de7,
+// benchmark/attention_inference/results/prefill_sweep/a100/prefill_sweep_20260928_140355.csv: "NVIDIA
+// A100 80GB PCIe", cuDNN 9.27.0, bf16, batch 1, seq 2048, 64 query / 8 K/V heads, head_dim 128:
+// "0.466913,147.178" (ms, TFLOP/s at the causal count: 4 x 2048^2 x 64 x 128 / 2 / 0.467 ms): 0.472 of
+// the 312 TFLOP/s peak, 0.497 after wave quantization (1024 tiles / (10 waves x 108 SMs)). Nothing
+// citable gives the backward or head_dim 64: ASSUMED in the H200's measured ratios (backward / forward
+// 0.705 at head_dim 128 and 0.682 at 64; head_dim 64 / 128 forward 0.676; with_gh100_fused_attention).
+GpuSpec with_a100_fused_attention(GpuSpec s, bool a100_sm) {
+    const double fwd128 = 0.497, fwd64 = fwd128 * 0.280 / 0.414;
+    s.fused_attention = {{64, fwd64, fwd64 * 0.191 / 0.280}, {128, fwd128, fwd128 * 0.292 / 0.414}};
+    s.sources.push_back(std::string("fused_attention: the forward at head_dim 128 from cuDNN 9.27 on an A100 80GB PCIe "
+                                    "(NVIDIA/cudnn-frontend prefill_sweep a100 CSV: 147.2 TFLOP/s at seq 2048); the "
+                                    "backward and head_dim 64 ASSUMED in the H200's measured ratios") +
+                        (a100_sm ? "" : "; ASSUMED the A100's (same GA100 SM; no A30 measurement found)"));
+    return s;
+}
+
 constexpr const char* kGen4Achieved =
     "PCIe Gen4 x16 achieved 25 GB/s per direction of 32: BaM issue #54 (A100 PCIe, measured), docs/emu-sources.md";
 constexpr const char* kGen5Achieved =
@@ -93,30 +129,31 @@ std::vector<GpuSpec> make_specs() {
         // SM count: the driver's own report (nvidia-smi mig -lgip on an A30: "MIG 4g.24gb ... SM 56",
         // the whole GPU; "MIG 1g.6gb ... 14" = 1/4 of the SMs, as NVIDIA's MIG User Guide lists), and
         // 56 SMs x 1024 FMA/clk x 2 x 1.44 GHz = 165.2 TFLOPS, the datasheet's peak.
-        with_sm_limits(spec("a30", "NVIDIA A30 PCIe 24GB", 165, 10.3, 933, 24 * kGiB, 56, 32, 0.87,
+        with_a100_fused_attention(with_sm_limits(spec("a30", "NVIDIA A30 PCIe 24GB", 165, 10.3, 933, 24 * kGiB, 56, 32, 0.87,
              {"NVIDIA A30 Tensor Core GPU datasheet (BF16 165 TFLOPS dense, FP32 10.3 TFLOPS, 24GB HBM2, 933 GB/s, "
               "PCIe Gen4 64GB/s)",
               "56 SMs: nvidia-smi mig -lgip on an A30 (MIG 4g.24gb, the whole GPU: 56 SMs; 1g.6gb: 14 = 1/4, NVIDIA "
               "MIG User Guide's A30 profile table); 56 x 1024 FMA/clk x 2 x 1.44 GHz = 165 TFLOPS (docs/emu-sources.md)",
               "assumed: gemm_efficiency 0.87 is the 400 W A100 SXM's; no A30 (165 W) GEMM measurement found"}), 80),
+                                  false),
         // Every number is the A100 SXM4 80GB's (no public A800 SXM datasheet exists; the A800 differs
         // only in NVLink, which the cluster presets model). gemm_efficiency: the best measured large bf16
         // matmul on A100 SXM, 86.9% of peak.
-        with_sm_limits(spec("a800", "NVIDIA A800 SXM4 80GB", 312, 19.5, 2039, 80 * kGiB, 108, 32, 0.87,
+        with_a100_fused_attention(with_sm_limits(spec("a800", "NVIDIA A800 SXM4 80GB", 312, 19.5, 2039, 80 * kGiB, 108, 32, 0.87,
              {"NVIDIA A100 80GB SXM datasheet (BF16 312 TFLOPS dense, FP32 19.5 TFLOPS, 80GB HBM2e, 2039 GB/s, "
               "PCIe Gen4 64GB/s): NVIDIA publishes no A800 SXM datasheet; the A800 is the A100 with NVLink limited "
               "to 400 GB/s (Reuters, 2022-11-08; docs/emu-sources.md)",
-              "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper"}), 80),
+              "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper"}), 80), true),
         // gemm_efficiency: the best measured large bf16 matmul on H100 SXM, 80.3% of peak.
-        with_sm_limits(spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
+        with_gh100_fused_attention(with_sm_limits(spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
              {"NVIDIA H100 Tensor Core GPU datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, FP32 67 "
               "TFLOPS, 80GB, 3.35TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
-              "132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"}), 90),
+              "132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"}), 90), false),
         // gemm_efficiency as the H100 (the same compute, measured the same).
-        with_sm_limits(spec("h200", "NVIDIA H200 SXM 141GB", 989, 67, 4800, 141ull * 1000 * 1000 * 1000, 132, 64, 0.80,
+        with_gh100_fused_attention(with_sm_limits(spec("h200", "NVIDIA H200 SXM 141GB", 989, 67, 4800, 141ull * 1000 * 1000 * 1000, 132, 64, 0.80,
              {"NVIDIA H200 Tensor Core GPU product page/datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, "
               "FP32 67 TFLOPS, 141GB HBM3e, 4.8TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
-              "132 SMs: the H200 is the GH100 of the H100 SXM5 with HBM3e (docs/emu-sources.md)"}), 90),
+              "132 SMs: the H200 is the GH100 of the H100 SXM5 with HBM3e (docs/emu-sources.md)"}), 90), true),
     };
 }
 
@@ -149,6 +186,33 @@ const GpuSpec& builtin_gpu_spec(std::string_view name) {
         names += (names.empty() ? "" : ", ") + s.name;
     }
     SCMOE_FAIL("unknown emulated GPU '" << name << "': built-in specs are " << names);
+}
+
+double fused_attention_efficiency(const GpuSpec& spec, double head_dim, bool backward) {
+    const std::vector<AttentionEfficiency>& p = spec.fused_attention;
+    if (p.empty()) return spec.gemm_efficiency;
+    const auto at = [backward](const AttentionEfficiency& a) { return backward ? a.backward : a.forward; };
+    if (head_dim <= p.front().head_dim) return at(p.front());
+    if (head_dim >= p.back().head_dim) return at(p.back());
+    std::size_t i = 1;
+    while (p[i].head_dim < head_dim) ++i;
+    const double x0 = std::log2(p[i - 1].head_dim), x1 = std::log2(p[i].head_dim);
+    const double t = (std::log2(head_dim) - x0) / (x1 - x0);
+    return at(p[i - 1]) + t * (at(p[i]) - at(p[i - 1]));
+}
+
+void check_fused_attention(const std::vector<AttentionEfficiency>& points, const std::string& what) {
+    for (std::size_t i = 0; i < points.size(); ++i) {
+        const AttentionEfficiency& a = points[i];
+        SCMOE_CHECK(std::isfinite(a.head_dim) && a.head_dim > 0,
+                    what << ": fused_attention[" << i << "].head_dim " << a.head_dim << ": must be > 0");
+        SCMOE_CHECK(a.forward > 0 && a.forward <= 1,
+                    what << ": fused_attention[" << i << "].forward " << a.forward << ": must be in (0, 1]");
+        SCMOE_CHECK(a.backward > 0 && a.backward <= 1,
+                    what << ": fused_attention[" << i << "].backward " << a.backward << ": must be in (0, 1]");
+        SCMOE_CHECK(i == 0 || a.head_dim > points[i - 1].head_dim,
+                    what << ": fused_attention[" << i << "].head_dim: head dims must increase");
+    }
 }
 
 std::string describe(const GpuSpec& s) {

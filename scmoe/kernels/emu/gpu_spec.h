@@ -11,6 +11,13 @@
 
 namespace scmoe::emu {
 
+// One measured point of GpuSpec::fused_attention.
+struct AttentionEfficiency {
+    double head_dim = 0;  // > 0
+    double forward = 1;   // (0, 1]
+    double backward = 1;  // (0, 1]
+};
+
 struct GpuSpec {
     std::string name;         // short name for --gpu: "h100"
     std::string description;  // "NVIDIA H100 SXM5 80GB"
@@ -37,6 +44,11 @@ struct GpuSpec {
     // Achieved fractions of the peaks (efficiency ceilings; the curve by shape is in cost_model.h).
     double gemm_efficiency = 0;       // large bf16 GEMM / bf16_tflops
     double bandwidth_efficiency = 0;  // streaming kernel / hbm_gbps
+    // Fused causal attention (cuDNN SDPA on CUDA, FlashAttention-style): the measured fraction of
+    // bf16_tflops its forward and backward reach beyond wave quantization (cost_model.h), by head_dim;
+    // piecewise linear in log2(head_dim), flat beyond the ends. Empty: gemm_efficiency (as fast as a
+    // large GEMM: what the emulator assumed before any was measured).
+    std::vector<AttentionEfficiency> fused_attention;
 
     // Fixed costs, in microseconds.
     double launch_us = 0;     // host time one kernel launch (cudaLaunchKernel) costs the issuing thread
@@ -55,6 +67,12 @@ struct GpuSpec {
 const std::vector<GpuSpec>& builtin_gpu_specs();
 // A built-in spec by name (case-insensitive); throws Error listing the names otherwise.
 const GpuSpec& builtin_gpu_spec(std::string_view name);
+// GpuSpec::fused_attention at `head_dim`, for the forward or the backward (gemm_efficiency when empty).
+double fused_attention_efficiency(const GpuSpec& spec, double head_dim, bool backward);
+// Throws Error naming the point of spec.fused_attention out of range or out of order (`what` names
+// the spec in the message).
+void check_fused_attention(const std::vector<AttentionEfficiency>& points, const std::string& what);
+
 // One line: "NVIDIA H100 SXM5 80GB: 132 SMs, 989 TFLOP/s bf16, 3350 GB/s, 80.0 GiB".
 std::string describe(const GpuSpec& spec);
 
