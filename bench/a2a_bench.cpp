@@ -293,7 +293,7 @@ int run_local(const CommonArgs& common, const A2aArgs& args, const std::string& 
     if (emulated) {
         std::vector<int> members(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) members[static_cast<std::size_t>(r)] = r;
-        auto group = EmuGroup::create(launch::stack_topology(args.topology, launch::load_stack(common.stack)), members);
+        auto group = EmuGroup::create(launch::emulated_topology(args.topology, common.stack), members);
         for (int r = 0; r < n; ++r)
             ranks.push_back(std::make_unique<A2aRank>(group->communicator(r), std::nullopt, max_count,
                                                       make_bench_device(common)));

@@ -461,7 +461,7 @@ int run_local(const CommonArgs& common, const BlockArgs& a, const std::string& c
     if (emulated && a.ranks > 1) {
         std::vector<int> ranks(static_cast<std::size_t>(a.ranks));
         for (int r = 0; r < a.ranks; ++r) ranks[static_cast<std::size_t>(r)] = r;
-        emu_group = EmuGroup::create(launch::stack_topology(a.topology, launch::load_stack(common.stack)), ranks);
+        emu_group = EmuGroup::create(launch::emulated_topology(a.topology, common.stack), ranks);
     }
     std::vector<std::thread> threads;
     for (int r = 0; r < a.ranks; ++r) {

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "scmoe/kernels/error.h"
 #include "scmoe/models/data.h"
@@ -113,6 +114,9 @@ Topology stack_topology(Topology cluster, const emu::Stack& stack) {
 }
 Topology stack_topology(const std::string& cluster, const emu::Stack& stack) {
     return stack_topology(cluster_topology(cluster), stack);
+}
+Topology emulated_topology(Topology cluster, const std::string& stack_name_or_file) {
+    return stack_topology(std::move(cluster), load_stack(stack_name_or_file));
 }
 
 }  // namespace scmoe::launch

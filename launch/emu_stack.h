@@ -20,5 +20,8 @@ emu::Stack load_stack(const std::string& name_or_file);
 // (Topology::all_to_all_efficiency).
 Topology stack_topology(Topology cluster, const emu::Stack& stack);
 Topology stack_topology(const std::string& cluster, const emu::Stack& stack);
+// The topology an emulated run uses: the cluster with the all-to-all factor of the stack that
+// name_or_file names (load_stack; throws as it does).
+Topology emulated_topology(Topology cluster, const std::string& stack_name_or_file);
 
 }  // namespace scmoe::launch

@@ -126,7 +126,7 @@ Args parse(int argc, char** argv) {
         const ClusterFlags flags = read_cluster_options(r, &a.nic_sweep);
         q.emu = resolve_emu_choice(r["gpu"].as<std::string>(), r["routing"].as<std::string>(), flags, 1);
         q.emu.stack = r["stack"].as<std::string>();
-        q.cluster = stack_topology(q.emu.topology, load_stack(q.emu.stack));
+        q.cluster = emulated_topology(q.emu.topology, q.emu.stack);
         const int world = q.cluster.world_size();
         q.space.variants = split_comma_list(r["variants"].as<std::string>());
         if (q.space.variants.empty()) throw UsageError("--variants is empty");
@@ -347,7 +347,7 @@ int run(const Args& args) {
         const std::string stack = q.emu.stack;
         q.emu = resolve_emu_choice(q.emu.gpu, q.emu.routing, flags, 1);
         q.emu.stack = stack;
-        q.cluster = stack_topology(q.emu.topology, load_stack(stack));
+        q.cluster = emulated_topology(q.emu.topology, stack);
         std::cout << "#\n# ===== NIC " << describe_nic_rate(q.cluster.nic_gbps) << " per node =====\n";
         std::vector<PlanCase> ranked;
         all["plans"].push_back(search(args, q, &ranked));

@@ -313,9 +313,9 @@ int run_in_process(const Args& args) {
     std::mutex print_mutex;
     for (const std::string& variant : args.variants) {
         std::unique_ptr<LocalTrainGroups> groups =
-            emulated ? std::make_unique<LocalTrainGroups>(world, ep, stack_topology(args.emu.topology,
-                                                                                    load_stack(args.emu.stack)))
-                     : std::make_unique<LocalTrainGroups>(world, ep, args.link, args.link_scope);
+            emulated
+                ? std::make_unique<LocalTrainGroups>(world, ep, emulated_topology(args.emu.topology, args.emu.stack))
+                : std::make_unique<LocalTrainGroups>(world, ep, args.link, args.link_scope);
         std::vector<RunSummary> results(static_cast<std::size_t>(world));
         std::vector<emu::MemoryStats> memory(static_cast<std::size_t>(world));
         run_local_ranks(*groups, world, [&](int r, const RankComms& comms) {
