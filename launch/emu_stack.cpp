@@ -34,13 +34,14 @@ emu::Stack load_stack(const std::string& name) {
     }
     SCMOE_CHECK(j.is_object(), where << ": a stack is a JSON object");
     static const char* const known[] = {"base", "name", "description", "attention", "attention_dropout",
-                                        "framework_us", "all_to_all_efficiency", "small_gemm", "sources"};
+                                        "framework_us", "all_to_all_efficiency", "tutel_dispatch", "small_gemm",
+                                        "sources"};
     for (const auto& [key, value] : j.items()) {
         bool ok = false;
         for (const char* k : known) ok = ok || key == k;
         if (!ok)
             SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: base, name, description, attention, "
-                             << "attention_dropout, framework_us, all_to_all_efficiency, small_gemm, sources)");
+                             << "attention_dropout, framework_us, all_to_all_efficiency, tutel_dispatch, small_gemm, sources)");
     }
     auto str = [&](const char* key) {
         const auto& v = j.at(key);
@@ -72,6 +73,11 @@ emu::Stack load_stack(const std::string& name) {
         const auto& v = j.at("attention_dropout");
         SCMOE_CHECK(v.is_boolean(), where << ": field 'attention_dropout' must be a boolean, got " << type_name(v));
         s.attention_dropout = v.get<bool>();
+    }
+    if (j.contains("tutel_dispatch")) {
+        const auto& v = j.at("tutel_dispatch");
+        SCMOE_CHECK(v.is_boolean(), where << ": field 'tutel_dispatch' must be a boolean, got " << type_name(v));
+        s.tutel_dispatch = v.get<bool>();
     }
     if (j.contains("framework_us")) s.framework_us = num("framework_us", j.at("framework_us"));
     if (j.contains("all_to_all_efficiency"))

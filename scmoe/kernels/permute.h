@@ -17,6 +17,9 @@ struct PermuteArgs {
     const void* x = nullptr;                  // [tokens, hidden]
     const std::int32_t* choice_of_row = nullptr;  // [rows]
     void* xp = nullptr;                       // [rows, hidden] out
+    // x's rows, for the emulator's Tutel dispatch cost (emu/stack.h); last, so positional
+    // initializers may leave it out.
+    std::int64_t tokens = 0;
 };
 void permute(const PermuteArgs& args, Stream& stream);
 
@@ -31,6 +34,9 @@ struct PermuteBackwardArgs {
     const void* grad_xp = nullptr;                 // [rows, hidden]
     const std::int32_t* slot_of_choice = nullptr;  // [tokens, top_k]
     void* grad_x = nullptr;                        // [tokens, hidden] out
+    // grad_xp's rows, for the emulator's Tutel dispatch cost (emu/stack.h); last, so positional
+    // initializers may leave it out.
+    std::int64_t rows = 0;
 };
 void permute_backward(const PermuteBackwardArgs& args, Stream& stream);
 
@@ -50,6 +56,9 @@ struct CombineArgs {
     const std::int32_t* slot_of_choice = nullptr;  // [tokens, top_k]
     const float* gate_weight = nullptr;            // [tokens, top_k]
     void* y = nullptr;                             // [tokens, hidden] out
+    // yp's rows, for the emulator's Tutel dispatch cost (emu/stack.h); last, so positional
+    // initializers may leave it out.
+    std::int64_t rows = 0;
 };
 void combine(const CombineArgs& args, Stream& stream);
 

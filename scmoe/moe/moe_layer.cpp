@@ -203,6 +203,7 @@ void MoeLayer::route(const Tensor& s, const MoeParams& params, Stream& stream) {
 void MoeLayer::permute(Stream& stream) {
     PermuteArgs a;
     a.rows = rows();
+    a.tokens = tokens_;
     a.hidden = config_.hidden;
     a.top_k = config_.top_k;
     a.dtype = config_.dtype;
@@ -297,6 +298,7 @@ void MoeLayer::combine(Tensor y, Stream& stream) {
     check_tensor(y, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.combine: y");
     CombineArgs a;
     a.tokens = tokens_;
+    a.rows = rows();
     a.hidden = config_.hidden;
     a.top_k = config_.top_k;
     a.dtype = config_.dtype;

@@ -139,6 +139,7 @@ void MoeLayer::permute_backward(Tensor grad_s, bool accumulate, Stream& stream) 
     check_tensor(grad_s, {tokens_, config_.hidden}, config_.dtype, "MoeLayer.backward: grad of the shortcut");
     PermuteBackwardArgs a;
     a.tokens = tokens_;
+    a.rows = rows();
     a.hidden = config_.hidden;
     a.top_k = config_.top_k;
     a.accumulate = accumulate;

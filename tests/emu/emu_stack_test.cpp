@@ -21,6 +21,7 @@
 #include "scmoe/kernels/emu/stack.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/kernels/gemm.h"
+#include "scmoe/kernels/permute.h"
 #include "scmoe/moe/backbone.h"
 
 namespace scmoe {
@@ -420,6 +421,52 @@ TEST(EmuStack, AStackFileOverridesItsBase) {
     ASSERT_EQ(s.small_gemm.size(), 2u);
     EXPECT_DOUBLE_EQ(s.small_gemm[0].fraction, 0.5);
     EXPECT_EQ(s.sources.front(), "our profile");
+    EXPECT_TRUE(s.tutel_dispatch);  // the base's
+    EXPECT_FALSE(launch::load_stack(write_stack("no_tutel.json", R"({"base": "paper", "tutel_dispatch": false})"))
+                     .tutel_dispatch);
+}
+
+// Tutel's dispatch (paper stack): fast_encode and fast_decode and their backwards as their kernels,
+// each at its memory traffic on round_spec (1e6 B/us; a 1 us gap before each kernel, no launch cost):
+// T = 1000 tokens, H = 100, R = 4000 capacity slots, k = 2, bf16 activations, fp32 in between.
+//   encode:          cast in T*H (2+4 B) 0.6, zero fill R*H*4 1.6, 2 x scatter T*H*8 0.8, cast out R*H*6 2.4
+//   decode:          cast in R*H 2.4, 2 x gather 0.8, 1 add T*H*12 1.2, cast out T*H 0.6
+//   decode backward: cast T*H 0.6, zero fill 1.6, 2 x scatter 0.8, 2 x gate grad (2 T*H + T)*4 0.804, cast R*H 2.4
+//   encode backward: cast R*H 2.4, 2 x gather 0.8, 1 add 1.2, cast T*H 0.6; accumulating: + a bf16 add T*H*6 0.6
+// scmoe's own permute on the same shapes: one kernel reading and writing R*H bf16, 1.6.
+TEST(EmuStack, TutelDispatchCostsItsKernels) {
+    emu::GpuSpec spec = test::round_spec();
+    spec.launch_us = 0;
+    emu::Stack tutel = emu::builtin_stack("scmoe");
+    tutel.tutel_dispatch = true;
+    auto device = device_with(tutel, spec);
+    PermuteArgs p;
+    p.rows = 4000, p.tokens = 1000, p.hidden = 100, p.top_k = 2, p.dtype = DType::kBF16;
+    CombineArgs c;
+    c.rows = 4000, c.tokens = 1000, c.hidden = 100, c.top_k = 2, c.dtype = DType::kBF16;
+    CombineBackwardArgs cb;
+    cb.rows = 4000, cb.tokens = 1000, cb.hidden = 100, cb.top_k = 2, cb.dtype = DType::kBF16;
+    PermuteBackwardArgs pb;
+    pb.rows = 4000, pb.tokens = 1000, pb.hidden = 100, pb.top_k = 2, pb.dtype = DType::kBF16;
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::permute(p, s); }), 5 + 0.6 + 1.6 + 0.8 + 0.8 + 2.4, 1e-3);
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::combine(c, s); }), 5 + 2.4 + 0.8 + 0.8 + 1.2 + 0.6, 1e-3);
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::combine_backward(cb, s); }),
+                7 + 0.6 + 1.6 + 0.8 + 0.8 + 0.804 + 0.804 + 2.4, 1e-3);
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::permute_backward(pb, s); }), 5 + 2.4 + 0.8 + 0.8 + 1.2 + 0.6,
+                1e-3);
+    pb.accumulate = true;
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::permute_backward(pb, s); }),
+                6 + 2.4 + 0.8 + 0.8 + 1.2 + 0.6 + 0.6, 1e-3);
+    // One choice: no add in the decode.
+    c.top_k = 1;
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::combine(c, s); }), 3 + 2.4 + 0.8 + 0.6, 1e-3);
+    // Without it, scmoe's one permute kernel; and a shape Tutel's cost cannot take is refused.
+    auto plain = device_with(emu::builtin_stack("scmoe"), spec);
+    EXPECT_NEAR(elapsed_us(*plain, [&](Stream& s) { emu::permute(p, s); }), 1 + 1.6, 1e-3);
+    p.tokens = 0;
+    EXPECT_THROW(elapsed_us(*device, [&](Stream& s) { emu::permute(p, s); }), Error);
+    EXPECT_TRUE(emu::builtin_stack("paper").tutel_dispatch);
+    EXPECT_FALSE(emu::builtin_stack("scmoe").tutel_dispatch);
 }
 
 TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
@@ -439,6 +486,7 @@ TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
         {R"({"small_gemm": [[64]]})", "small_gemm[0]"},
         {R"({"small_gemm": [[64, "0.5"], [128, 1]]})", "small_gemm[0][1]"},
         {R"({"small_gemm": [[64, 0.5], [32, 1]]})", "small_gemm[1]"},
+        {R"({"tutel_dispatch": 1})", "tutel_dispatch"},
         {R"({"sources": "a paper"})", "sources"},
         {R"({"sources": ["ok", 3]})", "sources[1]"},
         {R"({"name": 7})", "name"},

@@ -74,10 +74,36 @@ void compute_layout(const LayoutArgs& a, Stream& s) {
     as_emu(s).launch("compute_layout", op_cost(a), [a] { cpu::compute_layout(a); });
 }
 
-void permute(const PermuteArgs& a, Stream& s) { timed("permute", op_cost(a), s); }
-void permute_backward(const PermuteBackwardArgs& a, Stream& s) { timed("permute_backward", op_cost(a), s); }
-void combine(const CombineArgs& a, Stream& s) { timed("combine", op_cost(a), s); }
-void combine_backward(const CombineBackwardArgs& a, Stream& s) { timed("combine_backward", op_cost(a), s); }
+// With the stack's Tutel dispatch (stack.h), Tutel's encode/decode kernels in place of scmoe's; an
+// accumulating permute_backward or combine adds into its output as PyTorch's autograd and residual
+// add would, with one more add.
+namespace {
+void launch_all(EmuStream& es, const std::vector<StackKernel>& kernels) {
+    for (const StackKernel& k : kernels) es.launch(k.name, k.cost);
+}
+}  // namespace
+void permute(const PermuteArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    if (!es.device().stack().tutel_dispatch) return timed("permute", op_cost(a), s);
+    launch_all(es, tutel_encode_forward({a.tokens, a.rows, a.hidden, a.top_k, a.dtype}));
+}
+void permute_backward(const PermuteBackwardArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    if (!es.device().stack().tutel_dispatch) return timed("permute_backward", op_cost(a), s);
+    launch_all(es, tutel_encode_backward({a.tokens, a.rows, a.hidden, a.top_k, a.dtype}));
+    if (a.accumulate) es.launch("tutel_accumulate", elementwise_cost(2 * a.tokens * a.hidden, a.tokens * a.hidden, a.dtype));
+}
+void combine(const CombineArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    if (!es.device().stack().tutel_dispatch) return timed("combine", op_cost(a), s);
+    launch_all(es, tutel_decode_forward({a.tokens, a.rows, a.hidden, a.top_k, a.dtype}));
+    if (a.accumulate) es.launch("tutel_accumulate", elementwise_cost(2 * a.tokens * a.hidden, a.tokens * a.hidden, a.dtype));
+}
+void combine_backward(const CombineBackwardArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    if (!es.device().stack().tutel_dispatch) return timed("combine_backward", op_cost(a), s);
+    launch_all(es, tutel_decode_backward({a.tokens, a.rows, a.hidden, a.top_k, a.dtype}));
+}
 
 void activation_forward(const ActivationArgs& a, Stream& s) {
     as_emu(s).launch_sized_at_start("activation_forward",

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "scmoe/kernels/elementwise.h"
 #include "scmoe/kernels/error.h"
 
 namespace scmoe::emu {
@@ -26,7 +27,7 @@ Stack paper_stack() {
     Stack s;
     s.name = "paper";
     s.description = "paper: fairseq b5e7b250 + Tutel on PyTorch 1.x eager (unfused attention with dropout, "
-                    "eager per-op host time, Tutel's NCCL all-to-all)";
+                    "eager per-op host time, Tutel's fp32 encode/decode and NCCL all-to-all)";
     // fairseq/modules/multihead_attention.py (b5e7b250): in training (no incremental state, not ONNX,
     // not scripted) MultiheadAttention.forward returns F.multi_head_attention_forward(...), whose
     // PyTorch 1.x core (_scaled_dot_product_attention in torch/nn/functional.py) is
@@ -45,13 +46,19 @@ Stack paper_stack() {
     // torch.distributed.all_to_all_single (use_2dh=False by default, moe_layer.py); nothing in Tutel's
     // sources or README measures it slower than NCCL, so the factor on NCCL's efficiency is 1.
     s.all_to_all_efficiency = 1.0;
+    // Tutel's moe_layer.py (82af7aa) around the all-to-all: "y = fast_encode(x.to(logits_dtype), crit,
+    // self.is_postscore).to(x.dtype)" and "y = fast_decode(y.to(logits_dtype), crit, self.is_postscore)"
+    // then ".to(original_dtype)", logits_dtype float32 (the gate runs with autocast off): the encode
+    // and decode run in fp32 between casts (tutel_encode_forward below gives the kernels).
+    s.tutel_dispatch = true;
     // No published sweep of achieved GEMM efficiency versus size was read (docs/emu-sources.md,
     // "Stacks"): no fall-off beyond the base model's wave and tile quantization and roofline.
     s.small_gemm = {};
     s.sources = {"fairseq b5e7b250 fairseq/modules/multihead_attention.py, transformer_lm.py",
                  "PyTorch 1.x torch/nn/functional.py _scaled_dot_product_attention",
                  "pytorch/pytorch PR #32194 operator micro-benchmark (eager op host time)",
-                 "microsoft/tutel 82af7aa tutel/impls/communicate.py, moe_layer.py, examples/fairseq_moe"};
+                 "microsoft/tutel 82af7aa tutel/impls/communicate.py, moe_layer.py, fast_dispatch.py, "
+                 "examples/fairseq_moe"};
     return s;
 }
 
@@ -115,7 +122,8 @@ std::string describe(const Stack& s) {
     std::ostringstream os;
     os << s.name << ": " << (s.attention == AttentionImpl::kFused ? "fused" : "unfused") << " attention"
        << (s.attention == AttentionImpl::kUnfused && s.attention_dropout ? " (dropout)" : "") << ", framework "
-       << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency << ", small-GEMM curve "
+       << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency
+       << (s.tutel_dispatch ? ", Tutel fp32 encode/decode" : "") << ", small-GEMM curve "
        << (s.small_gemm.empty() ? std::string("none") : std::to_string(s.small_gemm.size()) + " points");
     return os.str();
 }
@@ -204,6 +212,81 @@ std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs&
     k.push_back({"attn_qk_bmm_grad_q", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
     k.push_back({"attn_qk_bmm_grad_k", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
     k.push_back({"attn_q_scale_backward", elementwise_cost(q, q, a.dtype)});
+    return k;
+}
+
+// Tutel's dispatch, from microsoft/tutel 82af7aa: moe_layer.py casts the layer input to fp32 ("x.to(
+// logits_dtype)"), fast_encode runs GatingEncoder in fp32 ("dispatched_input = torch.zeros([
+// num_global_experts * capacity, model_dim], ...)", then "for g, i, l in zip(...): func_fwd(...)": one
+// scatter per choice), and ".to(x.dtype)" casts the capacity buffer back for the all-to-all;
+// fast_decode casts the expert outputs to fp32 ("y.to(logits_dtype)"), GatingDecoder runs one gather
+// per choice into a fresh [tokens, model_dim] tensor ("single_output = torch.empty(...)",
+// "last_result = single_output if last_result is None else last_result + single_output": k - 1
+// adds) and ".to(original_dtype)" casts the result back. Their backwards (fast_dispatch.py
+// GatingDecoder.backward: "grad_expert_output = torch.zeros(...)", one func_fwd per choice and one
+// func_bwd_gate per choice for the gate gradients; GatingEncoder.backward: one func_bwd_data per
+// choice and the adds) and the casts' backwards (casts the other way) in autograd's order. With T
+// tokens, R capacity slots, H hidden, e the activations' size (2) and 4 for fp32:
+//   tutel_cast_in        T*H e -> 4              tutel_zero_fill   writes R*H 4
+//   tutel_encode (k x)   reads T*H 4, writes T*H 4 (a gather of x rows scattered into the buffer)
+//   tutel_cast_out       R*H 4 -> e
+//   decode: cast R*H e -> 4; k x gather (reads T*H 4, writes T*H 4); (k-1) x add (reads 2 T*H 4,
+//   writes T*H 4); cast T*H 4 -> e. The backwards: the same kernels mirrored, and k gate-gradient
+//   kernels (reads 2 T*H 4, writes T 4).
+namespace {
+OpCost tutel_rows(std::int64_t n) { return elementwise_cost(n, n, DType::kF32, 0.0); }
+OpCost tutel_add(std::int64_t n) { return elementwise_cost(2 * n, n, DType::kF32); }
+OpCost tutel_fill(std::int64_t n) { return elementwise_cost(0, n, DType::kF32, 0.0); }
+void check_shape(const DispatchShape& d) {
+    SCMOE_CHECK(d.tokens > 0 && d.rows > 0 && d.hidden > 0 && d.top_k >= 1,
+                "Tutel dispatch cost: tokens " << d.tokens << ", rows " << d.rows << ", hidden " << d.hidden
+                                               << ", top_k " << d.top_k << ": all must be positive");
+}
+}  // namespace
+
+std::vector<StackKernel> tutel_encode_forward(const DispatchShape& d) {
+    check_shape(d);
+    const std::int64_t th = d.tokens * d.hidden, rh = d.rows * d.hidden;
+    std::vector<StackKernel> k = {{"tutel_cast_in", convert_cost(d.dtype, DType::kF32, th)},
+                                  {"tutel_zero_fill", tutel_fill(rh)}};
+    for (int j = 0; j < d.top_k; ++j) k.push_back({"tutel_encode", tutel_rows(th)});
+    k.push_back({"tutel_cast_out", convert_cost(DType::kF32, d.dtype, rh)});
+    return k;
+}
+
+std::vector<StackKernel> tutel_decode_forward(const DispatchShape& d) {
+    check_shape(d);
+    const std::int64_t th = d.tokens * d.hidden, rh = d.rows * d.hidden;
+    std::vector<StackKernel> k = {{"tutel_cast_in", convert_cost(d.dtype, DType::kF32, rh)}};
+    for (int j = 0; j < d.top_k; ++j) {
+        k.push_back({"tutel_decode", tutel_rows(th)});
+        if (j > 0) k.push_back({"tutel_add", tutel_add(th)});
+    }
+    k.push_back({"tutel_cast_out", convert_cost(DType::kF32, d.dtype, th)});
+    return k;
+}
+
+std::vector<StackKernel> tutel_decode_backward(const DispatchShape& d) {
+    check_shape(d);
+    const std::int64_t th = d.tokens * d.hidden, rh = d.rows * d.hidden;
+    std::vector<StackKernel> k = {{"tutel_cast_out_backward", convert_cost(d.dtype, DType::kF32, th)},
+                                  {"tutel_zero_fill", tutel_fill(rh)}};
+    for (int j = 0; j < d.top_k; ++j) k.push_back({"tutel_decode_backward", tutel_rows(th)});
+    for (int j = 0; j < d.top_k; ++j)
+        k.push_back({"tutel_gate_backward", elementwise_cost(2 * th, d.tokens, DType::kF32)});
+    k.push_back({"tutel_cast_in_backward", convert_cost(DType::kF32, d.dtype, rh)});
+    return k;
+}
+
+std::vector<StackKernel> tutel_encode_backward(const DispatchShape& d) {
+    check_shape(d);
+    const std::int64_t th = d.tokens * d.hidden, rh = d.rows * d.hidden;
+    std::vector<StackKernel> k = {{"tutel_cast_out_backward", convert_cost(d.dtype, DType::kF32, rh)}};
+    for (int j = 0; j < d.top_k; ++j) {
+        k.push_back({"tutel_encode_backward", tutel_rows(th)});
+        if (j > 0) k.push_back({"tutel_add", tutel_add(th)});
+    }
+    k.push_back({"tutel_cast_in_backward", convert_cost(DType::kF32, d.dtype, th)});
     return k;
 }
 

@@ -10,6 +10,7 @@
 //    communicator's launches);
 //  - all_to_all_efficiency: a factor on the link and NIC efficiency of the all-to-all only
 //    (Topology::all_to_all_efficiency, scmoe/comm/topology.h);
+//  - tutel_dispatch: Tutel's fp32 encode/decode in place of scmoe's permute and combine;
 //  - small_gemm: the achieved fraction of the GEMM ceiling versus the GEMM's size (its smallest side,
 //    e.g. the tokens of an expert), a piecewise-linear curve in log2(size), flat beyond its ends.
 // Built-in stacks (stack.cpp cites every number; docs/emu-sources.md, "Stacks", quotes them): `scmoe`
@@ -42,6 +43,9 @@ struct Stack {
     double framework_us = 0;             // host time per op before its launch, us
     double all_to_all_efficiency = 1.0;  // factor on the all-to-all's link and NIC efficiency, (0, 1]
     std::vector<GemmEfficiencyPoint> small_gemm;  // sizes increasing, fractions non-decreasing; empty: 1
+    // Tutel's fast_encode / fast_decode in place of scmoe's permute and combine (tutel_encode_forward
+    // and the three below): fp32 with casts around them, a zeroed capacity buffer, one kernel per choice.
+    bool tutel_dispatch = false;
     std::vector<std::string> sources;
 };
 
@@ -87,5 +91,20 @@ struct StackKernel {
 // formulas; `dropout`: with the dropout pass).
 std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& args, bool dropout);
 std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& args, bool dropout);
+
+// The shape of one MoE layer's dispatch or combine: `tokens` rows of `hidden` in `dtype` on the token
+// side, `rows` capacity slots (experts x capacity) on the expert side, `top_k` choices per token.
+struct DispatchShape {
+    std::int64_t tokens = 0, rows = 0, hidden = 0;
+    int top_k = 1;
+    DType dtype = DType::kBF16;
+};
+// Tutel's dispatch (Stack::tutel_dispatch; stack.cpp gives the sources and formulas): the kernels of
+// fast_encode (in place of permute), fast_decode (combine) and their autograd backwards
+// (combine_backward, permute_backward), in issue order.
+std::vector<StackKernel> tutel_encode_forward(const DispatchShape& shape);
+std::vector<StackKernel> tutel_decode_forward(const DispatchShape& shape);
+std::vector<StackKernel> tutel_decode_backward(const DispatchShape& shape);
+std::vector<StackKernel> tutel_encode_backward(const DispatchShape& shape);
 
 }  // namespace scmoe::emu
