@@ -44,7 +44,8 @@ cxxopts::Options block_options() {
         ("capacity-factor", "capacity mode slots per expert", cxxopts::value<float>()->default_value("1.25"))
         ("gate", "how the shared expert joins: cg1 (coefficient gate) | add", cxxopts::value<std::string>()->default_value("cg1"))
         ("chunks", "pieces of the chunked a2a / expert-FFN pipeline (Tutel-style; a piece is a group of each rank's "
-         "local experts): auto (chosen per branch from the calibrated times) or N (1 = off, at most experts / ranks)",
+         "local experts, or with one expert per rank a slice of its rows): auto (chosen per branch from the "
+         "calibrated times) or N (1 = off, at most experts / ranks, or 4 with one expert per rank)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("comm-sms", "SMs the backbone's kernels leave free while an exchange overlaps them (R; the backbone stream's SM "
          "budget is SMs - R there, so a persistent grouped GEMM leaves the exchange's NCCL blocks room, review 2 #6): "

@@ -169,7 +169,8 @@ Args parse(int argc, const char* const* argv) {
                             "with the rest of it (same numerics)")
         ("no-calibrate", "Keep every expert FFN at its earliest slot instead of Eq. 11's")
         ("chunks", "Pieces of the chunked all-to-all / expert-FFN pipeline: auto (chosen per branch from the "
-                   "calibrated times) or N (1 = off, at most the local experts)",
+                   "calibrated times) or N (1 = off, at most the local experts; with one expert per rank up to 4 "
+                   "slices of its rows, as Tutel's a2a_ffn_overlap_degree)",
          cxxopts::value<std::string>()->default_value("auto"));
     o.add_options("evaluation")
         ("eval-data", "Held-out text files, comma separated, for the eval loss (mean CE in nats per byte, forward "

@@ -18,13 +18,14 @@ struct EpCase {
     DispatchMode dispatch = DispatchMode::kCapacity;
     std::vector<std::int64_t> tokens;  // per world rank (world = dp * ep); zero allowed
     bool shared = false;
+    int experts = 8;  // global experts (experts == ep: one local expert per rank)
 };
 
 inline MoeConfig ep_config(const EpCase& c) {
     MoeConfig m;
     m.hidden = 8;
     m.ffn = 12;
-    m.num_experts = 8;
+    m.num_experts = c.experts;
     m.top_k = c.top_k;
     m.dispatch = c.dispatch;
     m.capacity_factor = 1.0f;  // capacity mode drops some assignments: drops must match too

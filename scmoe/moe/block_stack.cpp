@@ -342,11 +342,16 @@ void BlockStack::calibrate(const Tensor& input, const Tensor& grad_output, int r
 void BlockStack::set_expert_chunks(int chunks) {
     const int ep_size = ep_ ? ep_->size() : 1;
     const int local = config_.moe.num_experts / ep_size;
-    SCMOE_CHECK(chunks >= 0 && chunks <= local,
-                "BlockStack: expert chunks = " << chunks << ": must be 0 (auto) or 1.." << local
-                                               << " (a chunk is a group of the " << local
-                                               << " local experts of an MoE layer on each of the " << ep_size
-                                               << " rank(s))");
+    // One local expert with expert parallelism: a chunk is a slice of its rows (MoeLayer).
+    const bool slices = local == 1 && ep_size > 1;
+    const int most = slices ? kMaxRowPieces : local;
+    SCMOE_CHECK(chunks >= 0 && chunks <= most,
+                "BlockStack: expert chunks = " << chunks << ": must be 0 (auto) or 1.." << most << " ("
+                                               << (slices ? std::string("a chunk is a slice of the rows of the one "
+                                                                        "local expert of an MoE layer on each of the ")
+                                                          : "a chunk is a group of the " + std::to_string(local) +
+                                                                " local experts of an MoE layer on each of the ")
+                                               << ep_size << " rank(s))");
     expert_chunks_ = chunks;
     if (plan_tokens_ < 0) return;  // no plans yet: build_plans applies it
     for (auto [plan, sched] : {std::pair{&fwd_plan_, &fwd_schedule_}, std::pair{&bwd_plan_, &bwd_schedule_}}) {

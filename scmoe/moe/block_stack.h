@@ -134,8 +134,9 @@ public:
     // The chunked all-to-all / expert-FFN pipeline of the MoE branches (LayerScheduler): 0 = auto
     // (the default: calibrate() chooses per branch and pass from the measured times), N >= 1 = N
     // pieces, capped at each layer's MoeLayer::max_chunks() (its local experts with expert
-    // parallelism; 1 on one rank, where there is no exchange to pipeline). Applies at once, to the
-    // calibrated times if any. Throws for N < 0 or N > the local experts per rank.
+    // parallelism, or kMaxRowPieces slices of the rows of a single local expert; 1 on one rank, where
+    // there is no exchange to pipeline). Applies at once, to the calibrated times if any. Throws for
+    // N < 0 or N above that bound.
     void set_expert_chunks(int chunks);
     int expert_chunks() const { return expert_chunks_; }
     const Schedule& forward_schedule() const { return fwd_schedule_; }

@@ -87,7 +87,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, Device& device, std::int64_t max_tok
     WorkspaceCarver host_carver(host_scratch_);
     host_->carve(host_carver, config_, ep_size_);
     for (int p = 0; p < ep_size_; ++p) host_->counts_per_peer[p] = num_local_experts();
-    chunk_counts_built_.assign(static_cast<std::size_t>(num_local_experts()) + 1, false);
+    chunk_counts_built_.assign(static_cast<std::size_t>(max_chunks()) + 1, false);
     if (const char* provider = std::getenv("SCMOE_GROUPED_GEMM_PROVIDER"); provider && *provider) {
         try {
             provider_ = parse_grouped_gemm_provider(provider);
@@ -219,8 +219,20 @@ void MoeLayer::experts(const MoeParams& params, Stream& stream) { experts_range(
 // the unchunked ones shifted to `first`, so every expert's GEMM sees the same rows and weights.
 void MoeLayer::experts_range(const MoeParams& params, int first, int end, Stream& stream) {
     const int El = num_local_experts();
-    experts_range_at(expert_slice(params.expert_w1, first, El), expert_slice(params.expert_w2, first, El), first, end,
-                     stream);
+    experts_range_at(expert_slice(params.expert_w1, first, El), expert_slice(params.expert_w2, first, El),
+                     expert_range_rows(first, end), stream);
+}
+
+// The unchunked offsets (local_offsets with expert parallelism) from `first`: absolute rows, so every
+// expert's GEMM sees the rows and weights it would see unchunked.
+MoeLayer::ExpertRows MoeLayer::expert_range_rows(int first, int end) const {
+    return {first, end - first, expert_gemm_args(*buf_).group_offsets + first, first == 0 && end == num_local_experts()};
+}
+
+// Piece `chunk` of `chunks` is the contiguous expert rows [bounds[c], bounds[c + 1]) of the slice
+// table (moe_layer_buffers.h).
+MoeLayer::ExpertRows MoeLayer::row_slice_rows(int chunk, int chunks) const {
+    return {0, 1, buf_->slice_table + slice_bounds_at(ep_size_, chunks) + chunk, chunks == 1};
 }
 
 void MoeLayer::expert_one(int expert, const void* w1, const void* w2, Stream& stream) {
@@ -229,7 +241,7 @@ void MoeLayer::expert_one(int expert, const void* w1, const void* w2, Stream& st
     SCMOE_CHECK(expert >= 0 && expert < num_local_experts(),
                 "MoeLayer.expert_one: expert " << expert << " outside [0, " << num_local_experts() << ")");
     SCMOE_CHECK(w1 && w2, "MoeLayer.expert_one: null weights");
-    experts_range_at(w1, w2, expert, expert + 1, stream);
+    experts_range_at(w1, w2, expert_range_rows(expert, expert + 1), stream);
 }
 
 std::vector<std::int32_t> MoeLayer::routed_rows(Stream& stream) {
@@ -246,14 +258,12 @@ std::vector<std::int32_t> MoeLayer::routed_rows(Stream& stream) {
 // The grouped GEMMs over local experts [first, end) on weights w1/w2 (local expert `first`'s slice
 // onwards): their offsets are the unchunked ones shifted to `first`, so every expert's GEMM sees
 // the same rows and weights.
-void MoeLayer::experts_range_at(const void* w1, const void* w2, int first, int end, Stream& stream) {
+void MoeLayer::experts_range_at(const void* w1, const void* w2, const ExpertRows& rows, Stream& stream) {
     Buffers& b = *buf_;
-    const int El = num_local_experts();
     const std::int64_t Re = expert_rows();
-    const bool whole = first == 0 && end == El;
     GroupedGemmArgs g = expert_gemm_args(b);
-    g.num_groups = end - first;
-    g.group_offsets += first;
+    g.num_groups = rows.groups;
+    g.group_offsets = rows.offsets;
     g.kind = GroupedGemmKind::kForward;
     g.ab_dtype = g.c_dtype = config_.dtype;
     g.k = config_.hidden;
@@ -264,10 +274,9 @@ void MoeLayer::experts_range_at(const void* w1, const void* w2, int first, int e
     grouped_gemm(g, stream, provider_);
 
     ActivationArgs act{config_.activation, Re, config_.ffn, config_.dtype, b.h, b.act, expert_rows_in_use(b)};
-    if (!whole) {  // the range's rows: the offsets the GEMMs read (local_offsets with expert parallelism)
-        const std::int32_t* offsets = expert_gemm_args(b).group_offsets;
-        act.first_row = offsets + first;
-        act.num_rows = offsets + end;
+    if (!rows.whole) {  // the range's rows: the offsets the GEMMs read
+        act.first_row = rows.offsets;
+        act.num_rows = rows.offsets + rows.groups;
     }
     activation_forward(act, stream);
 
@@ -438,6 +447,20 @@ MoeExpertInputs MoeLayer::expert_inputs(Stream& stream) {
             } else {
                 std::memcpy(&rows[i], raw.data() + i * 4, 4);
             }
+        }
+        if (row_sliced()) {  // the slice layout back to the documented order: source, then its rows
+            const int P = ep_size_, S = kRowSlices;
+            const std::int32_t* t = host_->slice_table;  // this forward's, from dispatch_counts
+            std::vector<float> ordered;
+            ordered.reserve(rows.size());
+            for (int p = 0; p < P; ++p)
+                for (int sl = 0; sl < S; ++sl) {
+                    const auto at = static_cast<std::size_t>(t[p * S + sl]) * static_cast<std::size_t>(H);
+                    const auto len = static_cast<std::size_t>(t[2 * P * S + p * S + sl]) * static_cast<std::size_t>(H);
+                    ordered.insert(ordered.end(), rows.begin() + static_cast<std::ptrdiff_t>(at),
+                                   rows.begin() + static_cast<std::ptrdiff_t>(at + len));
+                }
+            rows = std::move(ordered);
         }
     }
     return out;

@@ -63,6 +63,10 @@ struct MoeExpertInputs {
     std::vector<std::vector<float>> rows;  // [num_local_experts]
 };
 
+// The most pieces the chunked pipeline cuts a single local expert's rows into (MoeLayer, "chunked
+// pipeline"): Tutel's a2a_ffn_overlap_degree up to 4.
+inline constexpr int kMaxRowPieces = 4;
+
 class Communicator;
 class NonfiniteChecks;
 
@@ -156,7 +160,12 @@ public:
     // The exchanges and the expert FFN split into `chunks` pieces, piece c = the local experts
     // [c*El/chunks, (c+1)*El/chunks) of every rank (El = num_local_experts()). Every expert's rows stay
     // in one piece, so outputs and every gradient are bitwise those of the unchunked stages for any
-    // chunk count. Forward:  dispatch_counts(); then per piece dispatch_chunk -> experts_chunk ->
+    // chunk count. With one local expert (row_sliced()), piece c is instead rows [r*c/chunks,
+    // r*(c+1)/chunks) of every source's r rows, as Tutel's a2a_ffn_overlap_degree slices capacity:
+    // outputs and input gradients are those of the unchunked stages row for row, and the expert's
+    // weight gradient is the sum of the pieces' (accumulated in piece order: fp32 rounding apart from
+    // the unchunked sum). experts_backward_chunk's pieces must then run in piece order, on one
+    // stream. Forward:  dispatch_counts(); then per piece dispatch_chunk -> experts_chunk ->
     // collect_chunk, e.g. all dispatch chunks, then experts chunk c on a compute stream as soon as
     // dispatch chunk c is done, and collect chunk c once experts chunk c is done. Backward likewise:
     // collect_backward_chunk -> experts_backward_chunk -> dispatch_backward_chunk. The exchanges
@@ -164,7 +173,9 @@ public:
     // every rank (they share staging buffers and the Communicator); the experts_* pieces may run on
     // another stream ordered by events. chunks = 1 is exactly dispatch/experts/collect.
     // Bounds: 1 <= chunks <= max_chunks(), 0 <= chunk < chunks; anything else throws at once.
-    int max_chunks() const { return ep_size_ > 1 ? num_local_experts() : 1; }
+    int max_chunks() const;
+    // One local expert with expert parallelism: the pieces are row slices (above).
+    bool row_sliced() const { return ep_size_ > 1 && num_local_experts() == 1; }
     void dispatch_counts(Stream& stream);  // the per-expert count exchange that starts dispatch()
     void dispatch_chunk(int chunk, int chunks, Stream& stream);
     void experts_chunk(const MoeParams& params, int chunk, int chunks, Stream& stream);
@@ -241,11 +252,25 @@ private:
     std::pair<int, int> chunk_experts(int chunk, int chunks) const;
     void check_chunk(int chunk, int chunks, const char* what) const;
     void build_chunk_tables(int chunks, Stream& stream);
+    void build_row_slice_tables(int chunks, Stream& stream);
     void exchange_chunk(const void* from, void* to, bool to_experts, int chunk, int chunks, Stream& stream);
+    // The expert FFN over rows given as groups: `groups` local experts from `first_expert`, expert
+    // g's rows [offsets[g], offsets[g + 1]) (stream memory); `whole`: every local expert's rows.
+    struct ExpertRows {
+        int first_expert = 0, groups = 0;
+        const std::int32_t* offsets = nullptr;
+        bool whole = false;
+    };
+    ExpertRows expert_range_rows(int first_expert, int end_expert) const;
+    ExpertRows row_slice_rows(int chunk, int chunks) const;  // row_sliced(): piece `chunk`'s rows
     void experts_range(const MoeParams& params, int first_expert, int end_expert, Stream& stream);
-    void experts_range_at(const void* w1, const void* w2, int first_expert, int end_expert, Stream& stream);
-    void experts_backward_range(const MoeParams& params, const MoeGrads& grads, int first_expert, int end_expert,
-                                Stream& stream);
+    void experts_range_at(const void* w1, const void* w2, const ExpertRows& rows, Stream& stream);
+    // accumulate_weights: add the weight gradients into grads (a later row slice) as well as when
+    // gradient accumulation is on.
+    void experts_backward_rows(const MoeParams& params, const MoeGrads& grads, const ExpertRows& rows,
+                               bool accumulate_weights, Stream& stream);
+    // row_sliced(): the host's slice layout from the counts dispatch_counts brought back, uploaded.
+    void build_slice_table(Stream& stream);
 
     MoeConfig config_;
     Device& device_;
@@ -271,7 +296,7 @@ private:
     bool forward_started_ = false;  // a route() has run: backward has activations to differentiate
     bool separate_shortcut_ = false;  // the forward routed on a shortcut other than x (backward's rule)
     int table_chunks_ = 0;  // chunk count the uploaded pack/unpack tables were built for (0 = none)
-    std::vector<bool> chunk_counts_built_;  // [El + 1]: chunk counts whose element counts this forward's
+    std::vector<bool> chunk_counts_built_;  // [max_chunks + 1]: chunk counts whose element counts this forward's
                                             // dispatch has computed (HostScratch::chunk_send_elements)
 };
 

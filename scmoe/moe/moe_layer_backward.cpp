@@ -70,23 +70,25 @@ void MoeLayer::combine_backward(const Tensor& grad_y, Stream& stream) {
 }
 
 void MoeLayer::experts_backward(const MoeParams& params, const MoeGrads& grads, Stream& stream) {
-    experts_backward_range(params, grads, 0, num_local_experts(), stream);
+    experts_backward_rows(params, grads, expert_range_rows(0, num_local_experts()), false, stream);
 }
 
-// Local experts [first, end) only: each expert's weight gradient comes from its own rows, so a
-// piece writes exactly the slices the whole layer would, with the same bits.
-void MoeLayer::experts_backward_range(const MoeParams& params, const MoeGrads& grads, int first, int end,
-                                      Stream& stream) {
+// Local experts [first, end) only (expert groups): each expert's weight gradient comes from its own
+// rows, so a piece writes exactly the slices the whole layer would, with the same bits. A row slice
+// adds its part of the weight gradient to the earlier slices' (accumulate_weights).
+void MoeLayer::experts_backward_rows(const MoeParams& params, const MoeGrads& grads, const ExpertRows& rows,
+                                     bool accumulate_weights, Stream& stream) {
     Buffers& b = *buf_;
-    const int El = num_local_experts();
+    const int El = num_local_experts(), first = rows.first_expert;
     const std::int64_t Re = expert_rows(), H = config_.hidden, F = config_.ffn, I = config_.expert_inner_width();
+    const bool accumulate = accumulate_grads_ || accumulate_weights;
     // cutlass-grouped overwrites its output: accumulated weight gradients take the provider auto
     // picks without it.
     const GroupedGemmProvider wgrad_provider =
-        accumulate_grads_ && provider_ == GroupedGemmProvider::kCutlassGrouped ? GroupedGemmProvider::kAuto : provider_;
+        accumulate && provider_ == GroupedGemmProvider::kCutlassGrouped ? GroupedGemmProvider::kAuto : provider_;
     GroupedGemmArgs g = expert_gemm_args(b);
-    g.num_groups = end - first;
-    g.group_offsets += first;
+    g.num_groups = rows.groups;
+    g.group_offsets = rows.offsets;
     g.ab_dtype = config_.dtype;
 
     // Second GEMM: ye = act . W2  ->  grad_act = grad_ye . W2^T,  dW2 = act^T . grad_ye
@@ -103,15 +105,15 @@ void MoeLayer::experts_backward_range(const MoeParams& params, const MoeGrads& g
     g.b = b.grad_ye;
     g.c = expert_slice(grads.expert_w2, first, El);
     g.c_dtype = DType::kF32;
-    g.accumulate = accumulate_grads_;
+    g.accumulate = accumulate;
     grouped_gemm(g, stream, wgrad_provider);
     g.accumulate = false;
 
     ActivationBackwardArgs act{config_.activation, Re, F, config_.dtype, b.h, b.grad_act, b.grad_h,
                                expert_rows_in_use(b)};
-    if (first != 0 || end != El) {
-        act.first_row = b.local_offsets + first;
-        act.num_rows = b.local_offsets + end;
+    if (!rows.whole) {
+        act.first_row = rows.offsets;
+        act.num_rows = rows.offsets + rows.groups;
     }
     activation_backward(act, stream);
 
@@ -123,7 +125,7 @@ void MoeLayer::experts_backward_range(const MoeParams& params, const MoeGrads& g
     g.b = b.grad_h;
     g.c = expert_slice(grads.expert_w1, first, El);
     g.c_dtype = DType::kF32;
-    g.accumulate = accumulate_grads_;
+    g.accumulate = accumulate;
     grouped_gemm(g, stream, wgrad_provider);
     g.accumulate = false;
     g.kind = GroupedGemmKind::kGradInput;

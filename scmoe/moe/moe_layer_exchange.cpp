@@ -3,7 +3,8 @@
 //
 // NOTES: rows leave a rank in global-expert order, which is already grouped by destination rank
 // (rank p owns experts [p*El, (p+1)*El)). They arrive source-major ([source][local expert]) and are
-// regrouped expert-major for the grouped GEMM; collect undoes both steps. Per-expert row counts
+// regrouped expert-major for the grouped GEMM (with one local expert: into its row slices, so the
+// chunked pipeline's pieces are contiguous; moe_layer_buffers.h); collect undoes both steps. Per-expert row counts
 // travel first (a small all-to-all), so dropless needs no global knowledge; the host waits for them
 // once per forward (dispatch_counts), and every data exchange after that, forward and backward,
 // is an all_to_all_v_known with counts the layer holds. Every position is fixed by (source, expert,
@@ -15,6 +16,7 @@
 #include "scmoe/comm/communicator.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/kernels/regroup.h"
+#include "scmoe/kernels/row_segments.h"
 #include "scmoe/moe/detail/moe_layer_buffers.h"
 
 namespace scmoe {
@@ -22,15 +24,27 @@ namespace scmoe {
 void MoeLayer::to_experts(const void* token_side, void* expert_side, Stream& stream) {
     ep_->all_to_all_v_known(token_side, host_->send_elements, buf_->exchange, host_->recv_elements, config_.dtype,
                             stream);
+    if (row_sliced()) {  // one local expert: into the slice layout (moe_layer_buffers.h)
+        const int n = ep_size_ * kRowSlices;
+        const std::int32_t* t = buf_->slice_table;
+        copy_row_segments({n, t + n, t, t + 2 * n, config_.hidden, config_.dtype, buf_->exchange, expert_side}, stream);
+        return;
+    }
     regroup({ep_size_, num_local_experts(), buf_->recv_expert_counts, config_.hidden, config_.dtype, true,
              buf_->exchange, expert_side},
             stream);
 }
 
 void MoeLayer::to_sources(const void* expert_side, void* token_side, Stream& stream) {
-    regroup({ep_size_, num_local_experts(), buf_->recv_expert_counts, config_.hidden, config_.dtype, false,
-             expert_side, buf_->exchange},
-            stream);
+    if (row_sliced()) {
+        const int n = ep_size_ * kRowSlices;
+        const std::int32_t* t = buf_->slice_table;
+        copy_row_segments({n, t, t + n, t + 2 * n, config_.hidden, config_.dtype, expert_side, buf_->exchange}, stream);
+    } else {
+        regroup({ep_size_, num_local_experts(), buf_->recv_expert_counts, config_.hidden, config_.dtype, false,
+                 expert_side, buf_->exchange},
+                stream);
+    }
     ep_->all_to_all_v_known(buf_->exchange, host_->recv_elements, token_side, host_->send_elements, config_.dtype,
                             stream);
 }
@@ -93,6 +107,7 @@ void MoeLayer::dispatch_counts(Stream& stream) {
                                               << "; raise MoeConfig.recv_limit_factor, 0 = no limit)");
     }
     stream.copy(b.local_offsets, h.local_offsets, static_cast<std::size_t>(El + 1) * sizeof(std::int32_t));
+    if (row_sliced()) build_slice_table(stream);
 }
 
 void MoeLayer::collect(Stream& stream) {

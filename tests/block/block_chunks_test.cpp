@@ -182,6 +182,58 @@ INSTANTIATE_TEST_SUITE_P(Cpu, BlockChunks, ::testing::ValuesIn(chunk_cases()),
                                                         dispatch_mode_name(p.param.dispatch));
                          });
 
+// One expert per rank (num_experts == ep): the pieces slice the expert's rows (Tutel's overlap
+// degree). Every forced count 2..kMaxRowPieces is scheduled as asked, overlap on and off give the same
+// bits, and the results match the unchunked stack to fp32 rounding (the expert's weight gradient sums
+// its slices); auto chunks after calibration too.
+class BlockRowSlices : public ::testing::TestWithParam<ChunkCase> {};
+
+TEST_P(BlockRowSlices, EveryPieceCountMatchesUnchunkedAndOverlapIsBitwise) {
+    const ChunkCase& c = GetParam();
+    MoeConfig moe = testing::small_moe(c.dispatch);
+    moe.num_experts = c.ep;  // one local expert
+    moe.top_k = 1;
+    const BlockStackConfig config = block_variant(c.variant, testing::small_backbone(), moe, true, 3);
+    const std::int64_t T = 8, H = config.backbone.hidden;
+    const auto errors = on_ranks(c.ep, [&](int r, Communicator* comm) {
+        auto device = make_device("cpu");
+        auto fresh_stack = [&](int chunks) {
+            auto stack = std::make_unique<BlockStack>(config, *device, T, comm);
+            testing::init_params(*stack, 9, c.ep, r);
+            stack->set_expert_chunks(chunks);
+            return stack;
+        };
+        const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));
+        const auto gy = testing::make_input(T, H, 40 + static_cast<std::uint64_t>(r));
+        const StackResult ref = testing::run_stack(*fresh_stack(1), x, gy, false);
+        SCMOE_CHECK(testing::unwritten(ref).empty(), "the reference: " << testing::unwritten(ref));
+        for (int chunks = 2; chunks <= kMaxRowPieces; ++chunks) {
+            auto off_stack = fresh_stack(chunks), on_stack = fresh_stack(chunks);
+            for (const auto* s : {&on_stack->forward_schedule(), &on_stack->backward_schedule()})
+                for (const auto& b : s->branches)
+                    SCMOE_CHECK(b.chunks == chunks, "scheduled " << b.chunks << " chunks, expected " << chunks);
+            const StackResult off = testing::run_stack(*off_stack, x, gy, false);
+            const StackResult on = testing::run_stack(*on_stack, x, gy, true);
+            std::string diff = testing::bitwise_diff(on, off);
+            SCMOE_CHECK(diff.empty(), chunks << " chunks, overlap on vs off: " << diff);
+            diff = testing::close_diff(on, ref, 1e-5f);
+            SCMOE_CHECK(diff.empty(), chunks << " chunks vs unchunked: " << diff);
+        }
+        const std::string diff = testing::close_diff(testing::run_stack(*fresh_stack(0), x, gy, true, true), ref, 1e-5f);
+        SCMOE_CHECK(diff.empty(), "calibrated, auto chunks: " << diff);
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cpu, BlockRowSlices,
+                         ::testing::Values(ChunkCase{"top2", 2, DispatchMode::kCapacity},
+                                           ChunkCase{"scmoe-pos2", 4, DispatchMode::kDropless},
+                                           ChunkCase{"shared", 4, DispatchMode::kCapacity}),
+                         [](const ::testing::TestParamInfo<ChunkCase>& p) {
+                             return testing::gtest_name(p.param.variant + "_ep" + std::to_string(p.param.ep) + "_" +
+                                                        dispatch_mode_name(p.param.dispatch));
+                         });
+
 TEST(BlockChunksErrors, BadChunkCountsAreRejected) {
     auto device = make_device("cpu");
     BlockStack stack(testing::small_variant("scmoe-pos2"), *device, 8);  // 4 experts, one rank

@@ -147,4 +147,24 @@ inline std::string bitwise_diff(const StackResult& a, const StackResult& b) {
     return e;
 }
 
+// Equality within `tol` of each vector's largest |value| (results that sum in another order, such as
+// the chunked pipeline's row slices); "" or the first difference.
+inline std::string close_diff(const StackResult& a, const StackResult& b, float tol) {
+    auto cmp = [tol](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) -> std::string {
+        if (x.size() != y.size()) return what + ": sizes differ";
+        float largest = 0;
+        for (float v : y) largest = std::max(largest, std::abs(v));
+        for (std::size_t i = 0; i < x.size(); ++i)
+            if (!(std::abs(x[i] - y[i]) <= tol * largest))
+                return what + "[" + std::to_string(i) + "]: " + std::to_string(x[i]) + " vs " + std::to_string(y[i]);
+        return "";
+    };
+    std::string e = cmp(a.out, b.out, "output");
+    if (e.empty()) e = cmp(a.grad_in, b.grad_in, "grad_input");
+    if (e.empty()) e = cmp(a.backbone_grads, b.backbone_grads, "backbone grads");
+    for (std::size_t m = 0; e.empty() && m < a.moe_grads.size(); ++m)
+        e = cmp(a.moe_grads[m], b.moe_grads[m], "moe grads " + std::to_string(m));
+    return e;
+}
+
 }  // namespace scmoe::testing

@@ -8,6 +8,7 @@
 // Bad chunk counts are rejected before anything is enqueued.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -155,6 +156,82 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{"ep4_top1_dropless_zero_token_rank", 1, 4, 1, kDropless, {9, 0, 5, 13}, false},
                       EpCase{"ep2_top3_capacity", 1, 2, 3, kCap, {12, 12}, false},
                       EpCase{"ep4_top3_dropless_uneven", 1, 4, 3, kDropless, {16, 3, 0, 7}, false}),
+    [](const ::testing::TestParamInfo<EpCase>& p) { return p.param.name; });
+
+// One local expert per rank: the pieces are slices of its rows (Tutel's a2a_ffn_overlap_degree). For
+// 2..kMaxRowPieces pieces, one stream or two, the output, the input gradient and every parameter
+// gradient match the unchunked layer's to fp32 rounding (1e-5 of the largest value): every row goes
+// through the same row-wise ops, in GEMMs of fewer rows, and the weight gradient is the pieces' sum,
+// accumulated in piece order. NaN-filled outputs and gradients show any row a piece skips.
+class MoeRowSlices : public ::testing::TestWithParam<EpCase> {};
+
+TEST_P(MoeRowSlices, EveryPieceCountMatchesTheUnchunkedLayer) {
+    const EpCase& c = GetParam();
+    const MoeConfig config = testing::ep_config(c);
+    auto group = LocalGroup::create(c.ep, 60.0);
+    std::vector<std::string> errors(static_cast<std::size_t>(c.ep));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < c.ep; ++r) {
+        threads.emplace_back([&, r] {
+            try {
+                auto comm = group->communicator(r);
+                auto device = make_device("cpu");
+                const std::int64_t T = c.tokens[static_cast<std::size_t>(r)], H = config.hidden;
+                auto fresh_layer = [&] {
+                    return std::make_unique<MoeLayer>(config, *device, testing::max_tokens_of(c), comm.get());
+                };
+                auto reference_layer = fresh_layer();
+                MoeLayer& layer = *reference_layer;
+                SCMOE_CHECK(layer.row_sliced() && layer.max_chunks() == kMaxRowPieces,
+                            "row_sliced " << layer.row_sliced() << ", max_chunks " << layer.max_chunks());
+                MoeParamStore params(*device, config, DType::kF32, c.ep), grads(*device, config, DType::kF32, c.ep);
+                const std::vector<float> full = testing::full_params(config);
+                testing::slice_params(config, c.ep, r, {full.data()}, static_cast<float*>(params.data()));
+                std::vector<float> x(static_cast<std::size_t>(T * H)), gy(x.size());
+                testing::fill_uniform(x.data(), T * H, 1.0f, testing::input_seed(r));
+                testing::fill_uniform(gy.data(), T * H, 1.0f, testing::input_seed(r) + 1);
+                const Results ref = run_pieces(layer, *device, params, grads, x, gy, T, 1, false);
+                for (const std::vector<float>* v : {&ref.y, &ref.gx, &ref.grads})
+                    SCMOE_CHECK(testing::first_nan(*v) < 0, "the reference left an output or gradient unwritten (NaN) at "
+                                                                << testing::first_nan(*v) << " of " << v->size()
+                                                                << (v == &ref.y ? " (y)" : v == &ref.gx ? " (gx)" : " (grads)"));
+                // Within 1e-5 of the largest |value| of each reference: a piece's GEMMs have fewer rows
+                // (BLAS may block them differently) and its weight gradient sums in pieces.
+                auto close = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+                    float largest = 0;
+                    for (float v : want) largest = std::max(largest, std::abs(v));
+                    if (testing::first_nan(got) >= 0) return std::string(what) + ": unwritten (NaN)";
+                    for (std::size_t i = 0; i < want.size(); ++i)
+                        if (!(std::abs(got[i] - want[i]) <= 1e-5f * largest))
+                            return std::string(what) + "[" + std::to_string(i) + "] " + std::to_string(got[i]) +
+                                   " vs " + std::to_string(want[i]);
+                    return std::string();
+                };
+                for (int chunks = 2; chunks <= layer.max_chunks(); ++chunks) {
+                    for (bool two : {false, true}) {
+                        auto candidate = fresh_layer();
+                        const Results got = run_pieces(*candidate, *device, params, grads, x, gy, T, chunks, two);
+                        std::string e = close(got.y, ref.y, "y");
+                        if (e.empty()) e = close(got.gx, ref.gx, "grad_x");
+                        if (e.empty()) e = close(got.grads, ref.grads, "grads");
+                        SCMOE_CHECK(e.empty(),
+                                    "chunks " << chunks << (two ? " (two streams)" : " (one stream)") << ": " << e);
+                    }
+                }
+            } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cpu, MoeRowSlices,
+    ::testing::Values(EpCase{"ep2_top1_capacity", 1, 2, 1, kCap, {24, 24}, false, 2},
+                      EpCase{"ep4_top2_dropless_uneven", 1, 4, 2, kDropless, {30, 3, 0, 17}, false, 4},
+                      EpCase{"ep4_top1_capacity", 1, 4, 1, kCap, {20, 20, 9, 20}, false, 4}),
     [](const ::testing::TestParamInfo<EpCase>& p) { return p.param.name; });
 
 TEST(MoeChunks, BadChunkCountsAreRejected) {

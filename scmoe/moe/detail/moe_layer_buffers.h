@@ -12,6 +12,32 @@
 
 namespace scmoe {
 
+// One local expert per rank (expert parallelism): the chunked pipeline's pieces are slices of its
+// rows, as Tutel's a2a_ffn_overlap_degree splits capacity. The expert side keeps its rows on a fixed
+// grid of kRowSlices slices: slice s of a source's r rows is [r*s/S, r*(s+1)/S) (row_slice_begin),
+// and the rows are ordered (slice, source, row), so the rows of slices [s0, s1) are contiguous for
+// every piece count that divides S: 1..kMaxRowPieces pieces. The token side is unchanged (a piece
+// sends rows [r*c/n, r*(c+1)/n) of each peer's segment). The layout does not depend on the piece
+// count, so a forward and its backward may run in different numbers of pieces.
+inline constexpr int kRowSlices = 12;  // every piece count 1..kMaxRowPieces (moe_layer.h) divides it
+static_assert(kRowSlices % 2 == 0 && kRowSlices % 3 == 0 && kRowSlices % kMaxRowPieces == 0);
+inline std::int64_t row_slice_begin(std::int64_t rows, std::int64_t slice, std::int64_t slices) {
+    return rows * slice / slices;
+}
+// The row-slice table (Buffers/HostScratch::slice_table), for P sources:
+//   [3][P S] at 0: expert row, exchange row, rows per (source p, slice s), p-major: the regroup of
+//                  the unchunked exchange (the all-to-all delivers each source's rows in order)
+//   [n + 1]  at slice_bounds_at(P, n): the first expert row of each of n pieces, then the total
+inline std::int64_t slice_bounds_at(int P, int n) {
+    return 3LL * P * kRowSlices + static_cast<std::int64_t>(n - 1) * (n + 2) / 2;
+}
+inline std::int64_t slice_table_entries(int P) { return slice_bounds_at(P, kMaxRowPieces + 1); }
+// Entries of the chunk table: 3 P chunks + 3 P El for expert groups (<= 6 E); with row slices
+// 3 P n + 3 P S for n pieces.
+inline std::int64_t chunk_table_entries(std::int64_t E, int ep) {
+    return E / ep == 1 ? 3LL * ep * (kMaxRowPieces + kRowSlices) : 6 * E;
+}
+
 struct MoeLayer::Buffers {
     // Router and layout (token side).
     float* logits = nullptr;                 // [T, E] f32
@@ -50,7 +76,8 @@ struct MoeLayer::Buffers {
     // Chunked pipeline: a piece's token-side rows packed by peer for its all-to-all, and the
     // pieces' pack/unpack tables (layout in chunk_table_layout below).
     void* stage = nullptr;                        // [R, H]
-    std::int32_t* chunk_table = nullptr;          // [6 E]
+    std::int32_t* chunk_table = nullptr;          // [chunk_table_entries]
+    std::int32_t* slice_table = nullptr;          // one local expert: [slice_table_entries], else none
     // Router backward.
     float* grad_gate_weight = nullptr;  // [T, k]
     void* grad_logits = nullptr;        // [T, E] dtype
@@ -125,7 +152,8 @@ struct MoeLayer::Buffers {
             recv_expert_counts = w.take<std::int32_t>(E);
             local_offsets = w.take<std::int32_t>(E / ep + 1);
             stage = scratch(R * H);
-            chunk_table = w.take<std::int32_t>(6 * E);
+            chunk_table = w.take<std::int32_t>(chunk_table_entries(E, ep));
+            if (E / ep == 1) slice_table = w.take<std::int32_t>(slice_table_entries(ep));
         }
         h = take(Re * I);
         act = take(Re * F);
@@ -164,8 +192,9 @@ struct MoeLayer::HostScratch {
     std::int64_t* send_elements = nullptr;   // [ep] dispatch: elements to each peer
     std::int64_t* recv_elements = nullptr;   // [ep] dispatch: elements from each peer
     std::int32_t* config_hashes = nullptr;   // [ep, 2] every rank's config hash (construction check)
-    std::int32_t* chunk_table = nullptr;     // [6 E] chunked pipeline: built here, uploaded to Buffers
-    // Chunked pipeline element counts, one slot per chunk count n = 1..El (at chunk_counts_at(n, ep)),
+    std::int32_t* chunk_table = nullptr;     // [chunk_table_entries] chunked pipeline: built here, uploaded
+    std::int32_t* slice_table = nullptr;     // one local expert: [slice_table_entries], built by dispatch_counts
+    // Chunked pipeline element counts, one slot per chunk count n = 1..max (at chunk_counts_at(n, ep)),
     // each [n, ep]: so the counts of a forward's pieces stay valid while a backward in another number
     // of pieces computes its own (host-task communicators read them when their work runs).
     std::int64_t* chunk_send_elements = nullptr;  // token side -> expert side, per piece and peer
@@ -184,10 +213,11 @@ struct MoeLayer::HostScratch {
         send_elements = w.take<std::int64_t>(ep);
         recv_elements = w.take<std::int64_t>(ep);
         config_hashes = w.take<std::int32_t>(2 * ep);
-        chunk_table = w.take<std::int32_t>(6 * E);
-        const std::int64_t El = E / ep;
-        chunk_send_elements = w.take<std::int64_t>(chunk_counts_at(El + 1, ep));
-        chunk_recv_elements = w.take<std::int64_t>(chunk_counts_at(El + 1, ep));
+        chunk_table = w.take<std::int32_t>(chunk_table_entries(E, ep));
+        if (E / ep == 1 && ep > 1) slice_table = w.take<std::int32_t>(slice_table_entries(ep));
+        const std::int64_t pieces = E / ep == 1 ? kMaxRowPieces : E / ep;
+        chunk_send_elements = w.take<std::int64_t>(chunk_counts_at(pieces + 1, ep));
+        chunk_recv_elements = w.take<std::int64_t>(chunk_counts_at(pieces + 1, ep));
     }
     // Where the [n, ep] per-piece counts of an n-piece pipeline start: after the slots of 1..n-1.
     static std::int64_t chunk_counts_at(std::int64_t n, int ep) { return n * (n - 1) / 2 * ep; }
@@ -210,6 +240,17 @@ struct ChunkTableLayout {
     std::int64_t token_segments() const { return peers; }
     std::int64_t expert_segments() const { return static_cast<std::int64_t>(peers) * experts; }
 };
+// With row slices (one local expert): piece c's token side [3][P] at 3 P c (one segment per peer,
+// as for expert groups) and its expert side [3][P S/n] at 3 P n + 3 P (S/n) c: per (source p, slice s
+// of the piece's S/n), p-major; `experts` then counts the piece's slices per source.
+inline ChunkTableLayout row_slice_table_layout(int P, int chunks, int chunk) {
+    ChunkTableLayout l;
+    l.peers = P;
+    l.experts = kRowSlices / chunks;
+    l.token = 3LL * P * chunk;
+    l.expert = 3LL * P * chunks + 3LL * P * l.experts * chunk;
+    return l;
+}
 inline ChunkTableLayout chunk_table_layout(int P, int El, int chunks, int chunk) {
     const int e0 = chunk * El / chunks, e1 = (chunk + 1) * El / chunks;
     ChunkTableLayout l;
