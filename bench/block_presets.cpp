@@ -25,10 +25,11 @@ namespace {
 //     per-GPU DATA.BATCH_SIZE 128 [Swin] (ASSUMPTION: the paper does not say per GPU or global).
 //   attention bidirectional: Swin's WindowAttention masks nothing inside a window (its attn_mask is
 //     only for shifted windows, which do not shift here), so every token attends all 144 [Swin].
-// Not modeled (stated in the report): SwinV2's scaled cosine attention (q and k normalised, a learned per-head logit scale) and its
-// log-spaced continuous position bias (a small MLP over a 23 x 23 table, added to the scores) are
-// elementwise passes over the scores that a fused kernel absorbs and PyTorch's unfused attention pays
-// as memory-bound passes; LayerNorm instead of RMSNorm (the same memory-bound pass).
+// Not modeled (stated in the report): SwinV2's scaled cosine attention (q and k normalised, a learned
+// per-head logit scale) and its log-spaced continuous position bias (a small MLP over a 23 x 23
+// table, added to the scores) are elementwise passes over the scores that a fused kernel absorbs and
+// PyTorch's unfused attention pays as memory-bound passes; LayerNorm instead of RMSNorm (the same
+// memory-bound pass).
 BlockPreset swinv2_moe_s_stage3() {
     BlockPreset p;
     p.name = "swinv2-moe-s-stage3";

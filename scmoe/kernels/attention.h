@@ -5,8 +5,9 @@
 // Tokens are sequence-major inside a batch: token t = b * seq + i. Causal (causal = true, the
 // default, decoders): query i attends keys 0..i of its own sequence only. Bidirectional
 // (causal = false, encoders, SwinV2's window attention): query i attends every key 0..seq-1 of its
-// own sequence (no mask). The decoding op (attention_decode.h) is causal by construction. A qkv row is [q (heads*head_dim) | k (kv_heads*head_dim) |
-// v (kv_heads*head_dim)], head h at columns h*head_dim.. inside each of the three parts.
+// own sequence (no mask). The decoding op (attention_decode.h) is causal by construction. A qkv row
+// is [q (heads*head_dim) | k (kv_heads*head_dim) | v (kv_heads*head_dim)], head h at columns
+// h*head_dim.. inside each of the three parts.
 //
 // Grouped-query attention (GQA; Ainslie et al. 2023, arXiv 2305.13245): kv_heads divides heads and
 // query head h reads K/V head h / (heads / kv_heads), so each K/V head serves a group of consecutive

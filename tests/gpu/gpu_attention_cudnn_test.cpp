@@ -208,7 +208,7 @@ TEST(GpuAttentionCudnn, BidirectionalMatchesOwnKernelAndCpu) {
     check_cudnn_against_own_and_cpu(b, {1, 300, 2, 128, 0, false}, seed += 5);
     check_cudnn_against_own_and_cpu(b, {3, 65, 2, 64, 0, false}, seed += 5);
     check_cudnn_against_own_and_cpu(b, {1, 77, 2, 64, 0, false}, seed += 5, 3.0f);  // peaky softmax
-    check_cudnn_against_own_and_cpu(b, {8, 144, 12, 64, 0, false}, seed += 5);  // SwinV2 stage 3 seq and heads, head_dim 64
+    check_cudnn_against_own_and_cpu(b, {8, 144, 12, 64, 0, false}, seed += 5);      // SwinV2 stage 3's seq and heads
     check_cudnn_against_own_and_cpu(b, {2, 100, 4, 64}, seed += 5);  // causal again after the bidirectional graph
     for (const Shape s : {Shape{2, 100, 4, 64, 2, false}, Shape{2, 65, 8, 64, 1, false}}) {
         SCOPED_TRACE("GQA " + s.name());

@@ -1,5 +1,6 @@
-// CUDA RMSNorm and attention (causal, and bidirectional: AttentionArgs::causal false) against the CPU ops on the same (bf16-rounded) inputs, forward
-// and backward, f32 and bf16 storage; bitwise run-to-run determinism of the CUDA results.
+// CUDA RMSNorm and attention (causal, and bidirectional: AttentionArgs::causal false) against the CPU
+// ops on the same (bf16-rounded) inputs, forward and backward, f32 and bf16 storage; bitwise
+// run-to-run determinism of the CUDA results.
 //
 // Tolerances (|gpu - cpu| <= tol * max(1, |cpu|)):
 //   bf16 outputs (y, grad_x, out, grad_qkv):   2e-2  (one bf16 rounding, 3.9e-3 relative, plus fp32 sum order)
@@ -208,11 +209,11 @@ TEST(GpuBackboneAttention, BidirectionalForwardBackwardMatchCpu) {
     std::uint64_t seed = 270;
     for (DType dt : {DType::kF32, DType::kBF16}) {
         check_attention(b, dt, {2, 37, 3, 64, 0, false}, 1.0f, seed += 5);
-        check_attention(b, dt, {1, 33, 1, 40, 0, false}, 2.0f, seed += 5);   // partial lane slot, peakier softmax
-        check_attention(b, dt, {2, 37, 4, 64, 2, false}, 1.0f, seed += 5);   // GQA
-        check_attention(b, dt, {1, 70, 6, 24, 1, false}, 1.0f, seed += 5);   // multi-query, head_dim < 32
+        check_attention(b, dt, {1, 33, 1, 40, 0, false}, 2.0f, seed += 5);  // partial lane slot, peakier softmax
+        check_attention(b, dt, {2, 37, 4, 64, 2, false}, 1.0f, seed += 5);  // GQA
+        check_attention(b, dt, {1, 70, 6, 24, 1, false}, 1.0f, seed += 5);  // multi-query, head_dim < 32
         check_attention(b, dt, {1, 300, 16, 128, 4, false}, 1.0f, seed += 5);
-        check_attention(b, dt, {3, 1, 2, 64, 0, false}, 1.0f, seed += 5);    // seq 1
+        check_attention(b, dt, {3, 1, 2, 64, 0, false}, 1.0f, seed += 5);     // seq 1
         check_attention(b, dt, {1, 144, 12, 32, 0, false}, 1.0f, seed += 5);  // the SwinV2 stage-3 shape
     }
 }

@@ -60,7 +60,7 @@ struct Shape {
     }
     void backward(Stream& s, const F& qkv, const F& out, const F& lse, const F& go, F& gqkv, bool causal) const {
         gqkv.assign(sz(qkv_size()), std::numeric_limits<float>::quiet_NaN());  // must be overwritten
-        AttentionBackwardArgs a{batch,      seq,        heads,      head_dim,    DType::kF32, qkv.data(),
+        AttentionBackwardArgs a{batch,      seq,        heads,     head_dim,    DType::kF32, qkv.data(),
                                 out.data(), lse.data(), go.data(), gqkv.data(), kv_heads};
         a.causal = causal;
         attention_backward(a, s);
@@ -227,7 +227,8 @@ TEST(AttentionBidirectional, EveryQuerySeesEveryKeyOfItsOwnSequenceOnly) {
     const std::int64_t hd = a.heads * a.head_dim;
     for (std::int64_t i = 0; i < a.seq; ++i) {
         float diff = 0.0f;
-        for (std::int64_t e = 0; e < hd; ++e) diff = std::max(diff, std::abs(out2[sz(i * hd + e)] - out[sz(i * hd + e)]));
+        for (std::int64_t e = 0; e < hd; ++e)
+            diff = std::max(diff, std::abs(out2[sz(i * hd + e)] - out[sz(i * hd + e)]));
         EXPECT_GT(diff, 0.0f) << "query " << i << " of sequence 0 must see the last key";
     }
     for (std::int64_t t = a.seq; t < a.rows(); ++t)
@@ -247,11 +248,10 @@ TEST(AttentionBidirectional, CausalIsTheDefaultAndUnchanged) {
     const F qkv = random_floats(a.qkv_size(), 56, 1.5f), go = random_floats(a.out_size(), 57);
     // Args without the field (as every caller before it wrote them) against causal = true set.
     F out(sz(a.out_size())), lse(sz(a.batch * a.heads * a.seq)), grad(sz(a.qkv_size()));
-    attention_forward({a.batch, a.seq, a.heads, a.head_dim, DType::kF32, qkv.data(), out.data(), lse.data(),
-                       a.kv_heads},
-                      *c.stream);
-    attention_backward({a.batch, a.seq, a.heads, a.head_dim, DType::kF32, qkv.data(), out.data(), lse.data(),
-                        go.data(), grad.data(), a.kv_heads},
+    attention_forward(
+        {a.batch, a.seq, a.heads, a.head_dim, DType::kF32, qkv.data(), out.data(), lse.data(), a.kv_heads}, *c.stream);
+    attention_backward({a.batch, a.seq, a.heads, a.head_dim, DType::kF32, qkv.data(), out.data(), lse.data(), go.data(),
+                        grad.data(), a.kv_heads},
                        *c.stream);
     F cout, clse, cgrad;
     a.forward(*c.stream, qkv, cout, clse, true);

@@ -1,6 +1,7 @@
 // Attention on the CPU: per (batch, head), BLAS on strided views of qkv, in row blocks of kRowBlock
 // queries. Causal: only keys 0..(last query of the block) are computed (about half of the full
-// seq x seq work); non-causal (causal = false): every block computes all seq keys. Scratch score buffers are thread_local: a CPU stream is one worker thread.
+// seq x seq work); non-causal (causal = false): every block computes all seq keys. Scratch score
+// buffers are thread_local: a CPU stream is one worker thread.
 // GQA (attention.h): query head h reads K/V head h / group; backward walks each K/V head's group of
 // query heads in order, summing its dK and dV over them.
 // NOTES: no threads of our own and a fixed block order, so results do not depend on timing.

@@ -1,5 +1,5 @@
-// Attention (causal or not) through the cuDNN frontend's SDPA graphs (cudnn_attention.h). Host C++ only: the
-// graphs run cuDNN's own fused flash-attention kernels.
+// Attention (causal or not) through the cuDNN frontend's SDPA graphs (cudnn_attention.h). Host C++
+// only: the graphs run cuDNN's own fused flash-attention kernels.
 //
 // NOTES:
 //   - Tensors are strided views over scmoe's buffers (cudnn_attention_plan.h); K and V (and dK, dV)
@@ -180,8 +180,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const CudnnAttentionKey& k) {
                        .set_name("scmoe_attention_forward")
                        .set_generate_stats(k.with_stats)
                        .set_attn_scale(math::attention_scale(k.head_dim));
-    if (k.causal)
-        options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    if (k.causal) options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     auto [o, stats] = g->sdpa(q, kk, v, options);
     set_output(o, kUidO, views.o, io);
     if (k.with_stats) set_output(stats, kUidStats, views.stats, fe::DataType_t::FLOAT);
@@ -202,8 +201,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const CudnnAttentionKey& k) {
                        .set_name("scmoe_attention_backward")
                        .set_attn_scale(math::attention_scale(k.head_dim))
                        .set_deterministic_algorithm(k.deterministic);
-    if (k.causal)
-        options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    if (k.causal) options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, grad_out, stats, options);
     set_output(dq, kUidGradQ, views.q, io);
     set_output(dk, kUidGradK, views.k, io);

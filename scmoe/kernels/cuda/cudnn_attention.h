@@ -1,5 +1,5 @@
-// Private: attention (causal or not) through cuDNN's fused flash attention (the cuDNN frontend's SDPA graph),
-// bf16, forward and backward, on scmoe's own buffers as strided views (cudnn_attention_plan.h).
+// Private: attention (causal or not) through cuDNN's fused flash attention (the cuDNN frontend's
+// SDPA graph), bf16, forward and backward, on scmoe's own buffers as strided views (cudnn_attention_plan.h).
 // Built only with SCMOE_WITH_CUDNN (scmoe/kernels/cuda/cudnn_attention.cpp); scmoe/kernels/cuda/attention.cu
 // decides when to call it.
 //
