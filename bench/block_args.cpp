@@ -22,7 +22,7 @@ cxxopts::Options block_options() {
     for (const std::string& n : block_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
     o.add_options("block")
         ("preset", "a block shape the paper measured (" + presets + "): sets --hidden --ffn --heads --kv-heads "
-         "--seq --experts --activation --capacity-factor and --tokens, each flag given overriding it; "
+         "--seq --experts --activation --capacity-factor --bidirectional and --tokens, each flag given overriding it; "
          "docs/scmoe-paper-setup.md", cxxopts::value<std::string>())
         ("variants", "comma list of: " + block_variant_list(),
          cxxopts::value<std::string>()->default_value("top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3,scmoe2"))
@@ -37,6 +37,9 @@ cxxopts::Options block_options() {
         ("kv-heads", "K/V heads (grouped-query attention; must divide --heads; default: --heads)",
          cxxopts::value<int>())
         ("seq", "tokens per sequence", cxxopts::value<std::int64_t>()->default_value("128"))
+        ("bidirectional", "bidirectional attention: every token attends its whole sequence, as encoders and SwinV2's "
+         "window attention (twice the causal QK^T and PV FLOPs); default causal; --bidirectional=false turns a "
+         "preset's off", cxxopts::value<bool>()->default_value("false"))
         ("blocks", "blocks of the every-block-* variants (an MoE in each)", cxxopts::value<int>()->default_value("4"))
         ("mode", "fwd | train", cxxopts::value<std::string>()->default_value("train"))
         ("dispatch", "capacity | dropless", cxxopts::value<std::string>()->default_value("capacity"))
@@ -103,7 +106,9 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
         if (!r.count("seq")) a.seq = p->seq;
         if (!r.count("experts")) a.experts = block_preset_experts(*p, a.ranks);
         if (!r.count("capacity-factor")) a.capacity_factor = p->capacity_factor;
+        a.bidirectional = !p->causal;
     }
+    if (r.count("bidirectional")) a.bidirectional = r["bidirectional"].as<bool>();
     if (r.count("kv-heads")) a.kv_heads = r["kv-heads"].as<int>();
     if (a.kv_heads == 0) a.kv_heads = a.heads;
     if (a.heads < 1 || a.kv_heads < 1 || a.heads % a.kv_heads != 0)
@@ -205,6 +210,7 @@ nlohmann::ordered_json block_args_json(const CommonArgs& common, const BlockArgs
     j["heads"] = a.heads;
     j["kv_heads"] = a.kv_heads;
     j["seq"] = a.seq;
+    j["bidirectional"] = a.bidirectional;
     j["mode"] = a.train ? "train" : "fwd";
     j["dispatch"] = dispatch_mode_name(a.dispatch);
     j["activation"] = activation_name(a.activation);

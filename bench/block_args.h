@@ -28,6 +28,7 @@ struct BlockArgs {
     std::vector<std::int64_t> tokens;  // per rank per step: --tokens, or the -b/-e/-f sweep (one row set each)
     std::int64_t hidden = 0, ffn = 0, heads = 0, kv_heads = 0, seq = 0;  // kv_heads: = heads without GQA
     int experts = 0, blocks = 4;
+    bool bidirectional = false;  // --bidirectional: attention without the causal mask (BackboneShape::causal)
     bool train = true;
     bool coefficient_gate = true;
     DispatchMode dispatch = DispatchMode::kCapacity;

@@ -94,6 +94,7 @@ BlockStackConfig variant_config(const BlockArgs& a, const std::string& name, DTy
     s.heads = a.heads;
     s.kv_heads = a.kv_heads;
     s.seq_len = a.seq;
+    s.causal = !a.bidirectional;
     s.ffn = a.ffn;
     s.activation = a.activation;
     s.dtype = dtype;

@@ -43,17 +43,23 @@ expect_field("${json_text}" seq 144)
 expect_field("${json_text}" experts 8)
 expect_field("${json_text}" activation gelu)
 expect_field("${json_text}" capacity_factor 1.25)
+expect_field("${json_text}" bidirectional ON)
 string(JSON tokens GET "${json_text}" args tokens_per_rank 0)
 if(NOT tokens EQUAL 18432)
   message(FATAL_ERROR "tokens per rank ${tokens}, expected 18432 = 128 images x 144")
 endif()
 foreach(note "preset swinv2-moe-s-stage3: SwinV2-MoE-S stage 3" "preset assumption: 18432 tokens per rank"
-        "preset omission: attention runs causal")
+        "preset omission: SwinV2's cosine attention")
   string(FIND "${out_text}" "${note}" at)
   if(at LESS 0)
     message(FATAL_ERROR "the report does not state '${note}'")
   endif()
 endforeach()
+# Its attention is bidirectional now: the old omission is gone.
+string(FIND "${out_text}" "attention runs causal" at)
+if(NOT at LESS 0)
+  message(FATAL_ERROR "the report still says the preset's attention runs causal")
+endif()
 
 # A flag given overrides the preset's value; 16 ranks on 2 nodes take the paper's 16 experts.
 run(swin_2x8 1 --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 --variants scmoe-pos2
@@ -64,4 +70,8 @@ string(JSON tokens GET "${json_text}" args tokens_per_rank 0)
 if(NOT tokens EQUAL 1440)
   message(FATAL_ERROR "--tokens 1440 did not override the preset: ${tokens}")
 endif()
+# --bidirectional=false overrides the preset's bidirectional attention.
+run(swin_causal 1 --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants top2 --tokens 1440
+    --bidirectional=false)
+expect_field("${json_text}" bidirectional OFF)
 message(STATUS "swinv2-moe-s-stage3: shapes as stated, emulated runs complete")

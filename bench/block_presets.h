@@ -19,6 +19,7 @@ struct BlockPreset {
     int experts = 0;            // on one node (ranks <= 8)
     int experts_two_nodes = 0;  // with more than 8 ranks (the paper's 2 x 8 GPUs: one expert per GPU)
     std::int64_t tokens_per_rank = 0;
+    bool causal = true;              // false: bidirectional attention (--bidirectional)
     std::vector<std::string> notes;  // the assumptions and omissions, printed with the report
 };
 

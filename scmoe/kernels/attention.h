@@ -1,10 +1,13 @@
-// Causal multi-head self-attention core, forward and backward. The q/k/v and output projections
-// are GEMMs done by the caller; this op is softmax(q k^T * scale, causal) v per (batch, head) with
-// scale = 1 / sqrt(head_dim).
+// Multi-head self-attention core, forward and backward. The q/k/v and output projections are GEMMs
+// done by the caller; this op is softmax(q k^T * scale, causal) v per (batch, head) with
+// scale = 1 / sqrt(head_dim), causal by default.
 //
-// Tokens are sequence-major inside a batch: token t = b * seq + i. Causal: query i attends keys
-// 0..i of its own sequence only. A qkv row is [q (heads*head_dim) | k (kv_heads*head_dim) |
-// v (kv_heads*head_dim)], head h at columns h*head_dim.. inside each of the three parts.
+// Tokens are sequence-major inside a batch: token t = b * seq + i. Causal (causal = true, the
+// default, decoders): query i attends keys 0..i of its own sequence only. Bidirectional
+// (causal = false, encoders, SwinV2's window attention): query i attends every key 0..seq-1 of its
+// own sequence (no mask). The decoding op (attention_decode.h) is causal by construction. A qkv row
+// is [q (heads*head_dim) | k (kv_heads*head_dim) | v (kv_heads*head_dim)], head h at columns
+// h*head_dim.. inside each of the three parts.
 //
 // Grouped-query attention (GQA; Ainslie et al. 2023, arXiv 2305.13245): kv_heads divides heads and
 // query head h reads K/V head h / (heads / kv_heads), so each K/V head serves a group of consecutive
@@ -42,6 +45,9 @@ struct AttentionArgs {
     // scale applied; cuDNN's softmax "Stats" output has the same definition and layout.
     float* lse = nullptr;
     std::int64_t kv_heads = 0;  // K/V heads (GQA); 0 = heads. heads % kv_heads == 0
+    // True: query i sees keys 0..i (lse sums over j <= i); false: every key of its sequence (lse
+    // sums over all j). The default keeps the causal op every caller had, bit for bit.
+    bool causal = true;
 };
 
 // The K/V head count a call runs with: kv_heads, or heads where it is 0.
@@ -83,7 +89,8 @@ void attention_forward(const AttentionArgs& args, Stream& stream,
                        AttentionProvider provider = AttentionProvider::kAuto);
 
 // Causal attention: QK^T and PV over the lower triangle, 2 * (2 * b*h*s*s*d) / 2 FLOPs (the count
-// FlashAttention's papers use for causal masks); reads qkv once, writes out and lse (a fused kernel).
+// FlashAttention's papers use for causal masks); non-causal: the full square, 2 * (2 * b*h*s*s*d)
+// (twice the causal count). Reads qkv once, writes out and lse (a fused kernel).
 // GQA: the FLOPs are per query head (unchanged); the bytes read shrink with kv_heads (the qkv row).
 inline OpCost op_cost(const AttentionArgs& a) {
     const double bhs = static_cast<double>(a.batch * a.heads * a.seq);
@@ -91,7 +98,7 @@ inline OpCost op_cost(const AttentionArgs& a) {
                                 a.batch * a.seq * a.heads * a.head_dim, a.dtype, 0.0) +
                elementwise_cost(0, a.lse ? a.batch * a.heads * a.seq : 0, DType::kF32, 0.0);
     c.unit = OpUnit::kTensor;
-    c.flops = 2.0 * bhs * static_cast<double>(a.seq) * static_cast<double>(a.head_dim);
+    c.flops = (a.causal ? 2.0 : 4.0) * bhs * static_cast<double>(a.seq) * static_cast<double>(a.head_dim);
     c.gemm_m = a.seq, c.gemm_n = a.seq, c.gemm_k = a.head_dim, c.gemm_count = a.batch * a.heads;
     c.threads = static_cast<double>(a.batch * a.heads) * gemm_threads(a.seq, a.head_dim);
     return c;
@@ -106,11 +113,13 @@ struct AttentionBackwardArgs {
     const void* grad_out = nullptr;  // [batch*seq, heads*head_dim]
     void* grad_qkv = nullptr;        // like qkv, out, overwritten; must not overlap the inputs
     std::int64_t kv_heads = 0;       // K/V heads (GQA); 0 = heads
+    bool causal = true;              // as the forward was run (AttentionArgs::causal)
 };
 void attention_backward(const AttentionBackwardArgs& args, Stream& stream,
                         AttentionProvider provider = AttentionProvider::kAuto);
 
-// 2.5x the forward's FLOPs (recompute of P, then dV, dP, dQ, dK: the FlashAttention-2 count).
+// 2.5x the forward's FLOPs (recompute of P, then dV, dP, dQ, dK: the FlashAttention-2 count);
+// non-causal twice the causal count, as the forward.
 // Reads qkv, out and grad_out, writes grad_qkv; GQA narrows the qkv and grad_qkv rows.
 inline OpCost op_cost(const AttentionBackwardArgs& a) {
     const std::int64_t rows = a.batch * a.seq, width = a.heads * a.head_dim;
@@ -118,8 +127,8 @@ inline OpCost op_cost(const AttentionBackwardArgs& a) {
     OpCost c = elementwise_cost(rows * (qkv_width + 2 * width), rows * qkv_width, a.dtype, 0.0) +
                elementwise_cost(a.batch * a.heads * a.seq, 0, DType::kF32, 0.0);
     c.unit = OpUnit::kTensor;
-    c.flops = 2.5 * 2.0 * static_cast<double>(a.batch * a.heads * a.seq) * static_cast<double>(a.seq) *
-              static_cast<double>(a.head_dim);
+    c.flops = 2.5 * (a.causal ? 2.0 : 4.0) * static_cast<double>(a.batch * a.heads * a.seq) *
+              static_cast<double>(a.seq) * static_cast<double>(a.head_dim);
     c.gemm_m = a.seq, c.gemm_n = a.seq, c.gemm_k = a.head_dim, c.gemm_count = a.batch * a.heads;
     c.threads = static_cast<double>(a.batch * a.heads) * gemm_threads(a.seq, a.head_dim);
     return c;

@@ -30,6 +30,9 @@ void LmConfig::validate() const {
     if (block_variant_is_pair(variant))
         SCMOE_CHECK(layers % 2 == 0, "LmConfig.layers = " << layers << " must be even for the pair variant '" << variant
                                                           << "' (a [dense, MoE] pair per 2 layers)");
+    SCMOE_CHECK(backbone.causal,
+                "LmConfig.backbone.causal = false: a decoder-only language model needs causal "
+                "attention (bidirectional attention is for encoder and vision blocks)");
     block_stack();  // validates the variant name and every shape
 }
 

@@ -104,7 +104,7 @@ void AttentionSublayer::forward(const Tensor& h, const std::vector<Tensor>& p, T
     rmsnorm_forward({T, H, shape_.norm_eps, dt, h.data, p[0].data, normed_, rstd_}, stream);
     gemm({false, false, T, Q, H, 1.0f, 0.0f, normed_, p[1].data, qkv_, dt, dt}, stream);
     attention_forward({T / shape_.seq_len, shape_.seq_len, shape_.heads, H / shape_.heads, dt, qkv_, attn_,
-                       training_ ? lse_ : nullptr, backbone_kv_heads(shape_)},
+                       training_ ? lse_ : nullptr, backbone_kv_heads(shape_), shape_.causal},
                       stream);
     residual_gemm(h.data, attn_, p[2].data, out.data, T, H, H, dt, stream);
 }
@@ -126,7 +126,7 @@ void AttentionSublayer::backward(const Tensor& grad_out, const std::vector<Tenso
     gemm({true, false, H, H, T, 1.0f, 0.0f, attn_, grad_out.data, g[2].data, dt, f32}, stream);
     gemm({false, true, T, H, H, 1.0f, 0.0f, grad_out.data, p[2].data, grad_attn_, dt, dt}, stream);
     attention_backward({T / shape_.seq_len, shape_.seq_len, shape_.heads, H / shape_.heads, dt, qkv_, attn_, lse_,
-                        grad_attn_, grad_qkv_, backbone_kv_heads(shape_)},
+                        grad_attn_, grad_qkv_, backbone_kv_heads(shape_), shape_.causal},
                        stream);
     // qkv = normed . Wqkv
     gemm({true, false, H, Q, T, 1.0f, 0.0f, normed_, grad_qkv_, g[1].data, dt, f32}, stream);

@@ -1,5 +1,6 @@
-// The backbone sublayers ScMoE overlaps its all-to-all with: pre-norm causal multi-head attention and
-// a pre-norm dense MLP, each with its residual, forward and backward.
+// The backbone sublayers ScMoE overlaps its all-to-all with: pre-norm causal multi-head attention
+// (bidirectional where BackboneShape::causal is false: encoders, SwinV2's window attention) and a
+// pre-norm dense MLP, each with its residual, forward and backward.
 //
 //   AttentionSublayer:  out = h + Attn(RMSNorm(h) . Wqkv) . Wo     (GQA: kv_heads K/V heads)
 //   MlpSublayer:        out = h + act(RMSNorm(h) . W1) . W2        (SwiGLU: W1 = [gate | up])
@@ -31,6 +32,10 @@ struct BackboneShape {
     Activation activation = Activation::kSwiGLU;
     DType dtype = DType::kF32;
     float norm_eps = 1e-5f;
+    // Attention mask (scmoe/kernels/attention.h, AttentionArgs::causal): true (the default), query i
+    // sees tokens 0..i of its sequence (decoders; language models require it); false, bidirectional:
+    // every token of its sequence (encoders, vision blocks such as SwinV2's window attention).
+    bool causal = true;
 };
 
 // The K/V head count of `shape`: kv_heads, or heads where it is 0.

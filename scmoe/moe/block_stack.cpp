@@ -62,6 +62,7 @@ std::string BlockStackConfig::to_string() const {
     }
     o << "] hidden=" << backbone.hidden << " heads=" << backbone.heads;
     if (backbone.kv_heads > 0 && backbone.kv_heads != backbone.heads) o << " kv_heads=" << backbone.kv_heads;
+    if (!backbone.causal) o << " bidirectional";
     o << " seq=" << backbone.seq_len << " dense_ffn=" << backbone.ffn << " moe={" << moe.to_string() << "}";
     return o.str();
 }

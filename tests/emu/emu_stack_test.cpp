@@ -109,6 +109,71 @@ TEST(EmuStack, UnfusedAttentionCostsWhatTheFormulaSays) {
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(b, s); }), 369.10336, 1e-4);
 }
 
+// Bidirectional attention (causal = false) under the unfused stack: PyTorch's MHA without attn_mask
+// runs bmm(q, k^T), not baddbmm(mask, q, k^T), so attn_qk_bmm reads no mask (S elements fewer) and
+// every other kernel is unchanged; the backward's kernels are the same (the mask had no gradient
+// kernel). Same shapes as above: qk_bmm reads and writes 2(2Q) + 2S = 39,321,600 B -> 39.3216 us,
+// below its 41.94304 us of FLOPs, so the forward is 72.0896 - 41.94304 = 30.14656 us shorter.
+TEST(EmuStack, UnfusedBidirectionalAttentionReadsNoMask) {
+    emu::GpuSpec spec = test::round_spec();
+    spec.launch_us = 0;
+    AttentionArgs a;
+    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
+    const std::vector<emu::StackKernel> causal = emu::unfused_attention_forward(a, true);
+    a.causal = false;
+    const std::vector<emu::StackKernel> bidir = emu::unfused_attention_forward(a, true);
+    ASSERT_EQ(bidir.size(), causal.size());
+    const double S = 10.0 * 1280 * 1280;
+    for (std::size_t i = 0; i < bidir.size(); ++i) {
+        EXPECT_STREQ(bidir[i].name, causal[i].name);
+        EXPECT_EQ(bidir[i].cost.flops, causal[i].cost.flops) << bidir[i].name;
+        const double fewer = std::string(bidir[i].name) == "attn_qk_bmm" ? 2.0 * S : 0.0;  // the bf16 mask
+        EXPECT_DOUBLE_EQ(bidir[i].cost.bytes, causal[i].cost.bytes - fewer) << bidir[i].name;
+    }
+    EXPECT_NEAR(emu::model_kernel(bidir[1].cost, spec).work_us, 41.94304, 1e-9);
+    auto device = device_with(unfused(true), spec);
+    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2), grad(*device, 3 * 1638400 * 2);
+    std::vector<float> lse(12800);
+    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584 - 30.14656, 1e-4);
+
+    AttentionBackwardArgs b;
+    b.batch = 1, b.seq = 1280, b.heads = 10, b.head_dim = 128, b.dtype = DType::kBF16;
+    const std::vector<emu::StackKernel> causal_bwd = emu::unfused_attention_backward(b, true);
+    b.causal = false;
+    const std::vector<emu::StackKernel> bidir_bwd = emu::unfused_attention_backward(b, true);
+    ASSERT_EQ(bidir_bwd.size(), causal_bwd.size());
+    for (std::size_t i = 0; i < bidir_bwd.size(); ++i) {
+        EXPECT_STREQ(bidir_bwd[i].name, causal_bwd[i].name);
+        EXPECT_EQ(bidir_bwd[i].cost.flops, causal_bwd[i].cost.flops) << bidir_bwd[i].name;
+        EXPECT_EQ(bidir_bwd[i].cost.bytes, causal_bwd[i].cost.bytes) << bidir_bwd[i].name;
+    }
+    b.qkv = qkv.data(), b.out = out.data(), b.lse = lse.data(), b.grad_out = out.data(), b.grad_qkv = grad.data();
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(b, s); }), 369.10336, 1e-4);
+}
+
+// The fused kernel (the default stack) costs the full square without causal: twice the FLOPs at the
+// same bytes (attention.h's op_cost), so a FLOP-bound shape takes twice as long.
+TEST(EmuStack, FusedBidirectionalAttentionCountsTwiceTheFlops) {
+    emu::GpuSpec spec = test::round_spec();
+    spec.launch_us = 0;
+    auto device = device_with(emu::Stack{}, spec);
+    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2);
+    std::vector<float> lse(12800);
+    AttentionArgs a;
+    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
+    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
+    const double causal_us = elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); });
+    a.causal = false;
+    const double bidir_us = elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); });
+    OpCost c = op_cost(a);
+    a.causal = true;
+    EXPECT_DOUBLE_EQ(c.flops, 2.0 * op_cost(a).flops);
+    // 4.194e9 FLOPs causal: 41.94 us of tensor work at the 1e8 FLOP/us, far above the bytes' 6.6 us.
+    EXPECT_GT(causal_us, 0.0);
+    EXPECT_NEAR(bidir_us - 1.0, 2.0 * (causal_us - 1.0), 1e-3 * causal_us) << "the 1 us gap aside";
+}
+
 // An inference forward (one that keeps no statistics for a backward: lse null, as an
 // AttentionSublayer in inference mode passes it) runs no dropout pass: PyTorch's dropout is off in
 // eval mode. Same shapes and times as above.
@@ -159,6 +224,31 @@ TEST(EmuStack, TheBackbonesInferenceForwardSkipsTheDropoutPass) {
     attn.forward(in, p, y, *stream);
     attn.backward(y, p, g, gin, *stream);
     stream->synchronize();
+}
+
+// BackboneShape::causal reaches the emulated op: the paper stack's bidirectional sublayer forward is
+// shorter by exactly the mask read of attn_qk_bmm (30.14656 us, the test above).
+TEST(EmuStack, TheBackbonesBidirectionalAttentionReadsNoMask) {
+    emu::GpuSpec spec = test::round_spec();
+    spec.launch_us = 0;
+    auto device = device_with(emu::builtin_stack("paper"), spec);
+    const std::int64_t T = 1280, H = 1280;
+    DeviceBuffer params(*device, (H + 3 * H * H + H * H) * 2);
+    DeviceBuffer h(*device, T * H * 2), out(*device, T * H * 2);
+    auto* pb = static_cast<char*>(params.data());
+    const std::vector<Tensor> p = {Tensor(pb, DType::kBF16, {H}), Tensor(pb + H * 2, DType::kBF16, {H, 3 * H}),
+                                   Tensor(pb + (H + 3 * H * H) * 2, DType::kBF16, {H, H})};
+    const Tensor in(h.data(), DType::kBF16, {T, H}), y(out.data(), DType::kBF16, {T, H});
+    double us[2];
+    for (const bool causal : {true, false}) {
+        BackboneShape shape;
+        shape.hidden = H, shape.heads = 10, shape.seq_len = 1280, shape.ffn = 1280;
+        shape.dtype = DType::kBF16;
+        shape.causal = causal;
+        AttentionSublayer attn(shape, *device, T);
+        us[causal ? 0 : 1] = elapsed_us(*device, [&](Stream& s) { attn.forward(in, p, y, s); });
+    }
+    EXPECT_NEAR(us[0] - us[1], 30.14656, 1e-4);
 }
 
 // Training under an unfused stack keeps the [b*h, s, s] tensors autograd saves, counted against the

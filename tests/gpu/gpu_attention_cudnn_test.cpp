@@ -47,12 +47,25 @@ constexpr double kGradRelL2 = 2e-2;
 struct Shape {
     std::int64_t batch, seq, heads, head_dim;
     std::int64_t kv_heads = 0;  // GQA: K/V heads; 0 = heads
+    bool causal = true;         // false: bidirectional (the SDPA graph without its mask)
     std::int64_t qkv_size() const { return batch * seq * attention_qkv_width(heads, kv_heads, head_dim); }
     std::int64_t out_size() const { return batch * seq * heads * head_dim; }
     std::int64_t lse_size() const { return batch * heads * seq; }
     std::string name() const {
         return "batch=" + std::to_string(batch) + " seq=" + std::to_string(seq) + " heads=" + std::to_string(heads) +
-               " head_dim=" + std::to_string(head_dim) + (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : "");
+               " head_dim=" + std::to_string(head_dim) + (kv_heads ? " kv_heads=" + std::to_string(kv_heads) : "") +
+               (causal ? "" : " bidirectional");
+    }
+    AttentionArgs fwd(DType dt, const void* qkv, void* out, float* lse) const {
+        AttentionArgs a{batch, seq, heads, head_dim, dt, qkv, out, lse, kv_heads};
+        a.causal = causal;
+        return a;
+    }
+    AttentionBackwardArgs bwd(DType dt, const void* qkv, const void* out, const float* lse, const void* go,
+                              void* grad) const {
+        AttentionBackwardArgs a{batch, seq, heads, head_dim, dt, qkv, out, lse, go, grad, kv_heads};
+        a.causal = causal;
+        return a;
     }
 };
 
@@ -77,11 +90,9 @@ Result run_gpu(Backends& b, const Shape& s, const Inputs& in, AttentionProvider 
     DeviceBuffer dout = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), dt);
     DeviceBuffer dlse = upload(b, F(static_cast<std::size_t>(s.lse_size()), kNaN), DType::kF32);
     DeviceBuffer dg = upload(b, F(static_cast<std::size_t>(s.qkv_size()), kNaN), dt);
-    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), s.kv_heads},
-                      *b.gpu_stream, fwd);
-    attention_backward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(),
-                        dg.data(), s.kv_heads},
-                       *b.gpu_stream, bwd);
+    attention_forward(s.fwd(dt, dqkv.data(), dout.data(), dlse.as<float>()), *b.gpu_stream, fwd);
+    attention_backward(s.bwd(dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(), dg.data()), *b.gpu_stream,
+                       bwd);
     return {download(b, dout.data(), s.out_size(), dt), download(b, dlse.data(), s.lse_size(), DType::kF32),
             download(b, dg.data(), s.qkv_size(), dt)};
 }
@@ -90,11 +101,8 @@ Result run_gpu(Backends& b, const Shape& s, const Inputs& in, AttentionProvider 
 Result run_cpu(Backends& b, const Shape& s, const Inputs& in, const F& gpu_out) {
     F out(static_cast<std::size_t>(s.out_size())), lse(static_cast<std::size_t>(s.lse_size())),
         grad(static_cast<std::size_t>(s.qkv_size()));
-    attention_forward(
-        {s.batch, s.seq, s.heads, s.head_dim, DType::kF32, in.qkv.data(), out.data(), lse.data(), s.kv_heads},
-        *b.cpu_stream);
-    attention_backward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, in.qkv.data(), gpu_out.data(), lse.data(),
-                        in.grad_out.data(), grad.data(), s.kv_heads},
+    attention_forward(s.fwd(DType::kF32, in.qkv.data(), out.data(), lse.data()), *b.cpu_stream);
+    attention_backward(s.bwd(DType::kF32, in.qkv.data(), gpu_out.data(), lse.data(), in.grad_out.data(), grad.data()),
                        *b.cpu_stream);
     b.cpu_stream->synchronize();
     return {out, lse, grad};
@@ -187,6 +195,28 @@ TEST(GpuAttentionCudnn, SingleTokenSequencesUnderAuto) {
     EXPECT_EQ(ran.cudnn_backward + ran.own_backward, 1);
     std::printf("seq 1: forward by %s, backward by %s\n", ran.cudnn_forward ? "cuDNN" : "the own kernel",
                 ran.cudnn_backward ? "cuDNN" : "the own kernel");
+}
+
+// Bidirectional attention (causal = false): cuDNN's SDPA graph without the causal mask (its own
+// graph: the key separates it) against the own kernel and the CPU, then a causal call of the same
+// shape still masked (the cached bidirectional graph is not reused for it). GQA under auto.
+TEST(GpuAttentionCudnn, BidirectionalMatchesOwnKernelAndCpu) {
+    SCMOE_REQUIRE_CUDNN();
+    Backends b;
+    std::uint64_t seed = 780;
+    check_cudnn_against_own_and_cpu(b, {2, 100, 4, 64, 0, false}, seed += 5);
+    check_cudnn_against_own_and_cpu(b, {1, 300, 2, 128, 0, false}, seed += 5);
+    check_cudnn_against_own_and_cpu(b, {3, 65, 2, 64, 0, false}, seed += 5);
+    check_cudnn_against_own_and_cpu(b, {1, 77, 2, 64, 0, false}, seed += 5, 3.0f);  // peaky softmax
+    check_cudnn_against_own_and_cpu(b, {8, 144, 12, 64, 0, false}, seed += 5);      // SwinV2 stage 3's seq and heads
+    check_cudnn_against_own_and_cpu(b, {2, 100, 4, 64}, seed += 5);  // causal again after the bidirectional graph
+    for (const Shape s : {Shape{2, 100, 4, 64, 2, false}, Shape{2, 65, 8, 64, 1, false}}) {
+        SCOPED_TRACE("GQA " + s.name());
+        const Ran ran = run_auto_against_cpu(b, s, seed += 5);
+        std::printf("GQA %s: cuDNN forward %lld backward %lld, own forward %lld backward %lld\n", s.name().c_str(),
+                    ran.cudnn_forward, ran.cudnn_backward, ran.own_forward, ran.own_backward);
+        if (ran.cudnn_forward > 0 && ran.cudnn_backward > 0) check_cudnn_against_own_and_cpu(b, s, seed += 5);
+    }
 }
 
 TEST(GpuAttentionCudnn, LongSequenceMatchesOwnKernelAndCpu) {

@@ -1,5 +1,6 @@
-// CUDA RMSNorm and causal attention against the CPU ops on the same (bf16-rounded) inputs, forward
-// and backward, f32 and bf16 storage; bitwise run-to-run determinism of the CUDA results.
+// CUDA RMSNorm and attention (causal, and bidirectional: AttentionArgs::causal false) against the CPU
+// ops on the same (bf16-rounded) inputs, forward and backward, f32 and bf16 storage; bitwise
+// run-to-run determinism of the CUDA results.
 //
 // Tolerances (|gpu - cpu| <= tol * max(1, |cpu|)):
 //   bf16 outputs (y, grad_x, out, grad_qkv):   2e-2  (one bf16 rounding, 3.9e-3 relative, plus fp32 sum order)
@@ -115,12 +116,25 @@ TEST(GpuBackboneRmsNorm, BackwardIsBitwiseDeterministic) {
 struct AttnShape {
     std::int64_t batch, seq, heads, head_dim;
     std::int64_t kv_heads = 0;  // GQA: K/V heads; 0 = heads
+    bool causal = true;         // false: bidirectional
     std::int64_t qkv_size() const { return batch * seq * attention_qkv_width(heads, kv_heads, head_dim); }
     std::int64_t out_size() const { return batch * seq * heads * head_dim; }
     std::int64_t lse_size() const { return batch * heads * seq; }
     std::string name() const {
         return "batch=" + std::to_string(batch) + " seq=" + std::to_string(seq) + " heads=" + std::to_string(heads) +
-               " head_dim=" + std::to_string(head_dim) + " kv_heads=" + std::to_string(kv_heads);
+               " head_dim=" + std::to_string(head_dim) + " kv_heads=" + std::to_string(kv_heads) +
+               (causal ? "" : " bidirectional");
+    }
+    AttentionArgs fwd(DType dt, const void* qkv, void* out, float* lse) const {
+        AttentionArgs a{batch, seq, heads, head_dim, dt, qkv, out, lse, kv_heads};
+        a.causal = causal;
+        return a;
+    }
+    AttentionBackwardArgs bwd(DType dt, const void* qkv, const void* out, const float* lse, const void* go,
+                              void* grad) const {
+        AttentionBackwardArgs a{batch, seq, heads, head_dim, dt, qkv, out, lse, go, grad, kv_heads};
+        a.causal = causal;
+        return a;
     }
 };
 
@@ -133,11 +147,9 @@ AttnResult run_attention_gpu(Backends& b, DType dt, const AttnShape& s, const F&
     DeviceBuffer dout = upload(b, F(static_cast<std::size_t>(s.out_size()), kNaN), dt);
     DeviceBuffer dlse = upload(b, F(static_cast<std::size_t>(s.lse_size()), kNaN), DType::kF32);
     DeviceBuffer dg = upload(b, F(static_cast<std::size_t>(s.qkv_size()), kNaN), dt);  // must be overwritten
-    attention_forward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), s.kv_heads},
-                      *b.gpu_stream, AttentionProvider::kOwn);
-    attention_backward({s.batch, s.seq, s.heads, s.head_dim, dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(),
-                        dg.data(), s.kv_heads},
-                       *b.gpu_stream, AttentionProvider::kOwn);
+    attention_forward(s.fwd(dt, dqkv.data(), dout.data(), dlse.as<float>()), *b.gpu_stream, AttentionProvider::kOwn);
+    attention_backward(s.bwd(dt, dqkv.data(), dout.data(), dlse.as<float>(), dgo.data(), dg.data()), *b.gpu_stream,
+                       AttentionProvider::kOwn);
     return {download(b, dout.data(), s.out_size(), dt), download(b, dlse.data(), s.lse_size(), DType::kF32),
             download(b, dg.data(), s.qkv_size(), dt)};
 }
@@ -149,12 +161,9 @@ void check_attention(Backends& b, DType dt, const AttnShape& s, float input_scal
     const AttnResult got = run_attention_gpu(b, dt, s, qkv, go);
     F out(static_cast<std::size_t>(s.out_size())), lse(static_cast<std::size_t>(s.lse_size())),
         grad(static_cast<std::size_t>(s.qkv_size()));
-    attention_forward(
-        {s.batch, s.seq, s.heads, s.head_dim, DType::kF32, qkv.data(), out.data(), lse.data(), s.kv_heads},
-        *b.cpu_stream);
+    attention_forward(s.fwd(DType::kF32, qkv.data(), out.data(), lse.data()), *b.cpu_stream);
     // Backward reference on the GPU's `out` (what the GPU's D_i sees) and the CPU's own lse.
-    attention_backward({s.batch, s.seq, s.heads, s.head_dim, DType::kF32, qkv.data(), got.out.data(), lse.data(),
-                        go.data(), grad.data(), s.kv_heads},
+    attention_backward(s.bwd(DType::kF32, qkv.data(), got.out.data(), lse.data(), go.data(), grad.data()),
                        *b.cpu_stream);
     b.cpu_stream->synchronize();
     const bool bf16 = dt == DType::kBF16;
@@ -188,6 +197,24 @@ TEST(GpuBackboneAttention, GroupedQueryForwardBackwardMatchCpu) {
         check_attention(b, dt, {2, 37, 4, 64, 2}, 1.0f, seed += 5);
         check_attention(b, dt, {1, 70, 6, 24, 1}, 1.0f, seed += 5);     // multi-query, head_dim < 32
         check_attention(b, dt, {1, 300, 16, 128, 4}, 1.0f, seed += 5);  // llama2-moe's 16 / 4 heads of 128
+    }
+}
+
+// Bidirectional attention (causal = false): the own kernel's every-key loops against the CPU's (itself
+// checked against a double-precision reference and finite differences in
+// tests/unit/attention_bidirectional_test.cpp), MHA, GQA and MQA, seq 1 and seq past a warp's rows.
+TEST(GpuBackboneAttention, BidirectionalForwardBackwardMatchCpu) {
+    SCMOE_REQUIRE_GPU();
+    Backends b;
+    std::uint64_t seed = 270;
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+        check_attention(b, dt, {2, 37, 3, 64, 0, false}, 1.0f, seed += 5);
+        check_attention(b, dt, {1, 33, 1, 40, 0, false}, 2.0f, seed += 5);  // partial lane slot, peakier softmax
+        check_attention(b, dt, {2, 37, 4, 64, 2, false}, 1.0f, seed += 5);  // GQA
+        check_attention(b, dt, {1, 70, 6, 24, 1, false}, 1.0f, seed += 5);  // multi-query, head_dim < 32
+        check_attention(b, dt, {1, 300, 16, 128, 4, false}, 1.0f, seed += 5);
+        check_attention(b, dt, {3, 1, 2, 64, 0, false}, 1.0f, seed += 5);     // seq 1
+        check_attention(b, dt, {1, 144, 12, 32, 0, false}, 1.0f, seed += 5);  // the SwinV2 stage-3 shape
     }
 }
 

@@ -146,6 +146,22 @@ TEST(LmConfig, BadConfigsAreRejected) {
     EXPECT_THROW(LmConfig::from_json("{\"vocab\": 256}"), Error);
 }
 
+// A decoder-only LM must be causal: bidirectional attention (BackboneShape::causal false, for encoder
+// and vision blocks) is refused naming the field, by validate and so by the model's constructor.
+TEST(LmConfig, BidirectionalAttentionIsRefused) {
+    LmConfig c = small_lm();
+    EXPECT_TRUE(c.backbone.causal);
+    c.backbone.causal = false;
+    try {
+        c.validate();
+        FAIL() << "expected an Error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("LmConfig.backbone.causal = false"), std::string::npos) << e.what();
+    }
+    auto device = make_device("cpu");
+    EXPECT_THROW(LanguageModel(c, *device, c.backbone.seq_len), Error);
+}
+
 // The paper's other workloads as LMs: top-3 tiles its [dense, MoE] pair and charges one routed
 // expert more per token than top-2; the LLaMA2-MoE baselines put an MoE in every layer.
 TEST(LmConfig, TopKPairsAndEveryBlockBaselines) {

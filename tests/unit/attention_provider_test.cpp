@@ -201,6 +201,7 @@ TEST(AttentionCudnnKey, EveryFieldSeparatesKeysAndPointersDoNot) {
     vary([](CudnnAttentionKey& k) { k.deterministic = false; });
     vary([](CudnnAttentionKey& k) { k.sm_count = 100; });  // a graph per SM budget (Stream::set_sm_budget)
     vary([](CudnnAttentionKey& k) { k.kv_heads = 2; });    // GQA: a graph per K/V head count
+    vary([](CudnnAttentionKey& k) { k.causal = false; });  // bidirectional: a graph without the mask
     // batch and seq swapped: same product of tokens, a different graph.
     vary([](CudnnAttentionKey& k) { std::swap(k.batch, k.seq); });
     std::unordered_set<CudnnAttentionKey, CudnnAttentionKeyHash> set(keys.begin(), keys.end());
@@ -223,6 +224,17 @@ TEST(AttentionCudnnKey, EveryFieldSeparatesKeysAndPointersDoNot) {
     AttentionBackwardArgs gqa_bwd = bwd;
     gqa_bwd.kv_heads = 2;
     EXPECT_EQ(cuda::cudnn_attention_key(0, gqa_bwd, true).kv_heads, 2);
+    // causal reaches the key from both args (default true: the graph every caller had).
+    EXPECT_TRUE(cuda::cudnn_attention_key(0, fwd_a).causal);
+    EXPECT_TRUE(base.causal);
+    AttentionArgs bidir_fwd = fwd_a;
+    bidir_fwd.causal = false;
+    EXPECT_FALSE(cuda::cudnn_attention_key(0, bidir_fwd).causal);
+    EXPECT_FALSE(cuda::cudnn_attention_key(0, bidir_fwd) == cuda::cudnn_attention_key(0, fwd_a));
+    AttentionBackwardArgs bidir_bwd = bwd;
+    bidir_bwd.causal = false;
+    EXPECT_FALSE(cuda::cudnn_attention_key(0, bidir_bwd, true).causal);
+    EXPECT_FALSE(cuda::cudnn_attention_key(0, bidir_bwd, true) == base);
     EXPECT_FALSE(cuda::cudnn_attention_key(0, gqa_bwd, true) == base);
     EXPECT_FALSE(cuda::cudnn_attention_key(0, bwd, true) == cuda::cudnn_attention_key(0, bwd, false));
     EXPECT_FALSE(cuda::cudnn_attention_key(0, bwd, true) == cuda::cudnn_attention_key(1, bwd, true));

@@ -1,6 +1,7 @@
-// Causal attention on the CPU: per (batch, head), BLAS on strided views of qkv, in row blocks of
-// kRowBlock queries so only keys 0..(last query of the block) are computed (about half of the
-// full seq x seq work). Scratch score buffers are thread_local: a CPU stream is one worker thread.
+// Attention on the CPU: per (batch, head), BLAS on strided views of qkv, in row blocks of kRowBlock
+// queries. Causal: only keys 0..(last query of the block) are computed (about half of the full
+// seq x seq work); non-causal (causal = false): every block computes all seq keys. Scratch score
+// buffers are thread_local: a CPU stream is one worker thread.
 // GQA (attention.h): query head h reads K/V head h / group; backward walks each K/V head's group of
 // query heads in order, summing its dK and dV over them.
 // NOTES: no threads of our own and a fixed block order, so results do not depend on timing.
@@ -56,11 +57,13 @@ void attention_forward(const AttentionArgs& a) {
             const float* val = static_cast<const float*>(a.qkv) + v.v_off;
             float* out = static_cast<float*>(a.out) + v.o_off;
             for (std::int64_t r0 = 0; r0 < S; r0 += kRowBlock) {
-                const std::int64_t nr = std::min(kRowBlock, S - r0), nk = r0 + nr;  // keys 0..nk-1
+                const std::int64_t nr = std::min(kRowBlock, S - r0);
+                const std::int64_t nk = a.causal ? r0 + nr : S;  // keys 0..nk-1
                 sgemm(false, true, nr, nk, D, scale, q + r0 * v.ld, v.ld, k, v.ld, 0.0f, p, nk);
                 for (std::int64_t r = 0; r < nr; ++r) {
-                    const std::int64_t i = r0 + r;  // keys 0..i are visible
-                    const SoftmaxRowStats st = causal_softmax_row(p + r * nk, i, nk);
+                    const std::int64_t i = r0 + r;
+                    const std::int64_t last = a.causal ? i : S - 1;  // keys 0..last are visible
+                    const SoftmaxRowStats st = causal_softmax_row(p + r * nk, last, nk);
                     if (a.lse) a.lse[(b * a.heads + h) * S + i] = st.max + logf(st.sum);
                 }
                 sgemm(false, false, nr, D, nk, 1.0f, p, nk, val, v.ld, 0.0f, out + r0 * v.ld_out, v.ld_out);
@@ -98,7 +101,8 @@ void attention_backward(const AttentionBackwardArgs& a) {
                 }
             }
             for (std::int64_t r0 = 0; r0 < S; r0 += kRowBlock) {
-                const std::int64_t nr = std::min(kRowBlock, S - r0), nk = r0 + nr;
+                const std::int64_t nr = std::min(kRowBlock, S - r0);
+                const std::int64_t nk = a.causal ? r0 + nr : S;  // keys 0..nk-1
                 const float* qb = q + r0 * v.ld;
                 const float* gob = go + r0 * v.ld_out;
                 sgemm(false, true, nr, nk, D, scale, qb, v.ld, k, v.ld, 0.0f, p, nk);         // scaled scores
@@ -111,11 +115,12 @@ void attention_backward(const AttentionBackwardArgs& a) {
                     for (std::int64_t d = 0; d < D; ++d) delta += go_i[d] * o_i[d];
                     float* prow = p + r * nk;
                     float* dsrow = ds + r * nk;
-                    for (std::int64_t j = 0; j <= i; ++j) {
+                    const std::int64_t last = a.causal ? i : S - 1;  // keys 0..last are visible
+                    for (std::int64_t j = 0; j <= last; ++j) {
                         prow[j] = math::attention_prob(prow[j], lse[i]);
                         dsrow[j] = prow[j] * (dsrow[j] - delta);
                     }
-                    for (std::int64_t j = i + 1; j < nk; ++j) prow[j] = dsrow[j] = 0.0f;
+                    for (std::int64_t j = last + 1; j < nk; ++j) prow[j] = dsrow[j] = 0.0f;
                 }
                 sgemm(true, false, nk, D, nr, 1.0f, p, nk, gob, v.ld_out, 1.0f, dv, v.ld);           // dV += P^T dO
                 sgemm(false, false, nr, D, nk, scale, ds, nk, k, v.ld, 0.0f, dq + r0 * v.ld, v.ld);  // dQ = s dS K

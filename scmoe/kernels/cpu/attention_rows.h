@@ -1,7 +1,7 @@
 // What the CPU's training attention (cpu/attention.cpp) and decoding attention
 // (cpu/attention_decode.cpp) compute the same way, so that a decoded position's output equals the
-// full forward's to fp32 rounding: the row-major BLAS call on strided views, and the causal
-// softmax of one row of scaled scores.
+// full forward's to fp32 rounding: the row-major BLAS call on strided views, and the (causal or
+// full) softmax of one row of scaled scores.
 #pragma once
 
 #include <cblas.h>
@@ -26,8 +26,9 @@ struct SoftmaxRowStats {
     float sum = 0;  // sum of exp(score - max) over the visible keys
 };
 
-// row[0..width): scaled scores of one query whose keys 0..last are visible. Replaces them with the
-// softmax over 0..last (max, expf, sum, multiply by the inverse) and zeros after last.
+// row[0..width): scaled scores of one query whose keys 0..last are visible (causal: last = the
+// query's position; non-causal: last = width - 1). Replaces them with the softmax over 0..last (max,
+// expf, sum, multiply by the inverse) and zeros after last.
 inline SoftmaxRowStats causal_softmax_row(float* row, std::int64_t last, std::int64_t width) {
     float mx = -INFINITY;
     for (std::int64_t j = 0; j <= last; ++j) mx = std::max(mx, row[j]);

@@ -1,9 +1,10 @@
-// Causal attention forward and backward: one warp per row, lanes over head_dim (kPer elements
-// each, head_dim <= 32 * kPer), fp32 accumulation in registers.
-//   forward:  warp per query row, online softmax over keys 0..i; writes out and lse.
+// Attention forward and backward, causal or not (AttentionArgs::causal): one warp per row, lanes
+// over head_dim (kPer elements each, head_dim <= 32 * kPer), fp32 accumulation in registers.
+//   forward:  warp per query row, online softmax over keys 0..i (non-causal: 0..seq-1); writes out
+//             and lse.
 //   backward: warp per query row i for dQ, warp per key row j of a K/V head for dK and dV (queries
-//             j..seq-1 of each query head of its group, head by head); both recompute
-//             P_ij = exp(s_ij - lse_i) and use D_i = dO_i . O_i.
+//             j..seq-1, non-causal 0..seq-1, of each query head of its group, head by head); both
+//             recompute P_ij = exp(s_ij - lse_i) and use D_i = dO_i . O_i.
 // GQA (attention.h): query head h reads K/V head h / group, group = heads / kv_heads.
 // NOTES: no atomics and no shared accumulators: every output element is summed by one lane in
 // key (or query) order, and dot products are warp butterflies whose value every lane shares, so
@@ -34,6 +35,10 @@ struct Shape {
     long long batch, seq, heads, head_dim;
     float scale;
     long long kv_heads;  // > 0; heads % kv_heads == 0
+    bool causal;         // false: every query sees every key of its sequence
+    // The last key query i sees, and the first query that sees key j.
+    __device__ long long last_key(long long i) const { return causal ? i : seq - 1; }
+    __device__ long long first_query(long long j) const { return causal ? j : 0; }
     // Offsets (elements) of row i of sequence b: of query head h in qkv and in out, of K/V head g in qkv.
     __device__ long long qkv_row(long long b, long long i, long long h) const {
         return (b * seq + i) * qkv_stride() + h * head_dim;
@@ -92,7 +97,8 @@ __global__ void attention_forward_kernel(Shape sh, const T* qkv, T* out, float* 
     const T* k0 = qkv + sh.k_row(b, 0, h / sh.group());
     const T* v0 = qkv + sh.v_row(b, 0, h / sh.group());
     float mx = -INFINITY, sum = 0.0f;
-    for (long long j = 0; j <= i; ++j) {
+    const long long last = sh.last_key(i);
+    for (long long j = 0; j <= last; ++j) {
         load_row(k0 + j * ld, sh.head_dim, lane, kv);
         const float s = warp_sum(lane_dot(q, kv)) * sh.scale;
         const float new_mx = fmaxf(mx, s);
@@ -108,7 +114,7 @@ __global__ void attention_forward_kernel(Shape sh, const T* qkv, T* out, float* 
     if (lane == 0 && lse) lse[(b * sh.heads + h) * sh.seq + i] = mx + logf(sum);
 }
 
-// dQ_i = scale * sum_{j <= i} P_ij (dP_ij - D_i) k_j, with dP_ij = dO_i . v_j.
+// dQ_i = scale * sum_{j <= i} P_ij (dP_ij - D_i) k_j, with dP_ij = dO_i . v_j (non-causal: all j).
 template <class T, int kPer>
 __global__ void attention_grad_q_kernel(Shape sh, const T* qkv, const T* out, const float* lse, const T* grad_out,
                                         T* grad_qkv) {
@@ -126,7 +132,8 @@ __global__ void attention_grad_q_kernel(Shape sh, const T* qkv, const T* out, co
     for (int e = 0; e < kPer; ++e) dq[e] = 0.0f;
     const T* k0 = qkv + sh.k_row(b, 0, h / sh.group());
     const T* v0 = qkv + sh.v_row(b, 0, h / sh.group());
-    for (long long j = 0; j <= i; ++j) {
+    const long long last = sh.last_key(i);
+    for (long long j = 0; j <= last; ++j) {
         load_row(v0 + j * ld, sh.head_dim, lane, kv);
         const float dp = warp_sum(lane_dot(go, kv));
         load_row(k0 + j * ld, sh.head_dim, lane, kv);
@@ -139,7 +146,8 @@ __global__ void attention_grad_q_kernel(Shape sh, const T* qkv, const T* out, co
 }
 
 // For key row j of K/V head g: dV_j = sum_h sum_{i >= j} P_ij dO_i,
-// dK_j = scale * sum_h sum_{i >= j} P_ij (dP_ij - D_i) q_i, h over the query heads of g's group.
+// dK_j = scale * sum_h sum_{i >= j} P_ij (dP_ij - D_i) q_i, h over the query heads of g's group
+// (non-causal: every i).
 template <class T, int kPer>
 __global__ void attention_grad_kv_kernel(Shape sh, const T* qkv, const T* out, const float* lse, const T* grad_out,
                                          T* grad_qkv) {
@@ -154,7 +162,7 @@ __global__ void attention_grad_kv_kernel(Shape sh, const T* qkv, const T* out, c
     for (int e = 0; e < kPer; ++e) dk[e] = dv[e] = 0.0f;
     for (long long h = g * sh.group(); h < (g + 1) * sh.group(); ++h) {
         const float* lse_row = lse + (b * sh.heads + h) * sh.seq;
-        for (long long i = j; i < sh.seq; ++i) {
+        for (long long i = sh.first_query(j); i < sh.seq; ++i) {
             load_row(qkv + sh.qkv_row(b, i, h), sh.head_dim, lane, q);
             load_row(grad_out + sh.out_row(b, i, h), sh.head_dim, lane, go);
             load_row(out + sh.out_row(b, i, h), sh.head_dim, lane, o);
@@ -174,8 +182,9 @@ __global__ void attention_grad_kv_kernel(Shape sh, const T* qkv, const T* out, c
     store_row(grad_qkv + vj, sh.head_dim, lane, dv, 1.0f);
 }
 
-Shape shape_of(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim, std::int64_t kv_heads) {
-    return {batch, seq, heads, head_dim, math::attention_scale(head_dim), attention_kv_heads(heads, kv_heads)};
+Shape shape_of(std::int64_t batch, std::int64_t seq, std::int64_t heads, std::int64_t head_dim, std::int64_t kv_heads,
+               bool causal) {
+    return {batch, seq, heads, head_dim, math::attention_scale(head_dim), attention_kv_heads(heads, kv_heads), causal};
 }
 
 // Blocks of kWarpsPerBlock warps for one warp per row of `heads` heads (query or K/V heads).
@@ -199,7 +208,7 @@ AttentionPathChoice choose_path(const char* op, AttentionProvider provider, DTyp
 }
 
 void own_attention_forward(const AttentionArgs& a, cudaStream_t s) {
-    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads);
+    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads, a.causal);
     dispatch_float_dtype(a.dtype, "attention_forward", [&](auto tag) {
         using T = decltype(tag);
         dispatch_per_lane("attention", a.head_dim, [&](auto per) {
@@ -212,7 +221,7 @@ void own_attention_forward(const AttentionArgs& a, cudaStream_t s) {
 }
 
 void own_attention_backward(const AttentionBackwardArgs& a, cudaStream_t s) {
-    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads);
+    const Shape sh = shape_of(a.batch, a.seq, a.heads, a.head_dim, a.kv_heads, a.causal);
     dispatch_float_dtype(a.dtype, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
         const auto* qkv = static_cast<const T*>(a.qkv);

@@ -1,5 +1,5 @@
-// Causal attention through the cuDNN frontend's SDPA graphs (cudnn_attention.h). Host C++ only: the
-// graphs run cuDNN's own fused flash-attention kernels.
+// Attention (causal or not) through the cuDNN frontend's SDPA graphs (cudnn_attention.h). Host C++
+// only: the graphs run cuDNN's own fused flash-attention kernels.
 //
 // NOTES:
 //   - Tensors are strided views over scmoe's buffers (cudnn_attention_plan.h); K and V (and dK, dV)
@@ -50,7 +50,7 @@ std::string describe(const char* op, const CudnnAttentionKey& k) {
     os << op << " (cuDNN SDPA, " << dtype_name(k.dtype) << " batch=" << k.batch << " seq=" << k.seq
        << " heads=" << k.heads;
     if (k.kv_heads != k.heads) os << " kv_heads=" << k.kv_heads;
-    os << " head_dim=" << k.head_dim << (k.with_stats ? "" : ", no lse")
+    os << " head_dim=" << k.head_dim << (k.causal ? "" : ", non-causal") << (k.with_stats ? "" : ", no lse")
        << (k.direction == AttentionDirection::kBackward && !k.deterministic ? ", non-deterministic" : "");
     if (k.sm_count > 0) os << ", " << k.sm_count << " SMs";
     os << ", device " << k.device << ")";
@@ -167,7 +167,8 @@ std::shared_ptr<fe::graph::Graph> new_graph(DType dtype, int sm_count) {
     return g;
 }
 
-// softmax(scale * q k^T) v with query i seeing keys 0..i: the diagonal band [-inf, 0] from the top left.
+// softmax(scale * q k^T) v. Causal: query i sees keys 0..i, the diagonal band [-inf, 0] from the top
+// left; non-causal: no mask, every key.
 std::shared_ptr<fe::graph::Graph> forward_graph(const CudnnAttentionKey& k) {
     const AttentionViews views = attention_views(k.batch, k.seq, k.heads, k.head_dim, k.kv_heads);
     const fe::DataType_t io = io_type(k.dtype);
@@ -178,9 +179,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const CudnnAttentionKey& k) {
     auto options = fe::graph::SDPA_attributes()
                        .set_name("scmoe_attention_forward")
                        .set_generate_stats(k.with_stats)
-                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                       .set_diagonal_band_right_bound(0)
                        .set_attn_scale(math::attention_scale(k.head_dim));
+    if (k.causal) options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     auto [o, stats] = g->sdpa(q, kk, v, options);
     set_output(o, kUidO, views.o, io);
     if (k.with_stats) set_output(stats, kUidStats, views.stats, fe::DataType_t::FLOAT);
@@ -199,10 +199,9 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const CudnnAttentionKey& k) {
     TensorPtr stats = input_tensor(*g, "lse", kUidStats, views.stats, fe::DataType_t::FLOAT);
     auto options = fe::graph::SDPA_backward_attributes()
                        .set_name("scmoe_attention_backward")
-                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                       .set_diagonal_band_right_bound(0)
                        .set_attn_scale(math::attention_scale(k.head_dim))
                        .set_deterministic_algorithm(k.deterministic);
+    if (k.causal) options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, grad_out, stats, options);
     set_output(dq, kUidGradQ, views.q, io);
     set_output(dk, kUidGradK, views.k, io);

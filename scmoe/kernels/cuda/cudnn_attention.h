@@ -1,10 +1,10 @@
-// Private: causal attention through cuDNN's fused flash attention (the cuDNN frontend's SDPA graph),
-// bf16, forward and backward, on scmoe's own buffers as strided views (cudnn_attention_plan.h).
+// Private: attention (causal or not) through cuDNN's fused flash attention (the cuDNN frontend's
+// SDPA graph), bf16, forward and backward, on scmoe's own buffers as strided views (cudnn_attention_plan.h).
 // Built only with SCMOE_WITH_CUDNN (scmoe/kernels/cuda/cudnn_attention.cpp); scmoe/kernels/cuda/attention.cu
 // decides when to call it.
 //
 // NOTES:
-//   - One graph per CudnnAttentionKey (shape, dtype, direction, with-lse, deterministic, device),
+//   - One graph per CudnnAttentionKey (shape, dtype, causal, direction, with-lse, deterministic, device),
 //     built on first use and kept for the process; a shape cuDNN turns down is remembered too.
 //   - The cuDNN handle and the workspace are per stream (StreamResources::cudnn): the handle is bound
 //     to the stream, the workspace grows stream-ordered (cudaMallocAsync) and is never freed per call.

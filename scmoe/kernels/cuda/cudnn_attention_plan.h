@@ -74,11 +74,12 @@ struct CudnnAttentionKey {
     // and gives other bits. A graph is built per count.
     int sm_count = 0;
     std::int64_t kv_heads = 0;  // K/V heads (GQA), the effective count: = heads without GQA
+    bool causal = true;         // the SDPA graph's causal mask (AttentionArgs::causal)
     // Spelled out: attention.cu includes this header and may build as C++17 (scmoe/kernels/cuda/CMakeLists.txt).
     bool operator==(const CudnnAttentionKey& o) const {
         return device == o.device && batch == o.batch && seq == o.seq && heads == o.heads && head_dim == o.head_dim &&
                kv_heads == o.kv_heads && dtype == o.dtype && direction == o.direction && with_stats == o.with_stats &&
-               deterministic == o.deterministic && sm_count == o.sm_count;
+               deterministic == o.deterministic && sm_count == o.sm_count && causal == o.causal;
     }
 };
 
@@ -89,7 +90,7 @@ struct CudnnAttentionKeyHash {
         for (std::int64_t v : {k.batch, k.seq, k.heads, k.head_dim, k.kv_heads}) mix(std::hash<std::int64_t>{}(v));
         mix(static_cast<std::size_t>(k.dtype));
         mix(static_cast<std::size_t>(k.direction));
-        mix((k.with_stats ? 1u : 0u) | (k.deterministic ? 2u : 0u));
+        mix((k.with_stats ? 1u : 0u) | (k.deterministic ? 2u : 0u) | (k.causal ? 4u : 0u));
         mix(std::hash<int>{}(k.sm_count));
         return h;
     }
@@ -108,7 +109,8 @@ inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionArgs& a,
             a.lse != nullptr,
             false,
             sm_count,
-            attention_kv_heads(a.heads, a.kv_heads)};
+            attention_kv_heads(a.heads, a.kv_heads),
+            a.causal};
 }
 inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionBackwardArgs& a, bool deterministic,
                                              int sm_count = 0) {
@@ -122,7 +124,8 @@ inline CudnnAttentionKey cudnn_attention_key(int device, const AttentionBackward
             true,
             deterministic,
             sm_count,
-            attention_kv_heads(a.heads, a.kv_heads)};
+            attention_kv_heads(a.heads, a.kv_heads),
+            a.causal};
 }
 
 // cuDNN's fused attention reads 16-byte vectors: every base pointer and every stride must be a

@@ -152,13 +152,16 @@ UnfusedAttentionMemory unfused_attention_memory(std::int64_t batch, std::int64_t
     return {scores * dtype_size(dtype), scores};
 }
 
-// Unfused causal attention, PyTorch 1.x's F.multi_head_attention_forward core (stack.cpp's paper
+// Unfused attention, PyTorch 1.x's F.multi_head_attention_forward core (stack.cpp's paper
 // stack quotes it), with B = batch*heads GEMMs, S = B*s*s score elements, Q = batch*s*heads*d
 // elements of q (or k, v, out), e = the op's dtype size (fairseq --fp16: 2; the scores, softmax and
-// dropout run in it), full (not causal) score matrices: the batched GEMMs compute every score and the
-// mask sets the upper triangle to -inf. Each kernel reads and writes its operands once (op_cost.h):
+// dropout run in it), full (not causal) score matrices: the batched GEMMs compute every score and,
+// causal, the mask sets the upper triangle to -inf. Without causal (AttentionArgs::causal false) there
+// is no attn_mask: PyTorch runs bmm(q, k^T) instead of baddbmm and reads no mask. Each kernel reads
+// and writes its operands once (op_cost.h):
 //   attn_q_scale    q / sqrt(d): reads and writes Q
 //   attn_qk_bmm     baddbmm(mask, q, k^T): 2*S*d FLOPs; reads q, k (2Q) and the mask as C (S), writes S
+//                   (non-causal: bmm(q, k^T), reads 2Q only)
 //   attn_softmax    reads S, writes S
 //   attn_dropout    reads S, writes S and its mask (S bytes)               (with dropout)
 //   attn_pv_bmm     bmm(p, v): 2*S*d FLOPs; reads S and Q, writes Q
@@ -168,7 +171,8 @@ std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, bool 
     const double e = static_cast<double>(dtype_size(a.dtype)), S = d(B) * d(a.seq) * d(a.seq), Q = d(q);
     std::vector<StackKernel> k;
     k.push_back({"attn_q_scale", elementwise_cost(q, q, a.dtype)});
-    k.push_back({"attn_qk_bmm", batched_gemm(B, a.seq, a.seq, a.head_dim, e * (2 * Q + S), e * S)});
+    const double mask = a.causal ? S : 0.0;  // the additive mask, baddbmm's C operand
+    k.push_back({"attn_qk_bmm", batched_gemm(B, a.seq, a.seq, a.head_dim, e * (2 * Q + mask), e * S)});
     OpCost softmax = elementwise_cost(0, 0, a.dtype);
     softmax.bytes = 2 * e * S, softmax.flops = 5 * S, softmax.threads = S / 4;
     k.push_back({"attn_softmax", softmax});
@@ -191,7 +195,8 @@ std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, bool 
 //   attn_qk_bmm_grad_q       dQ = dS k: 2*S*d FLOPs; reads S and Q, writes Q
 //   attn_qk_bmm_grad_k       dK = dS^T q: 2*S*d FLOPs; reads S and Q, writes Q
 //   attn_q_scale_backward    reads and writes Q
-// The additive mask's gradient is the incoming one (autograd passes it through: no kernel).
+// The additive mask's gradient is the incoming one (autograd passes it through: no kernel); without
+// causal there is no mask and the same kernels run (bmm's backward is baddbmm's without C).
 std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& a, bool dropout) {
     const std::int64_t B = a.batch * a.heads, q = a.batch * a.seq * a.heads * a.head_dim;
     const double e = static_cast<double>(dtype_size(a.dtype)), S = d(B) * d(a.seq) * d(a.seq), Q = d(q);
