@@ -8,6 +8,7 @@
 #include "launch/emu_choice.h"
 #include "launch/local_rank.h"
 #include "scmoe/moe/block_stack.h"
+#include "scmoe/moe/moe_layer.h"
 #include "multi_rank.h"
 
 namespace scmoe::bench {
@@ -158,9 +159,15 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
             throw UsageError("--comm-sms must be auto or an integer >= 0, got '" + comm_sms + "'");
         a.comm_sms = n;
     }
-    if (a.ranks > 0 && a.experts % a.ranks == 0 && a.chunks > a.experts / a.ranks)
-        throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most the " + std::to_string(a.experts / a.ranks) +
-                         " local experts per rank (--experts / ranks)");
+    if (a.ranks > 0 && a.experts % a.ranks == 0) {
+        const int local = a.experts / a.ranks;
+        if (local == 1 && a.ranks > 1 && a.chunks > kMaxRowPieces)
+            throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most " + std::to_string(kMaxRowPieces) +
+                             " slices of the one local expert's rows (--experts = ranks)");
+        if ((local > 1 || a.ranks == 1) && a.chunks > local)
+            throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most the " + std::to_string(local) +
+                             " local experts per rank (--experts / ranks)");
+    }
     if (a.seq <= 0) throw UsageError("--seq must be positive");
     for (const std::int64_t t : a.tokens)
         if (t % a.seq)
