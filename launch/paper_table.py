@@ -74,7 +74,7 @@ RUNS = {
         "tool": BLOCK,
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 "
                 "--variants top2,top1,shared,scmoe-pos2 -n 3 -w 2 -c 0",
-        "assumed": "ScMoE at Pos-2 in Fig. 8 (not stated); 128 images per GPU",
+        "assumed": "ScMoE at Pos-2 in Fig. 8 (not stated); 128 images per GPU; the stack's pipeline",
     },
     "blk-a800": {
         "tool": BLOCK,
@@ -88,7 +88,45 @@ RUNS = {
                 "--experts 16 --variants top2,top1,shared,scmoe-pos2 -n 3 -w 2 -c 0",
         "assumed": "the 2-node network is the a800-2x8 preset's (the paper says only 'Ethernet'); 16 experts",
     },
+    # Fig. 8 names its pipelined baselines: "Top2P" and "Top1P" are top-k with Tutel's pipelining
+    # (--chunks auto: scmoe's pipeline, which with one expert per GPU slices its rows as Tutel's
+    # a2a_ffn_overlap_degree does); "Top1+SE1", the shared expert, carries no P (--chunks 1).
+    "blk-a30-piped": {
+        "tool": BLOCK,
+        "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants top2,top1 "
+                "--chunks auto -n 3 -w 2 -c 0",
+        "assumed": "Top2P/Top1P pipelined at the count scmoe's scheduler picks (Tutel's degree is not stated)",
+        "chunks": None,
+    },
+    "blk-a30-whole": {
+        "tool": BLOCK,
+        "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants shared "
+                "--chunks 1 -n 3 -w 2 -c 0",
+        "assumed": "the shared-expert baseline unpipelined (Fig. 8's Top1+SE1 has no P)",
+        "chunks": None,
+    },
+    "blk-2node-piped": {
+        "tool": BLOCK,
+        "args": "block --backend emu --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 "
+                "--experts 16 --variants top2,top1 --chunks auto -n 3 -w 2 -c 0",
+        "assumed": "as blk-a30-piped",
+        "chunks": None,
+    },
+    "blk-2node-whole": {
+        "tool": BLOCK,
+        "args": "block --backend emu --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 "
+                "--experts 16 --variants shared --chunks 1 -n 3 -w 2 -c 0",
+        "assumed": "as blk-a30-whole",
+        "chunks": None,
+    },
 }
+
+# The pipeline of every other run is the stack's: the paper stack's Tutel runs unpipelined (its
+# fairseq example passes no a2a_ffn_overlap_degree, whose default is 1: tutel 82af7aa
+# tutel/impls/moe_layer.py, "a2a_ffn_overlap_degree=1"), so those runs get --chunks 1 under
+# --stack paper; under any other stack scmoe's default, --chunks auto.
+def stack_chunks(stack):
+    return ["--chunks", "1"] if stack == "paper" else []
 
 # --- The rows. kind: speedup (variant over the baseline) or share (percent). ---------------------
 # metric for scmoe-train runs: train | infer; for block runs: train | a2a_share | overlap.
@@ -130,15 +168,17 @@ ROWS = [
     {"table": "Fig. 8", "run": "blk-2node", "variant": "scmoe-pos2", "label": "ScMoE overlap, 2x8 A800",
      "metric": "overlap", "paper": 100.0, "kind": "share"},
     {"table": "Fig. 8 A30", "run": "blk-a30", "variant": "scmoe-pos2", "baseline": "shared",
-     "label": "ScMoE vs shared expert", "metric": "train", "paper": 1.27, "kind": "speedup"},
+     "baseline_run": "blk-a30-whole", "label": "ScMoE vs shared expert", "metric": "train", "paper": 1.27,
+     "kind": "speedup"},
     {"table": "Fig. 8 A30", "run": "blk-a30", "variant": "scmoe-pos2", "baseline": "top2",
-     "label": "ScMoE vs pipelined top-2", "metric": "train", "paper": 1.42, "kind": "speedup"},
+     "baseline_run": "blk-a30-piped", "label": "ScMoE vs pipelined top-2", "metric": "train", "paper": 1.42, "kind": "speedup"},
     {"table": "Fig. 8 A30", "run": "blk-a30", "variant": "scmoe-pos2", "baseline": "top1",
-     "label": "ScMoE vs pipelined top-1", "metric": "train", "paper": 1.15, "kind": "speedup"},
+     "baseline_run": "blk-a30-piped", "label": "ScMoE vs pipelined top-1", "metric": "train", "paper": 1.15, "kind": "speedup"},
     {"table": "Fig. 8 2-node", "run": "blk-2node", "variant": "scmoe-pos2", "baseline": "shared",
-     "label": "ScMoE vs shared expert", "metric": "train", "paper": 1.24, "kind": "speedup"},
+     "baseline_run": "blk-2node-whole", "label": "ScMoE vs shared expert", "metric": "train", "paper": 1.24,
+     "kind": "speedup"},
     {"table": "Fig. 8 2-node", "run": "blk-2node", "variant": "scmoe-pos2", "baseline": "top2",
-     "label": "ScMoE vs pipelined top-2", "metric": "train", "paper": 1.43, "kind": "speedup"},
+     "baseline_run": "blk-2node-piped", "label": "ScMoE vs pipelined top-2", "metric": "train", "paper": 1.43, "kind": "speedup"},
 ]
 
 
@@ -152,6 +192,8 @@ def command(run, bin_dir, stack):
     args = shlex.split(spec["args"])
     if stack:
         args += ["--stack", stack]
+    if spec.get("chunks", "stack") == "stack":
+        args += stack_chunks(stack)
     return [exe] + args
 
 
@@ -182,14 +224,16 @@ def parse_block_json(doc):
     return out
 
 
-def metric_value(run, results, variant, metric, baseline):
-    """The predicted value of a row, or raise KeyError naming what is missing."""
+def metric_value(run, results, variant, metric, baseline, baseline_results=None):
+    """The predicted value of a row, or raise KeyError naming what is missing. The baseline comes
+    from `baseline_results` (another run's) when given, else from the same run."""
     tool = RUNS[run]["tool"]
     if variant not in results:
         raise KeyError(f"variant {variant} missing from the run's output")
-    if baseline not in results:
+    base = results if baseline_results is None else baseline_results
+    if baseline not in base:
         raise KeyError(f"baseline {baseline} missing from the run's output")
-    r, b = results[variant], results[baseline]
+    r, b = results[variant], base[baseline]
     if tool == TRAIN:
         key = "train_ms" if metric == "train" else "fwd_ms"
         if r[key] is None or b[key] is None:
@@ -279,13 +323,15 @@ def evaluate(outputs):
         run = row["run"]
         baseline = row.get("baseline", "top2")
         r["baseline"] = baseline
-        if run not in outputs:
+        base_run = row.get("baseline_run", run)
+        if run not in outputs or base_run not in outputs:
             continue
-        if run not in parsed:
-            r["status"] = "not run: " + outputs[run]["error"]
+        if run not in parsed or base_run not in parsed:
+            r["status"] = "not run: " + outputs[run if run not in parsed else base_run]["error"]
         else:
             try:
-                r["predicted"] = metric_value(run, parsed[run], row["variant"], row["metric"], baseline)
+                r["predicted"] = metric_value(run, parsed[run], row["variant"], row["metric"], baseline,
+                                              parsed[base_run] if base_run != run else None)
                 r["error"] = r["predicted"] / row["paper"] - 1.0
                 r["status"] = "ok"
             except KeyError as e:

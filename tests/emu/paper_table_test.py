@@ -46,8 +46,16 @@ def main():
                 block_row("scmoe-pos2", 1000.0 / 1.5, 50.0, 7.5, 300.0)]
         with open(os.path.join(d, "blk-a30.json"), "w") as f:
             json.dump({"rows": rows}, f)
+        # Fig. 8's shared expert (Top1+SE1, no pipelining) comes from its own unpipelined run, the
+        # pipelined baselines (Top2P, Top1P) from theirs.
+        with open(os.path.join(d, "blk-a30-whole.json"), "w") as f:
+            json.dump({"rows": [block_row("shared", 1200.0, 50.0, 30.0, 300.0)]}, f)
+        with open(os.path.join(d, "blk-a30-piped.json"), "w") as f:
+            json.dump({"rows": [block_row("top2", 950.0, 55.0, 20.0, 500.0), block_row("top1", 700.0, 50.0, 20.0, 300.0)]},
+                      f)
         out = os.path.join(d, "out.json")
-        p = subprocess.run([sys.executable, script, "--replay", d, "--only", "t1,t4,blk-a30", "-J", out],
+        p = subprocess.run([sys.executable, script, "--replay", d, "--only", "t1,t4,blk-a30,blk-a30-whole,blk-a30-piped",
+                            "-J", out],
                            capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         doc = json.load(open(out))
@@ -64,7 +72,9 @@ def main():
         # Fig. 1 and Fig. 8 from the block JSON.
         near(by[("blk-a30", "top2", "a2a_share", "top2")]["predicted"], 55.0)
         near(by[("blk-a30", "scmoe-pos2", "overlap", "top2")]["predicted"], 100.0 * (1 - 50.0 / 300.0))
-        near(by[("blk-a30", "scmoe-pos2", "train", "shared")]["predicted"], 900.0 / (1000.0 / 1.5))
+        near(by[("blk-a30", "scmoe-pos2", "train", "shared")]["predicted"], 1200.0 / (1000.0 / 1.5))
+        near(by[("blk-a30", "scmoe-pos2", "train", "top1")]["predicted"], 700.0 / (1000.0 / 1.5))
+        near(by[("blk-a30", "scmoe-pos2", "train", "top2")]["predicted"], 950.0 / (1000.0 / 1.5))
         # A failed run: every one of its rows is listed, not run, with the tool's words.
         t4 = [r for r in doc["rows"] if r["run"] == "t4"]
         assert len(t4) == 6 and all(r["status"].startswith("not run: scmoe-train: unknown preset") for r in t4), t4
@@ -105,6 +115,17 @@ def main():
         assert rk[("Table 1", "train")]["agrees"], rk
         assert rk[("Table 1", "train")]["predicted"] == ["scmoe-pos3", "scmoe-pos2", "scmoe-pos1", "top1", "shared",
                                                            "top2"], rk
+    # The pipeline follows the stack: the paper stack's Tutel runs unpipelined (--chunks 1) except the
+    # runs that fix their own (Fig. 8's pipelined and unpipelined baselines); other stacks leave scmoe's auto.
+    for stack, t1_chunks in (("paper", True), ("scmoe", False)):
+        p = subprocess.run([sys.executable, script, "--dry-run", "--stack", stack], capture_output=True, text=True,
+                           check=True)
+        out_lines = p.stdout.splitlines()  # "# RUN (assumed: ...)" then the command
+        lines = {out_lines[i][2:].split()[0]: out_lines[i + 1] for i in range(0, len(out_lines) - 1)
+                 if out_lines[i].startswith("# ")}
+        assert ("--chunks 1" in lines["t1"]) == t1_chunks, lines["t1"]
+        assert "--chunks auto" in lines["blk-a30-piped"] and "--chunks 1" not in lines["blk-a30-piped"], lines
+        assert lines["blk-a30-whole"].count("--chunks") == 1, lines["blk-a30-whole"]
     # Bad --only is a usage error naming the runs.
     p = subprocess.run([sys.executable, script, "--only", "t9"], capture_output=True, text=True)
     assert p.returncode == 2 and "t9" in p.stderr and "t1" in p.stderr, p.stderr
