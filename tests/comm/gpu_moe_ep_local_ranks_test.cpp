@@ -35,6 +35,7 @@ struct GpuEpCase {
     DispatchMode dispatch;
     int top_k;
     bool shared;
+    int experts = 8;  // 2 per rank; 4: one per rank (its rows on the chunked pipeline's slice layout)
 };
 
 void PrintTo(const GpuEpCase& c, std::ostream* os) { *os << c.name; }
@@ -43,7 +44,7 @@ MoeConfig case_config(const GpuEpCase& c, DType dtype) {
     MoeConfig m;
     m.hidden = 64;
     m.ffn = 64;
-    m.num_experts = 8;  // 2 per rank
+    m.num_experts = c.experts;
     m.top_k = c.top_k;
     m.capacity_factor = 1.0f;  // capacity mode drops some assignments: drops must match too
     m.dispatch = c.dispatch;
@@ -242,7 +243,11 @@ INSTANTIATE_TEST_SUITE_P(Bf16, GpuMoeEpLocalRanks,
                                            GpuEpCase{"dropless_top1", DispatchMode::kDropless, 1, false},
                                            GpuEpCase{"dropless_top2_shared", DispatchMode::kDropless, 2, true},
                                            GpuEpCase{"capacity_top3", DispatchMode::kCapacity, 3, false},
-                                           GpuEpCase{"dropless_top3_shared", DispatchMode::kDropless, 3, true}),
+                                           GpuEpCase{"dropless_top3_shared", DispatchMode::kDropless, 3, true},
+                                           GpuEpCase{"capacity_top1_one_expert_per_rank", DispatchMode::kCapacity, 1,
+                                                     false, 4},
+                                           GpuEpCase{"dropless_top2_shared_one_expert_per_rank",
+                                                     DispatchMode::kDropless, 2, true, 4}),
                          [](const ::testing::TestParamInfo<GpuEpCase>& p) { return std::string(p.param.name); });
 
 }  // namespace
