@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -67,6 +68,31 @@ inline std::int64_t first_nan(const std::vector<float>& v) {
     for (std::size_t i = 0; i < v.size(); ++i)
         if (v[i] != v[i]) return static_cast<std::int64_t>(i);
     return -1;
+}
+
+// Central differences of loss() with respect to every element of v (restored after each).
+template <class Loss>
+std::vector<double> finite_differences(std::vector<float>& v, float step, Loss&& loss) {
+    std::vector<double> fd(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        const float saved = v[i];
+        v[i] = saved + step;
+        const double up = loss();
+        v[i] = saved - step;
+        const double down = loss();
+        v[i] = saved;
+        fd[i] = (up - down) / (2.0 * static_cast<double>(step));
+    }
+    return fd;
+}
+
+// Largest |analytic - fd| / (atol + rtol * |fd|) over all elements: > 1 means the check fails.
+inline double worst_violation(const std::vector<float>& analytic, const std::vector<double>& fd, double atol,
+                              double rtol) {
+    double worst = 0.0;
+    for (std::size_t i = 0; i < fd.size(); ++i)
+        worst = std::max(worst, std::abs(analytic[i] - fd[i]) / (atol + rtol * std::abs(fd[i])));
+    return worst;
 }
 
 inline Tensor host_tensor(std::vector<float>& v, std::int64_t rows, std::int64_t cols) {

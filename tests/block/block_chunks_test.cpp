@@ -116,6 +116,17 @@ TEST(LayerSchedulerChunks, ModelPipelinesWhenTheAllToAllExceedsTheWindow) {
 
 // ---- bitwise equality ----
 
+// A stack of its own (rank r of ep, parameters from seed 9) with `chunks` forced (0: auto): the
+// reference and every candidate get one, so nothing a chunked run skips can come from another's
+// buffers or gradients (issue 28).
+std::unique_ptr<BlockStack> chunk_stack(const BlockStackConfig& config, Device& device, std::int64_t T,
+                                        Communicator* comm, int ep, int r, int chunks) {
+    auto stack = std::make_unique<BlockStack>(config, device, T, comm);
+    testing::init_params(*stack, 9, ep, r);
+    stack->set_expert_chunks(chunks);
+    return stack;
+}
+
 struct ChunkCase {
     std::string variant;
     int ep;
@@ -130,15 +141,9 @@ TEST_P(BlockChunks, EveryChunkCountIsBitwiseUnchunked) {
     const std::int64_t T = 8, H = config.backbone.hidden;
     const auto errors = on_ranks(c.ep, [&](int r, Communicator* comm) {
         auto device = make_device("cpu");
-        // The reference and every candidate on a stack of their own (and, in run_stack, on NaN-filled
-        // outputs and gradients): a piece a chunked run skips cannot inherit the reference's results
-        // (issue 28).
-        auto fresh_stack = [&](int chunks) {
-            auto stack = std::make_unique<BlockStack>(config, *device, T, comm);
-            testing::init_params(*stack, 9, c.ep, r);
-            stack->set_expert_chunks(chunks);
-            return stack;
-        };
+        // The reference and every candidate on a stack of their own, on NaN-filled outputs and
+        // gradients (run_stack).
+        auto fresh_stack = [&](int chunks) { return chunk_stack(config, *device, T, comm, c.ep, r, chunks); };
         const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));
         const auto gy = testing::make_input(T, H, 40 + static_cast<std::uint64_t>(r));
         const StackResult ref = testing::run_stack(*fresh_stack(1), x, gy, false);
@@ -197,12 +202,7 @@ TEST_P(BlockRowSlices, EveryPieceCountMatchesUnchunkedAndOverlapIsBitwise) {
     const std::int64_t T = 8, H = config.backbone.hidden;
     const auto errors = on_ranks(c.ep, [&](int r, Communicator* comm) {
         auto device = make_device("cpu");
-        auto fresh_stack = [&](int chunks) {
-            auto stack = std::make_unique<BlockStack>(config, *device, T, comm);
-            testing::init_params(*stack, 9, c.ep, r);
-            stack->set_expert_chunks(chunks);
-            return stack;
-        };
+        auto fresh_stack = [&](int chunks) { return chunk_stack(config, *device, T, comm, c.ep, r, chunks); };
         const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));
         const auto gy = testing::make_input(T, H, 40 + static_cast<std::uint64_t>(r));
         const StackResult ref = testing::run_stack(*fresh_stack(1), x, gy, false);

@@ -130,14 +130,16 @@ inline std::string unwritten(const StackResult& r) {
     return e;
 }
 
-// Bitwise equality of two results; "" or the first difference.
-inline std::string bitwise_diff(const StackResult& a, const StackResult& b) {
-    auto cmp = [](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) -> std::string {
+// The first difference between two results' outputs and gradients: `first(got, want)` gives the
+// index of a vector's first differing element, or -1; "" when none differs.
+template <class First>
+std::string first_difference(const StackResult& a, const StackResult& b, First first) {
+    auto cmp = [&](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) -> std::string {
         if (x.size() != y.size()) return what + ": sizes differ";
-        for (std::size_t i = 0; i < x.size(); ++i)
-            if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0)
-                return what + "[" + std::to_string(i) + "]: " + std::to_string(x[i]) + " vs " + std::to_string(y[i]);
-        return "";
+        const std::ptrdiff_t i = first(x, y);
+        if (i < 0) return "";
+        const auto u = static_cast<std::size_t>(i);
+        return what + "[" + std::to_string(i) + "]: " + std::to_string(x[u]) + " vs " + std::to_string(y[u]);
     };
     std::string e = cmp(a.out, b.out, "output");
     if (e.empty()) e = cmp(a.grad_in, b.grad_in, "grad_input");
@@ -147,24 +149,25 @@ inline std::string bitwise_diff(const StackResult& a, const StackResult& b) {
     return e;
 }
 
-// Equality within `tol` of each vector's largest |value| (results that sum in another order, such as
-// the chunked pipeline's row slices); "" or the first difference.
+// Bitwise equality of two results; "" or the first difference.
+inline std::string bitwise_diff(const StackResult& a, const StackResult& b) {
+    return first_difference(a, b, [](const std::vector<float>& x, const std::vector<float>& y) -> std::ptrdiff_t {
+        for (std::size_t i = 0; i < x.size(); ++i)
+            if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) return static_cast<std::ptrdiff_t>(i);
+        return -1;
+    });
+}
+
+// Equality within `tol` of each vector's largest |value| in `b` (results that sum in another order,
+// such as the chunked pipeline's row slices); "" or the first difference.
 inline std::string close_diff(const StackResult& a, const StackResult& b, float tol) {
-    auto cmp = [tol](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) -> std::string {
-        if (x.size() != y.size()) return what + ": sizes differ";
+    return first_difference(a, b, [tol](const std::vector<float>& x, const std::vector<float>& y) -> std::ptrdiff_t {
         float largest = 0;
         for (float v : y) largest = std::max(largest, std::abs(v));
         for (std::size_t i = 0; i < x.size(); ++i)
-            if (!(std::abs(x[i] - y[i]) <= tol * largest))
-                return what + "[" + std::to_string(i) + "]: " + std::to_string(x[i]) + " vs " + std::to_string(y[i]);
-        return "";
-    };
-    std::string e = cmp(a.out, b.out, "output");
-    if (e.empty()) e = cmp(a.grad_in, b.grad_in, "grad_input");
-    if (e.empty()) e = cmp(a.backbone_grads, b.backbone_grads, "backbone grads");
-    for (std::size_t m = 0; e.empty() && m < a.moe_grads.size(); ++m)
-        e = cmp(a.moe_grads[m], b.moe_grads[m], "moe grads " + std::to_string(m));
-    return e;
+            if (!(std::abs(x[i] - y[i]) <= tol * largest)) return static_cast<std::ptrdiff_t>(i);
+        return -1;
+    });
 }
 
 }  // namespace scmoe::testing

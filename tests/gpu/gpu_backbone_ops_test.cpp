@@ -113,30 +113,7 @@ TEST(GpuBackboneRmsNorm, BackwardIsBitwiseDeterministic) {
 
 // ---- Attention --------------------------------------------------------------------------------
 
-struct AttnShape {
-    std::int64_t batch, seq, heads, head_dim;
-    std::int64_t kv_heads = 0;  // GQA: K/V heads; 0 = heads
-    bool causal = true;         // false: bidirectional
-    std::int64_t qkv_size() const { return batch * seq * attention_qkv_width(heads, kv_heads, head_dim); }
-    std::int64_t out_size() const { return batch * seq * heads * head_dim; }
-    std::int64_t lse_size() const { return batch * heads * seq; }
-    std::string name() const {
-        return "batch=" + std::to_string(batch) + " seq=" + std::to_string(seq) + " heads=" + std::to_string(heads) +
-               " head_dim=" + std::to_string(head_dim) + " kv_heads=" + std::to_string(kv_heads) +
-               (causal ? "" : " bidirectional");
-    }
-    AttentionArgs fwd(DType dt, const void* qkv, void* out, float* lse) const {
-        AttentionArgs a{batch, seq, heads, head_dim, dt, qkv, out, lse, kv_heads};
-        a.causal = causal;
-        return a;
-    }
-    AttentionBackwardArgs bwd(DType dt, const void* qkv, const void* out, const float* lse, const void* go,
-                              void* grad) const {
-        AttentionBackwardArgs a{batch, seq, heads, head_dim, dt, qkv, out, lse, go, grad, kv_heads};
-        a.causal = causal;
-        return a;
-    }
-};
+using AttnShape = gpu_testing::AttentionCase;
 
 struct AttnResult {
     F out, lse, grad_qkv;

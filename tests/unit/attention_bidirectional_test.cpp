@@ -17,6 +17,7 @@
 #include "scmoe/kernels/device.h"
 #include "scmoe/moe/backbone.h"
 #include "scmoe/moe/params.h"
+#include "attention_shape.h"
 #include "test_util.h"
 
 namespace scmoe {
@@ -28,50 +29,7 @@ using testing::Cpu;
 using testing::random_floats;
 using testing::sz;
 
-struct Shape {
-    std::int64_t batch, seq, heads, kv_heads, head_dim;
-    std::int64_t group() const { return heads / kv_heads; }
-    std::int64_t width() const { return (heads + 2 * kv_heads) * head_dim; }  // one qkv row
-    std::int64_t rows() const { return batch * seq; }
-    std::int64_t qkv_size() const { return rows() * width(); }
-    std::int64_t out_size() const { return rows() * heads * head_dim; }
-    std::string name() const {
-        return "batch " + std::to_string(batch) + " seq " + std::to_string(seq) + " heads " + std::to_string(heads) +
-               " kv_heads " + std::to_string(kv_heads) + " head_dim " + std::to_string(head_dim);
-    }
-    // Element d of q head h (part 0), or of K/V head h (parts 1, 2), at token t.
-    std::size_t at(std::int64_t t, int part, std::int64_t h, std::int64_t d) const {
-        const std::int64_t base = part == 0 ? 0 : part == 1 ? heads * head_dim : (heads + kv_heads) * head_dim;
-        return sz(t * width() + base + h * head_dim + d);
-    }
-    std::size_t out_at(std::int64_t t, std::int64_t h, std::int64_t d) const {
-        return sz(t * heads * head_dim + h * head_dim + d);
-    }
-
-    AttentionArgs args(const F& qkv, F& out, F& lse, bool causal) const {
-        AttentionArgs a{batch, seq, heads, head_dim, DType::kF32, qkv.data(), out.data(), lse.data(), kv_heads};
-        a.causal = causal;
-        return a;
-    }
-    void forward(Stream& s, const F& qkv, F& out, F& lse, bool causal) const {
-        out.assign(sz(out_size()), std::numeric_limits<float>::quiet_NaN());
-        lse.assign(sz(batch * heads * seq), std::numeric_limits<float>::quiet_NaN());
-        attention_forward(args(qkv, out, lse, causal), s);
-    }
-    void backward(Stream& s, const F& qkv, const F& out, const F& lse, const F& go, F& gqkv, bool causal) const {
-        gqkv.assign(sz(qkv_size()), std::numeric_limits<float>::quiet_NaN());  // must be overwritten
-        AttentionBackwardArgs a{batch,      seq,        heads,     head_dim,    DType::kF32, qkv.data(),
-                                out.data(), lse.data(), go.data(), gqkv.data(), kv_heads};
-        a.causal = causal;
-        attention_backward(a, s);
-    }
-    F out_only(Cpu& c, const F& qkv, bool causal) const {
-        F out, lse;
-        forward(*c.stream, qkv, out, lse, causal);
-        c.stream->synchronize();
-        return out;
-    }
-};
+using Shape = testing::AttentionShape;
 
 // The equations in double precision, straightforward loops: query i of (b, h) sees keys j of its
 // sequence with j <= i when causal, every j otherwise; query head h reads K/V head h / group.
@@ -184,22 +142,8 @@ TEST(AttentionBidirectional, GradientsMatchFiniteDifferences) {
         };
         constexpr float kStep = 1e-3f;
         constexpr double kAtol = 1e-3, kRtol = 1e-2;
-        std::vector<double> fd(qkv.size());
-        for (std::size_t i = 0; i < qkv.size(); ++i) {
-            const float saved = qkv[i];
-            qkv[i] = saved + kStep;
-            const double up = loss();
-            qkv[i] = saved - kStep;
-            const double down = loss();
-            qkv[i] = saved;
-            fd[i] = (up - down) / (2.0 * kStep);
-        }
-        auto worst = [&](const F& analytic) {
-            double w = 0.0;
-            for (std::size_t i = 0; i < fd.size(); ++i)
-                w = std::max(w, std::abs(analytic[i] - fd[i]) / (kAtol + kRtol * std::abs(fd[i])));
-            return w;
-        };
+        const std::vector<double> fd = testing::finite_differences(qkv, kStep, loss);
+        auto worst = [&](const F& analytic) { return testing::worst_violation(analytic, fd, kAtol, kRtol); };
         EXPECT_LT(worst(grad), 1.0) << "grad of q, k and v";
         // The same check rejects the causal op's gradient (the mask left in the backward).
         F cout, clse, cgrad;

@@ -16,6 +16,7 @@
 #include "scmoe/kernels/device.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/moe/backbone.h"
+#include "attention_shape.h"
 #include "test_util.h"
 
 namespace scmoe {
@@ -26,33 +27,7 @@ using testing::Cpu;
 using testing::random_floats;
 using testing::sz;
 
-struct Gqa {
-    std::int64_t batch, seq, heads, kv_heads, head_dim;
-    std::int64_t group() const { return heads / kv_heads; }
-    std::int64_t width() const { return (heads + 2 * kv_heads) * head_dim; }  // one qkv row
-    std::int64_t rows() const { return batch * seq; }
-    std::int64_t qkv_size() const { return rows() * width(); }
-    std::int64_t out_size() const { return rows() * heads * head_dim; }
-    // Element d of q head h (part 0), or of K/V head h (parts 1, 2), at token t.
-    std::size_t at(std::int64_t t, int part, std::int64_t h, std::int64_t d) const {
-        const std::int64_t base = part == 0 ? 0 : part == 1 ? heads * head_dim : (heads + kv_heads) * head_dim;
-        return sz(t * width() + base + h * head_dim + d);
-    }
-    // The same attention as MHA: kv_heads = heads.
-    Gqa mha() const { return {batch, seq, heads, heads, head_dim}; }
-
-    void forward(Stream& s, const F& qkv, F& out, F& lse) const {
-        out.assign(sz(out_size()), std::numeric_limits<float>::quiet_NaN());
-        lse.assign(sz(batch * heads * seq), std::numeric_limits<float>::quiet_NaN());
-        attention_forward({batch, seq, heads, head_dim, DType::kF32, qkv.data(), out.data(), lse.data(), kv_heads}, s);
-    }
-    void backward(Stream& s, const F& qkv, const F& out, const F& lse, const F& go, F& gqkv) const {
-        gqkv.assign(sz(qkv_size()), std::numeric_limits<float>::quiet_NaN());  // must be overwritten
-        attention_backward({batch, seq, heads, head_dim, DType::kF32, qkv.data(), out.data(), lse.data(), go.data(),
-                            gqkv.data(), kv_heads},
-                           s);
-    }
-};
+using Gqa = testing::AttentionShape;
 
 // The MHA qkv of a GQA qkv: query head h gets a copy of K/V head h / group.
 F repeat_kv(const Gqa& g, const F& qkv) {
@@ -136,22 +111,8 @@ TEST(AttentionGqa, GradientsMatchFiniteDifferences) {
         };
         constexpr float kStep = 1e-3f;
         constexpr double kAtol = 1e-3, kRtol = 1e-2;
-        std::vector<double> fd(qkv.size());
-        for (std::size_t i = 0; i < qkv.size(); ++i) {
-            const float saved = qkv[i];
-            qkv[i] = saved + kStep;
-            const double up = loss();
-            qkv[i] = saved - kStep;
-            const double down = loss();
-            qkv[i] = saved;
-            fd[i] = (up - down) / (2.0 * kStep);
-        }
-        auto worst = [&](const F& analytic) {
-            double w = 0.0;
-            for (std::size_t i = 0; i < fd.size(); ++i)
-                w = std::max(w, std::abs(analytic[i] - fd[i]) / (kAtol + kRtol * std::abs(fd[i])));
-            return w;
-        };
+        const std::vector<double> fd = testing::finite_differences(qkv, kStep, loss);
+        auto worst = [&](const F& analytic) { return testing::worst_violation(analytic, fd, kAtol, kRtol); };
         EXPECT_LT(worst(grad), 1.0) << "grad of q, k and v";
         // The same check rejects dK/dV from the group's first query head only.
         F mout, mlse, mgrad;

@@ -22,34 +22,11 @@ namespace {
 
 using F = std::vector<float>;
 using testing::bitwise_equal;
+using testing::finite_differences;
+using testing::worst_violation;
 using testing::Cpu;
 using testing::random_floats;
 using testing::sz;
-
-// Largest |analytic - fd| / (atol + rtol * |fd|) over all elements: > 1 means the check fails.
-double worst_violation(const F& analytic, const std::vector<double>& fd, double atol, double rtol) {
-    double worst = 0.0;
-    for (std::size_t i = 0; i < fd.size(); ++i) {
-        worst = std::max(worst, std::abs(analytic[i] - fd[i]) / (atol + rtol * std::abs(fd[i])));
-    }
-    return worst;
-}
-
-// Central differences of loss() with respect to every element of v.
-template <class Loss>
-std::vector<double> finite_differences(F& v, float step, Loss&& loss) {
-    std::vector<double> fd(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) {
-        const float saved = v[i];
-        v[i] = saved + step;
-        const double up = loss();
-        v[i] = saved - step;
-        const double down = loss();
-        v[i] = saved;
-        fd[i] = (up - down) / (2.0 * static_cast<double>(step));
-    }
-    return fd;
-}
 
 double dot(const F& a, const F& b) {
     double s = 0.0;

@@ -268,20 +268,9 @@ TEST(LmCrossEntropy, GradientMatchesFiniteDifferences) {
     };
     F grad;
     x.run(c, logits, targets, &grad);
-    const float step = 1e-2f;
-    double worst = 0.0;
-    for (std::size_t i = 0; i < logits.size(); ++i) {
-        const float saved = logits[i];
-        logits[i] = saved + step;
-        const double up = total_loss();
-        logits[i] = saved - step;
-        const double down = total_loss();
-        logits[i] = saved;
-        const double fd = (up - down) / (2.0 * static_cast<double>(step));
-        // f32 loss rounding (~2e-7 of ~2) over 2 * step, plus O(step^2) truncation.
-        worst = std::max(worst, std::abs(grad[i] - fd) / (1e-4 + 1e-2 * std::abs(fd)));
-    }
-    EXPECT_LE(worst, 1.0);
+    const std::vector<double> fd = testing::finite_differences(logits, 1e-2f, total_loss);
+    // f32 loss rounding (~2e-7 of ~2) over 2 * step, plus O(step^2) truncation.
+    EXPECT_LE(testing::worst_violation(grad, fd, 1e-4, 1e-2), 1.0);
     // Each row of softmax - onehot sums to zero.
     for (std::int64_t t = 0; t < x.tokens; ++t) {
         double row_sum = 0.0;

@@ -86,18 +86,27 @@ Results run_pieces(MoeLayer& layer, Device& device, const MoeParamStore& params,
     return r;
 }
 
-std::string bitwise(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
-    if (a.size() != b.size()) return what + ": sizes differ";
-    for (std::size_t i = 0; i < a.size(); ++i)
-        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            return what + "[" + std::to_string(i) + "]: " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+// "" or the first element of `got` further than `tol` times the largest |want| from `want`; tol 0:
+// bitwise.
+std::string differs(const std::vector<float>& got, const std::vector<float>& want, float tol, const std::string& what) {
+    if (got.size() != want.size()) return what + ": sizes differ";
+    float largest = 0;
+    for (float v : want) largest = std::max(largest, std::abs(v));
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const bool same = tol == 0 ? std::memcmp(&got[i], &want[i], sizeof(float)) == 0
+                                   : std::abs(got[i] - want[i]) <= tol * largest;
+        if (!same)
+            return what + "[" + std::to_string(i) + "]: " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
+    }
     return "";
 }
 
-class MoeChunks : public ::testing::TestWithParam<EpCase> {};
-
-TEST_P(MoeChunks, EveryChunkCountIsBitwiseTheUnchunkedLayer) {
-    const EpCase& c = GetParam();
+// Every rank of case `c` on a thread with its own CPU device: the unchunked reference on a layer of
+// its own, then every chunk count 1..max_chunks() on one stream and on two, each on a fresh layer
+// (and, in run_pieces, NaN-filled outputs and gradients): nothing a candidate leaves out can come
+// from the reference (issue 28). Each candidate's y, grad_x and grads must match the reference
+// within `tol` (0: bitwise). `expect_max_chunks` checks the layer's bound first.
+void every_chunk_count_matches(const EpCase& c, float tol, int expect_max_chunks) {
     const MoeConfig config = testing::ep_config(c);
     auto group = LocalGroup::create(c.ep, 60.0);
     std::vector<std::string> errors(static_cast<std::size_t>(c.ep));
@@ -108,30 +117,28 @@ TEST_P(MoeChunks, EveryChunkCountIsBitwiseTheUnchunkedLayer) {
                 auto comm = group->communicator(r);
                 auto device = make_device("cpu");
                 const std::int64_t T = c.tokens[static_cast<std::size_t>(r)], H = config.hidden;
-                // A layer of its own for the reference and for every candidate: nothing a candidate
-                // leaves out can come from the reference's buffers.
                 auto fresh_layer = [&] {
                     return std::make_unique<MoeLayer>(config, *device, testing::max_tokens_of(c), comm.get());
                 };
                 auto reference_layer = fresh_layer();
-                MoeLayer& layer = *reference_layer;
+                SCMOE_CHECK(reference_layer->max_chunks() == expect_max_chunks,
+                            "max_chunks " << reference_layer->max_chunks() << ", expected " << expect_max_chunks);
                 MoeParamStore params(*device, config, DType::kF32, c.ep), grads(*device, config, DType::kF32, c.ep);
                 const std::vector<float> full = testing::full_params(config);
                 testing::slice_params(config, c.ep, r, {full.data()}, static_cast<float*>(params.data()));
                 std::vector<float> x(static_cast<std::size_t>(T * H)), gy(x.size());
                 testing::fill_uniform(x.data(), T * H, 1.0f, testing::input_seed(r));
                 testing::fill_uniform(gy.data(), T * H, 1.0f, testing::input_seed(r) + 1);
-                SCMOE_CHECK(layer.max_chunks() == layer.num_local_experts(), "max_chunks " << layer.max_chunks());
-                const Results ref = run_pieces(layer, *device, params, grads, x, gy, T, 1, false);
+                const Results ref = run_pieces(*reference_layer, *device, params, grads, x, gy, T, 1, false);
                 for (const std::vector<float>* v : {&ref.y, &ref.gx, &ref.grads})
                     SCMOE_CHECK(testing::first_nan(*v) < 0, "the reference left an output or gradient unwritten (NaN)");
-                for (int chunks = 1; chunks <= layer.max_chunks(); ++chunks) {
+                for (int chunks = 1; chunks <= expect_max_chunks; ++chunks) {
                     for (bool two : {false, true}) {
                         auto candidate = fresh_layer();
                         const Results got = run_pieces(*candidate, *device, params, grads, x, gy, T, chunks, two);
-                        std::string e = bitwise(got.y, ref.y, "y");
-                        if (e.empty()) e = bitwise(got.gx, ref.gx, "grad_x");
-                        if (e.empty()) e = bitwise(got.grads, ref.grads, "grads");
+                        std::string e = differs(got.y, ref.y, tol, "y");
+                        if (e.empty()) e = differs(got.gx, ref.gx, tol, "grad_x");
+                        if (e.empty()) e = differs(got.grads, ref.grads, tol, "grads");
                         SCMOE_CHECK(e.empty(),
                                     "chunks " << chunks << (two ? " (two streams)" : " (one stream)") << ": " << e);
                     }
@@ -143,6 +150,13 @@ TEST_P(MoeChunks, EveryChunkCountIsBitwiseTheUnchunkedLayer) {
     }
     for (auto& t : threads) t.join();
     for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+class MoeChunks : public ::testing::TestWithParam<EpCase> {};
+
+// Pieces of local experts: every expert's rows stay in one piece, so every result is bitwise.
+TEST_P(MoeChunks, EveryChunkCountIsBitwiseTheUnchunkedLayer) {
+    every_chunk_count_matches(GetParam(), 0.0f, 8 / GetParam().ep);
 }
 
 const auto kCap = DispatchMode::kCapacity;
@@ -159,72 +173,14 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<EpCase>& p) { return p.param.name; });
 
 // One local expert per rank: the pieces are slices of its rows (Tutel's a2a_ffn_overlap_degree). For
-// 2..kMaxRowPieces pieces, one stream or two, the output, the input gradient and every parameter
-// gradient match the unchunked layer's to fp32 rounding (1e-5 of the largest value): every row goes
-// through the same row-wise ops, in GEMMs of fewer rows, and the weight gradient is the pieces' sum,
-// accumulated in piece order. NaN-filled outputs and gradients show any row a piece skips.
+// 2..kMaxRowPieces pieces the output, the input gradient and every parameter gradient match the
+// unchunked layer's to fp32 rounding (1e-5 of the largest value): every row goes through the same
+// row-wise ops, in GEMMs of fewer rows, and the weight gradient is the pieces' sum, accumulated in
+// piece order.
 class MoeRowSlices : public ::testing::TestWithParam<EpCase> {};
 
 TEST_P(MoeRowSlices, EveryPieceCountMatchesTheUnchunkedLayer) {
-    const EpCase& c = GetParam();
-    const MoeConfig config = testing::ep_config(c);
-    auto group = LocalGroup::create(c.ep, 60.0);
-    std::vector<std::string> errors(static_cast<std::size_t>(c.ep));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < c.ep; ++r) {
-        threads.emplace_back([&, r] {
-            try {
-                auto comm = group->communicator(r);
-                auto device = make_device("cpu");
-                const std::int64_t T = c.tokens[static_cast<std::size_t>(r)], H = config.hidden;
-                auto fresh_layer = [&] {
-                    return std::make_unique<MoeLayer>(config, *device, testing::max_tokens_of(c), comm.get());
-                };
-                auto reference_layer = fresh_layer();
-                MoeLayer& layer = *reference_layer;
-                SCMOE_CHECK(layer.row_sliced() && layer.max_chunks() == kMaxRowPieces,
-                            "row_sliced " << layer.row_sliced() << ", max_chunks " << layer.max_chunks());
-                MoeParamStore params(*device, config, DType::kF32, c.ep), grads(*device, config, DType::kF32, c.ep);
-                const std::vector<float> full = testing::full_params(config);
-                testing::slice_params(config, c.ep, r, {full.data()}, static_cast<float*>(params.data()));
-                std::vector<float> x(static_cast<std::size_t>(T * H)), gy(x.size());
-                testing::fill_uniform(x.data(), T * H, 1.0f, testing::input_seed(r));
-                testing::fill_uniform(gy.data(), T * H, 1.0f, testing::input_seed(r) + 1);
-                const Results ref = run_pieces(layer, *device, params, grads, x, gy, T, 1, false);
-                for (const std::vector<float>* v : {&ref.y, &ref.gx, &ref.grads})
-                    SCMOE_CHECK(testing::first_nan(*v) < 0, "the reference left an output or gradient unwritten (NaN) at "
-                                                                << testing::first_nan(*v) << " of " << v->size()
-                                                                << (v == &ref.y ? " (y)" : v == &ref.gx ? " (gx)" : " (grads)"));
-                // Within 1e-5 of the largest |value| of each reference: a piece's GEMMs have fewer rows
-                // (BLAS may block them differently) and its weight gradient sums in pieces.
-                auto close = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-                    float largest = 0;
-                    for (float v : want) largest = std::max(largest, std::abs(v));
-                    if (testing::first_nan(got) >= 0) return std::string(what) + ": unwritten (NaN)";
-                    for (std::size_t i = 0; i < want.size(); ++i)
-                        if (!(std::abs(got[i] - want[i]) <= 1e-5f * largest))
-                            return std::string(what) + "[" + std::to_string(i) + "] " + std::to_string(got[i]) +
-                                   " vs " + std::to_string(want[i]);
-                    return std::string();
-                };
-                for (int chunks = 2; chunks <= layer.max_chunks(); ++chunks) {
-                    for (bool two : {false, true}) {
-                        auto candidate = fresh_layer();
-                        const Results got = run_pieces(*candidate, *device, params, grads, x, gy, T, chunks, two);
-                        std::string e = close(got.y, ref.y, "y");
-                        if (e.empty()) e = close(got.gx, ref.gx, "grad_x");
-                        if (e.empty()) e = close(got.grads, ref.grads, "grads");
-                        SCMOE_CHECK(e.empty(),
-                                    "chunks " << chunks << (two ? " (two streams)" : " (one stream)") << ": " << e);
-                    }
-                }
-            } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
-            }
-        });
-    }
-    for (auto& t : threads) t.join();
-    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    every_chunk_count_matches(GetParam(), 1e-5f, kMaxRowPieces);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -274,6 +230,30 @@ TEST(MoeChunks, BadChunkCountsAreRejected) {
         });
     for (auto& t : threads) t.join();
     for (const std::string& e : errors) EXPECT_EQ(e, "");
+    // One expert per rank: up to kMaxRowPieces slices of its rows, and the message says so.
+    const MoeConfig one = testing::ep_config(EpCase{"one", 1, 2, 1, kCap, {4, 4}, false, 2});
+    auto pair = LocalGroup::create(2, 60.0);
+    std::vector<std::string> slice_errors(2);
+    std::vector<std::thread> pair_threads;
+    for (int r = 0; r < 2; ++r)
+        pair_threads.emplace_back([&, r] {
+            auto comm = pair->communicator(r);
+            auto dev = make_device("cpu");
+            auto s = dev->create_stream();
+            MoeLayer layer(one, *dev, 4, comm.get());
+            std::string& out = slice_errors[static_cast<std::size_t>(r)];
+            if (!layer.row_sliced() || layer.max_chunks() != kMaxRowPieces) out += "not row-sliced to 4 pieces; ";
+            try {
+                layer.dispatch_chunk(0, kMaxRowPieces + 1, *s);
+                out += "5 pieces went through; ";
+            } catch (const Error& e) {
+                if (std::string(e.what()).find("chunks = 5 must be in [1, 4] (one local expert: a chunk is a slice of "
+                                               "its rows)") == std::string::npos)
+                    out += std::string(e.what()) + "; ";
+            }
+        });
+    for (auto& t : pair_threads) t.join();
+    for (const std::string& e : slice_errors) EXPECT_EQ(e, "");
 }
 
 }  // namespace

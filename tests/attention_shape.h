@@ -1,0 +1,62 @@
+// The shape of a causal or bidirectional attention test case on the CPU (f32): the qkv row layout
+// (q heads, then kv_heads K heads, then kv_heads V heads), element positions, and the op's forward
+// and backward on NaN-filled outputs (a result the op does not write shows). Shared by the GQA and
+// bidirectional attention tests.
+#pragma once
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "scmoe/kernels/attention.h"
+#include "test_util.h"
+
+namespace scmoe::testing {
+
+struct AttentionShape {
+    std::int64_t batch, seq, heads, kv_heads, head_dim;
+    std::int64_t group() const { return heads / kv_heads; }
+    std::int64_t width() const { return (heads + 2 * kv_heads) * head_dim; }  // one qkv row
+    std::int64_t rows() const { return batch * seq; }
+    std::int64_t qkv_size() const { return rows() * width(); }
+    std::int64_t out_size() const { return rows() * heads * head_dim; }
+    std::string name() const {
+        return "batch " + std::to_string(batch) + " seq " + std::to_string(seq) + " heads " + std::to_string(heads) +
+               " kv_heads " + std::to_string(kv_heads) + " head_dim " + std::to_string(head_dim);
+    }
+    // Element d of q head h (part 0), or of K/V head h (parts 1, 2), at token t.
+    std::size_t at(std::int64_t t, int part, std::int64_t h, std::int64_t d) const {
+        const std::int64_t base = part == 0 ? 0 : part == 1 ? heads * head_dim : (heads + kv_heads) * head_dim;
+        return sz(t * width() + base + h * head_dim + d);
+    }
+    std::size_t out_at(std::int64_t t, std::int64_t h, std::int64_t d) const {
+        return sz(t * heads * head_dim + h * head_dim + d);
+    }
+    // The same attention as MHA: kv_heads = heads.
+    AttentionShape mha() const { return {batch, seq, heads, heads, head_dim}; }
+
+    void forward(Stream& s, const std::vector<float>& qkv, std::vector<float>& out, std::vector<float>& lse,
+                 bool causal = true) const {
+        out.assign(sz(out_size()), std::numeric_limits<float>::quiet_NaN());
+        lse.assign(sz(batch * heads * seq), std::numeric_limits<float>::quiet_NaN());
+        AttentionArgs a{batch, seq, heads, head_dim, DType::kF32, qkv.data(), out.data(), lse.data(), kv_heads};
+        a.causal = causal;
+        attention_forward(a, s);
+    }
+    void backward(Stream& s, const std::vector<float>& qkv, const std::vector<float>& out, const std::vector<float>& lse,
+                  const std::vector<float>& go, std::vector<float>& gqkv, bool causal = true) const {
+        gqkv.assign(sz(qkv_size()), std::numeric_limits<float>::quiet_NaN());  // must be overwritten
+        AttentionBackwardArgs a{batch,      seq,        heads,     head_dim,    DType::kF32, qkv.data(),
+                                out.data(), lse.data(), go.data(), gqkv.data(), kv_heads};
+        a.causal = causal;
+        attention_backward(a, s);
+    }
+    std::vector<float> out_only(Cpu& c, const std::vector<float>& qkv, bool causal = true) const {
+        std::vector<float> out, lse;
+        forward(*c.stream, qkv, out, lse, causal);
+        c.stream->synchronize();
+        return out;
+    }
+};
+
+}  // namespace scmoe::testing
