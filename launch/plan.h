@@ -30,7 +30,7 @@ inline constexpr ErrorBand kPredictionErrorBand = {
     "the emulator's error against measurements so far, (predicted - measured) / measured: -16% to +23% on the "
     "ScMoE paper's speedups under the scmoe stack (issue 25's full table, docs/emu.md), +69% on absolute "
     "throughput (gpt2-moe-small on one H200, the built-in spec against the 2026-11-26 acceptance run, "
-    "docs/results/gpu-h200-2026-11-26/emu-rerun), -9.2% to +12.1% on CPU step times"};
+    "docs/results/gpu-h200-2026-11-26/emu-rerun), -14.0% to +12.1% on CPU step times (three sittings)"};
 // The measured value a prediction allows, given the band: [predicted / (1 + high), predicted / (1 + low)].
 inline double band_low(double predicted) { return predicted / (1.0 + kPredictionErrorBand.high); }
 inline double band_high(double predicted) { return predicted / (1.0 + kPredictionErrorBand.low); }
