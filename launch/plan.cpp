@@ -13,6 +13,7 @@
 #include "launch/emu_choice.h"
 #include "launch/train_comms.h"
 #include "scmoe/models/trainer.h"
+#include "scmoe/moe/moe_layer.h"
 #include "scmoe/moe/trace.h"
 
 namespace scmoe::launch {
@@ -52,7 +53,10 @@ std::vector<PlanCase> plan_cases(const PlanRequest& r) {
                             c.variant = v;
                             c.ep = ep;
                             c.dp = world / ep;
-                            c.chunks = std::min(chunks, r.model.moe.num_experts / ep);
+                            // A piece is a group of the local experts, or with one expert per rank a
+                            // slice of its rows (MoeLayer::max_chunks).
+                            const int local = r.model.moe.num_experts / ep;
+                            c.chunks = std::min(chunks, local == 1 && ep > 1 ? kMaxRowPieces : local);
                             c.dispatch = d;
                             c.capacity_factor = cf;
                             c.batch = batch;

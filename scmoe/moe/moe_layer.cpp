@@ -232,7 +232,8 @@ MoeLayer::ExpertRows MoeLayer::expert_range_rows(int first, int end) const {
 // Piece `chunk` of `chunks` is the contiguous expert rows [bounds[c], bounds[c + 1]) of the slice
 // table (moe_layer_buffers.h).
 MoeLayer::ExpertRows MoeLayer::row_slice_rows(int chunk, int chunks) const {
-    return {0, 1, buf_->slice_table + slice_bounds_at(ep_size_, chunks) + chunk, chunks == 1};
+    const std::int64_t at = slice_bounds_at(ep_size_, chunks) + chunk;
+    return {0, 1, buf_->slice_table + at, chunks == 1, host_->slice_table[at], host_->slice_table[at + 1]};
 }
 
 void MoeLayer::expert_one(int expert, const void* w1, const void* w2, Stream& stream) {

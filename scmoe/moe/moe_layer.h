@@ -260,6 +260,9 @@ private:
         int first_expert = 0, groups = 0;
         const std::int32_t* offsets = nullptr;
         bool whole = false;
+        // A row slice's rows [host_begin, host_end) of the one local expert, known on the host (the
+        // slice table dispatch_counts built); -1: not known (the offsets live on the device only).
+        std::int64_t host_begin = -1, host_end = -1;
     };
     ExpertRows expert_range_rows(int first_expert, int end_expert) const;
     ExpertRows row_slice_rows(int chunk, int chunks) const;  // row_sliced(): piece `chunk`'s rows
@@ -296,6 +299,7 @@ private:
     bool forward_started_ = false;  // a route() has run: backward has activations to differentiate
     bool separate_shortcut_ = false;  // the forward routed on a shortcut other than x (backward's rule)
     int table_chunks_ = 0;  // chunk count the uploaded pack/unpack tables were built for (0 = none)
+    int next_slice_backward_ = 0;  // row slices: the backward piece due next (their weight gradients add up)
     std::vector<bool> chunk_counts_built_;  // [max_chunks + 1]: chunk counts whose element counts this forward's
                                             // dispatch has computed (HostScratch::chunk_send_elements)
 };

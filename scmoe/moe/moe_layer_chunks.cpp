@@ -252,8 +252,17 @@ void MoeLayer::collect_backward_chunk(int chunk, int chunks, Stream& stream) {
 void MoeLayer::experts_backward_chunk(const MoeParams& params, const MoeGrads& grads, int chunk, int chunks,
                                       Stream& stream) {
     check_chunk(chunk, chunks, "experts_backward_chunk");
-    if (row_sliced() && chunks > 1)
+    if (row_sliced() && chunks > 1) {
+        // Each slice adds its weight gradient to the earlier ones': the first overwrites, so the
+        // pieces must come in order (a piece out of order would drop or double a slice's share).
+        SCMOE_CHECK(chunk == 0 || chunk == next_slice_backward_,
+                    "MoeLayer.experts_backward_chunk: row slice " << chunk << " of " << chunks << " out of order (slice "
+                                                                  << next_slice_backward_
+                                                                  << " is due): the slices' weight gradients add up, "
+                                                                     "so they run in order from slice 0");
+        next_slice_backward_ = chunk + 1;
         return experts_backward_rows(params, grads, row_slice_rows(chunk, chunks), chunk > 0, stream);
+    }
     const auto [first, end] = chunk_experts(chunk, chunks);
     experts_backward_rows(params, grads, expert_range_rows(first, end), false, stream);
 }

@@ -243,6 +243,14 @@ TEST(MoeChunks, BadChunkCountsAreRejected) {
             MoeLayer layer(one, *dev, 4, comm.get());
             std::string& out = slice_errors[static_cast<std::size_t>(r)];
             if (!layer.row_sliced() || layer.max_chunks() != kMaxRowPieces) out += "not row-sliced to 4 pieces; ";
+            MoeParamStore one_params(*dev, one, DType::kF32, 2), one_grads(*dev, one, DType::kF32, 2);
+            try {  // the slices' weight gradients add up: a backward piece out of order is refused
+                layer.experts_backward_chunk(one_params.view(), one_grads.view(), 1, 2, *s);
+                out += "backward slice 1 before slice 0 went through; ";
+            } catch (const Error& e) {
+                if (std::string(e.what()).find("row slice 1 of 2 out of order (slice 0 is due)") == std::string::npos)
+                    out += std::string(e.what()) + "; ";
+            }
             try {
                 layer.dispatch_chunk(0, kMaxRowPieces + 1, *s);
                 out += "5 pieces went through; ";
