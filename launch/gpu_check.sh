@@ -11,6 +11,7 @@
 #              capacity and dropless, vs Hugging Face transformers' MixtralSparseMoeBlock at the same
 #              shape and dtype (launch/moe_layer_torch.py; "not available" without torch)
 #   block      the ScMoE block variants on 4 in-process ranks sharing the GPU, behind an emulated PCIe 4 link
+#              (--quick: one expert per rank, so a chunked run slices its rows)
 #   train      scmoe-train --preset gpt2-moe-small on the GPU: tokens/s and MFU (the peak from scmoe's
 #              built-in GPU specs, scmoe/kernels/emu/gpu_spec.cpp, or --peak-tflops), vs the same model in
 #              PyTorch, eager and torch.compile'd within a budget (launch/gpt2_moe_torch.py)
@@ -177,7 +178,9 @@ elif [ $quick = 1 ]; then
     gemm_args=(--tokens 8K --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 10 -w 2)
     attention_shapes=("8 1024 12 64" "8 1024 12 128")
     layer_args=(--tokens 8K --hidden 768 --ffn 3072 --experts 8 --top-k 2 -n 10 -w 2)
-    block_args=(--tokens 4096 --seq 1024 --hidden 768 --ffn 3072 --experts 8 --heads 12 --variants "top2,scmoe-pos2" -n 3 -w 1)
+    # 4 experts on the 4 ranks: one expert per rank, so the chunked pipeline's pieces are row slices
+    # (MoeLayer::row_sliced) and the #wrong column checks their overlap on/off bits on the GPU.
+    block_args=(--tokens 4096 --seq 1024 --hidden 768 --ffn 3072 --experts 4 --heads 12 --variants "top2,scmoe-pos2" -n 3 -w 1)
     train_args=(--variants scmoe-pos2 --steps 10 --batch 8)
     compile_budget=150
 else
