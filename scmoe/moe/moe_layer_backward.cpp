@@ -100,35 +100,33 @@ void MoeLayer::experts_backward_rows(const MoeParams& params, const MoeGrads& gr
     g.c = b.grad_act;
     g.c_dtype = config_.dtype;
     grouped_gemm(g, stream, provider_);
+    // dW = a^T grad (f32) over the rows: a row slice's rows are known on the host, so it is one dense
+    // GEMM that adds into the earlier slices' with beta = 1 (cuBLAS on CUDA; an adding grouped GEMM
+    // would leave cutlass-grouped for a slower provider); otherwise the grouped GEMM over the groups.
     const std::size_t es = dtype_size(config_.dtype);
-    // A row slice's weight gradient: one GEMM over its rows (known on the host) that adds into the
-    // earlier slices' with beta = 1, on the dense GEMM (cuBLAS on CUDA); a grouped GEMM that adds
-    // would leave cutlass-grouped for a slower provider.
-    auto slice_weight_grad = [&](const void* a, std::int64_t a_width, const void* grad, std::int64_t grad_width,
-                                 void* c) {
-        GemmArgs w;
-        w.trans_a = true;  // dW = A^T grad over the slice's rows
-        w.m = a_width, w.n = grad_width, w.k = rows.host_end - rows.host_begin;
-        w.beta = accumulate ? 1.0f : 0.0f;
-        w.a = static_cast<const char*>(a) + static_cast<std::size_t>(rows.host_begin * a_width) * es;
-        w.b = static_cast<const char*>(grad) + static_cast<std::size_t>(rows.host_begin * grad_width) * es;
-        w.c = c;
-        w.ab_dtype = config_.dtype;
-        w.c_dtype = DType::kF32;
-        gemm(w, stream);
+    auto weight_grad = [&](const void* a, std::int64_t a_width, const void* grad, std::int64_t grad_width, void* c) {
+        if (rows.host_begin >= 0) {
+            GemmArgs w;
+            w.trans_a = true;
+            w.m = a_width, w.n = grad_width, w.k = rows.host_end - rows.host_begin;
+            w.beta = accumulate ? 1.0f : 0.0f;
+            w.a = static_cast<const char*>(a) + static_cast<std::size_t>(rows.host_begin * a_width) * es;
+            w.b = static_cast<const char*>(grad) + static_cast<std::size_t>(rows.host_begin * grad_width) * es;
+            w.c = c;
+            w.ab_dtype = config_.dtype;
+            w.c_dtype = DType::kF32;
+            gemm(w, stream);
+            return;
+        }
+        GroupedGemmArgs wg = g;
+        wg.kind = GroupedGemmKind::kGradWeight;
+        wg.k = a_width, wg.n = grad_width;
+        wg.a = a, wg.b = grad, wg.c = c;
+        wg.c_dtype = DType::kF32;
+        wg.accumulate = accumulate;
+        grouped_gemm(wg, stream, wgrad_provider);
     };
-    if (rows.host_begin >= 0) {
-        slice_weight_grad(b.act, F, b.grad_ye, H, expert_slice(grads.expert_w2, first, El));
-    } else {
-        g.kind = GroupedGemmKind::kGradWeight;
-        g.a = b.act;
-        g.b = b.grad_ye;
-        g.c = expert_slice(grads.expert_w2, first, El);
-        g.c_dtype = DType::kF32;
-        g.accumulate = accumulate;
-        grouped_gemm(g, stream, wgrad_provider);
-        g.accumulate = false;
-    }
+    weight_grad(b.act, F, b.grad_ye, H, expert_slice(grads.expert_w2, first, El));
 
     ActivationBackwardArgs act{config_.activation, Re, F, config_.dtype, b.h, b.grad_act, b.grad_h,
                                expert_rows_in_use(b)};
@@ -141,18 +139,7 @@ void MoeLayer::experts_backward_rows(const MoeParams& params, const MoeGrads& gr
     // First GEMM: h = xe . W1  ->  dW1 = xe^T . grad_h,  grad_xe = grad_h . W1^T
     g.k = H;
     g.n = I;
-    if (rows.host_begin >= 0) {
-        slice_weight_grad(b.xe, H, b.grad_h, I, expert_slice(grads.expert_w1, first, El));
-    } else {
-        g.kind = GroupedGemmKind::kGradWeight;
-        g.a = b.xe;
-        g.b = b.grad_h;
-        g.c = expert_slice(grads.expert_w1, first, El);
-        g.c_dtype = DType::kF32;
-        g.accumulate = accumulate;
-        grouped_gemm(g, stream, wgrad_provider);
-        g.accumulate = false;
-    }
+    weight_grad(b.xe, H, b.grad_h, I, expert_slice(grads.expert_w1, first, El));
     g.kind = GroupedGemmKind::kGradInput;
     g.a = b.grad_h;
     g.b = expert_slice(params.expert_w1, first, El);
