@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "scmoe/kernels/emu/log2_curve.h"
 #include "scmoe/kernels/error.h"
 
 namespace scmoe::emu {
@@ -189,16 +190,10 @@ const GpuSpec& builtin_gpu_spec(std::string_view name) {
 }
 
 double fused_attention_efficiency(const GpuSpec& spec, double head_dim, bool backward) {
-    const std::vector<AttentionEfficiency>& p = spec.fused_attention;
-    if (p.empty()) return spec.gemm_efficiency;
-    const auto at = [backward](const AttentionEfficiency& a) { return backward ? a.backward : a.forward; };
-    if (head_dim <= p.front().head_dim) return at(p.front());
-    if (head_dim >= p.back().head_dim) return at(p.back());
-    std::size_t i = 1;
-    while (p[i].head_dim < head_dim) ++i;
-    const double x0 = std::log2(p[i - 1].head_dim), x1 = std::log2(p[i].head_dim);
-    const double t = (std::log2(head_dim) - x0) / (x1 - x0);
-    return at(p[i - 1]) + t * (at(p[i]) - at(p[i - 1]));
+    if (spec.fused_attention.empty()) return spec.gemm_efficiency;
+    return log2_curve(
+        spec.fused_attention, head_dim, [](const AttentionEfficiency& a) { return a.head_dim; },
+        [backward](const AttentionEfficiency& a) { return backward ? a.backward : a.forward; });
 }
 
 void check_fused_attention(const std::vector<AttentionEfficiency>& points, const std::string& what) {

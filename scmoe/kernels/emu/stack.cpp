@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "scmoe/kernels/elementwise.h"
+#include "scmoe/kernels/emu/log2_curve.h"
 #include "scmoe/kernels/error.h"
 
 namespace scmoe::emu {
@@ -129,15 +130,10 @@ std::string describe(const Stack& s) {
 }
 
 double small_gemm_fraction(const Stack& s, double size) {
-    const auto& c = s.small_gemm;
-    if (c.empty()) return 1.0;
-    if (size <= c.front().size) return c.front().fraction;
-    if (size >= c.back().size) return c.back().fraction;
-    auto hi = std::upper_bound(c.begin(), c.end(), size,
-                               [](double v, const GemmEfficiencyPoint& p) { return v < p.size; });
-    auto lo = hi - 1;
-    const double t = (std::log2(size) - std::log2(lo->size)) / (std::log2(hi->size) - std::log2(lo->size));
-    return lo->fraction + t * (hi->fraction - lo->fraction);
+    if (s.small_gemm.empty()) return 1.0;
+    return log2_curve(
+        s.small_gemm, size, [](const GemmEfficiencyPoint& p) { return p.size; },
+        [](const GemmEfficiencyPoint& p) { return p.fraction; });
 }
 
 double small_gemm_fraction(const Stack& s, const OpCost& c) {
