@@ -1,7 +1,13 @@
-// A GPU spec with round numbers, so expected model times can be worked out by hand.
+// A GPU spec with round numbers, so expected model times can be worked out by hand, an emulated
+// device on it, and the modeled time of what a stream runs.
 #pragma once
 
+#include <functional>
+#include <memory>
+
+#include "scmoe/kernels/emu/emu_device.h"
 #include "scmoe/kernels/emu/gpu_spec.h"
+#include "scmoe/kernels/emu/stack.h"
 
 namespace scmoe::test {
 
@@ -23,6 +29,26 @@ inline emu::GpuSpec round_spec() {
     s.host_task_us = 10;
     s.sync_us = 3;
     return s;
+}
+
+// An emulated device on `spec` running `stack`.
+inline std::unique_ptr<Device> device_with(emu::Stack stack, emu::GpuSpec spec = round_spec()) {
+    emu::EmuOptions options;
+    options.spec = std::move(spec);
+    options.stack = std::move(stack);
+    return emu::make_device(std::move(options));
+}
+
+// Modeled time between two events around `enqueue` on a fresh stream of `device` (events report float
+// milliseconds: compare to about 1e-4 us).
+inline double elapsed_us(Device& device, const std::function<void(Stream&)>& enqueue) {
+    auto stream = device.create_stream();
+    auto start = device.create_event(), end = device.create_event();
+    start->record(*stream);
+    enqueue(*stream);
+    end->record(*stream);
+    end->synchronize();
+    return end->elapsed_ms_since(*start) * 1000.0;
 }
 
 }  // namespace scmoe::test

@@ -46,19 +46,9 @@ LmConfig gpu_decode_lm(const std::string& variant, DType dtype) {
 // [-0.35, 0.35] and rounded to bf16, so the CPU (f32) and CUDA (bf16) models hold the same values.
 void spread_params(LanguageModel& lm, std::uint64_t seed) {
     lm.init_params(seed);
-    for (const ParamGroup& g : lm.param_groups()) {
-        F host(static_cast<std::size_t>(g.numel));
-        for (const NamedTensor& t : g.tensors) {
-            const std::int64_t parts = t.expert ? t.shape[0] : 1, per = t.numel() / parts;
-            for (std::int64_t e = 0; e < parts; ++e) {
-                std::mt19937_64 rng(seed * 7919 + std::hash<std::string>{}(t.name) +
-                                    static_cast<std::uint64_t>(t.expert ? t.first_expert + e : 0));
-                std::uniform_real_distribution<float> u(-0.35f, 0.35f);
-                for (std::int64_t i = 0; i < per; ++i) host[static_cast<std::size_t>(t.offset + e * per + i)] = u(rng);
-            }
-        }
-        copy_from_host(gpu_testing::round_bf16(std::move(host)), Tensor(g.params, g.dtype, {g.numel}), lm.stream());
-    }
+    for (const ParamGroup& g : lm.param_groups())
+        copy_from_host(gpu_testing::round_bf16(testing::spread_values(g, seed)), Tensor(g.params, g.dtype, {g.numel}),
+                       lm.stream());
     lm.stream().synchronize();
 }
 

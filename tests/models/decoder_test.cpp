@@ -40,19 +40,8 @@ using testing::random_tokens;
 // gives near-uniform logits): uniform in [-0.35, 0.35], the same on every rank for its experts.
 void spread_params(LanguageModel& lm, std::uint64_t seed) {
     lm.init_params(seed);
-    for (const ParamGroup& g : lm.param_groups()) {
-        std::vector<float> host(static_cast<std::size_t>(g.numel));
-        for (const NamedTensor& t : g.tensors) {
-            const std::int64_t parts = t.expert ? t.shape[0] : 1, per = t.numel() / parts;
-            for (std::int64_t e = 0; e < parts; ++e) {
-                std::mt19937_64 rng(seed * 7919 + std::hash<std::string>{}(t.name) +
-                                    static_cast<std::uint64_t>(t.expert ? t.first_expert + e : 0));
-                std::uniform_real_distribution<float> u(-0.35f, 0.35f);
-                for (std::int64_t i = 0; i < per; ++i) host[static_cast<std::size_t>(t.offset + e * per + i)] = u(rng);
-            }
-        }
-        copy_from_host(host, Tensor(g.params, g.dtype, {g.numel}), lm.stream());
-    }
+    for (const ParamGroup& g : lm.param_groups())
+        copy_from_host(testing::spread_values(g, seed), Tensor(g.params, g.dtype, {g.numel}), lm.stream());
 }
 
 std::int32_t argmax(const float* row, std::int64_t n) {

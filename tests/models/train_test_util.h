@@ -128,4 +128,21 @@ inline void expect_bitwise_same_runs(const std::vector<RankRun>& a, const std::v
     }
 }
 
+// A parameter group's values with enough spread that a model's logits depend visibly on every
+// input (init_params' small weights give near-uniform logits): uniform in [-0.35, 0.35], drawn per
+// tensor (and per expert, by its global index, so every rank draws the same values for an expert).
+inline std::vector<float> spread_values(const models::ParamGroup& g, std::uint64_t seed) {
+    std::vector<float> host(static_cast<std::size_t>(g.numel));
+    for (const models::NamedTensor& t : g.tensors) {
+        const std::int64_t parts = t.expert ? t.shape[0] : 1, per = t.numel() / parts;
+        for (std::int64_t e = 0; e < parts; ++e) {
+            std::mt19937_64 rng(seed * 7919 + std::hash<std::string>{}(t.name) +
+                                static_cast<std::uint64_t>(t.expert ? t.first_expert + e : 0));
+            std::uniform_real_distribution<float> u(-0.35f, 0.35f);
+            for (std::int64_t i = 0; i < per; ++i) host[static_cast<std::size_t>(t.offset + e * per + i)] = u(rng);
+        }
+    }
+    return host;
+}
+
 }  // namespace scmoe::testing

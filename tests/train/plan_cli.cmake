@@ -35,6 +35,19 @@ function(command_args text prefix out_var)
   set(${out_var} ${args} PARENT_SCOPE)
 endfunction()
 
+# scmoe-train parses the flags after `marker` on the printed line "<prefix>: ..." (an unknown flag
+# fails before --help is read).
+function(expect_train_takes text prefix marker what)
+  command_args("${text}" "${prefix}" args)
+  list(FIND args "${marker}" at)
+  math(EXPR at "${at} + 1")
+  list(SUBLIST args ${at} -1 args)
+  execute_process(COMMAND "${TRAIN}" ${args} --help OUTPUT_QUIET ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "scmoe-train does not take ${what}'s flags ${args}:\n${err}")
+  endif()
+endfunction()
+
 if(CHECK STREQUAL "replay")
   # Two nodes of 4 GPUs made from the a800-2x8 preset on PCIe with 200 Gb/s NICs: the header says
   # what the cluster is; the replay commands run in scmoe-train and scmoe-bench as printed; the
@@ -71,22 +84,8 @@ if(CHECK STREQUAL "replay")
   endif()
   # The cluster command's and the Slurm line's scmoe-train flags: scmoe-train parses every one (an
   # unknown flag fails before --help is read).
-  command_args("${out}" "best" cargs)
-  list(FIND cargs "scmoe-train" at)
-  math(EXPR at "${at} + 1")
-  list(SUBLIST cargs ${at} -1 cargs)
-  execute_process(COMMAND "${TRAIN}" ${cargs} --help OUTPUT_QUIET ERROR_VARIABLE cerr RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "scmoe-train does not take the cluster command's flags ${cargs}:\n${cerr}")
-  endif()
-  command_args("${out}" "slurm" sargs)
-  list(FIND sargs "launch/slurm.sbatch" at)
-  math(EXPR at "${at} + 1")
-  list(SUBLIST sargs ${at} -1 sargs)
-  execute_process(COMMAND "${TRAIN}" ${sargs} --help OUTPUT_QUIET ERROR_VARIABLE serr RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "scmoe-train does not take the Slurm line's flags ${sargs}:\n${serr}")
-  endif()
+  expect_train_takes("${out}" "best" "scmoe-train" "the cluster command")
+  expect_train_takes("${out}" "slurm" "launch/slurm.sbatch" "the Slurm line")
 elseif(CHECK STREQUAL "sweep")
   # A NIC-speed sweep: one search per speed and a summary; a faster network is never predicted slower.
   run_plan(out ${tiny} --experts 16 --gpu a800 --cluster a800-2x8 --nic-gbit-s 100,800 --variants top2 --ep 16 --batches 2
