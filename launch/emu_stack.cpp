@@ -35,13 +35,14 @@ emu::Stack load_stack(const std::string& name) {
     SCMOE_CHECK(j.is_object(), where << ": a stack is a JSON object");
     static const char* const known[] = {"base", "name", "description", "attention", "attention_dropout",
                                         "framework_us", "all_to_all_efficiency", "tutel_dispatch", "small_gemm",
-                                        "sources"};
+                                        "grad_reduce", "grad_reduce_dtype", "sources"};
     for (const auto& [key, value] : j.items()) {
         bool ok = false;
         for (const char* k : known) ok = ok || key == k;
         if (!ok)
             SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: base, name, description, attention, "
-                             << "attention_dropout, framework_us, all_to_all_efficiency, tutel_dispatch, small_gemm, sources)");
+                             << "attention_dropout, framework_us, all_to_all_efficiency, tutel_dispatch, small_gemm, grad_reduce, "
+                             << "grad_reduce_dtype, sources)");
     }
     auto str = [&](const char* key) {
         const auto& v = j.at(key);
@@ -79,6 +80,17 @@ emu::Stack load_stack(const std::string& name) {
         SCMOE_CHECK(v.is_boolean(), where << ": field 'tutel_dispatch' must be a boolean, got " << type_name(v));
         s.tutel_dispatch = v.get<bool>();
     }
+    if (j.contains("grad_reduce")) {
+        const std::string g = str("grad_reduce");
+        SCMOE_CHECK(g == "overlapped" || g == "after_backward",
+                    where << ": field 'grad_reduce' is '" << g << "': overlapped or after_backward");
+        s.grad_reduce = g == "overlapped" ? emu::GradReduce::kOverlapped : emu::GradReduce::kAfterBackward;
+    }
+    if (j.contains("grad_reduce_dtype")) {
+        const std::string g = str("grad_reduce_dtype");
+        SCMOE_CHECK(g == "f32" || g == "bf16", where << ": field 'grad_reduce_dtype' is '" << g << "': f32 or bf16");
+        s.grad_reduce_dtype = g == "f32" ? DType::kF32 : DType::kBF16;
+    }
     if (j.contains("framework_us")) s.framework_us = num("framework_us", j.at("framework_us"));
     if (j.contains("all_to_all_efficiency"))
         s.all_to_all_efficiency = num("all_to_all_efficiency", j.at("all_to_all_efficiency"));
@@ -112,6 +124,11 @@ emu::Stack load_stack(const std::string& name) {
     }
     s.sources.push_back("stack file " + name);
     return s;
+}
+
+void apply_grad_reduce(const emu::Stack& stack, models::TrainConfig& config) {
+    config.overlap_grad_reduce = stack.grad_reduce == emu::GradReduce::kOverlapped;
+    config.grad_reduce_dtype = stack.grad_reduce_dtype;
 }
 
 Topology stack_topology(Topology cluster, const emu::Stack& stack) {

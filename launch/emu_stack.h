@@ -3,7 +3,8 @@
 //
 // A stack JSON: {"base": "scmoe"|"paper" (optional; default scmoe), "name": string, "description":
 // string, "attention": "fused"|"unfused", "attention_dropout": bool, "framework_us": number,
-// "all_to_all_efficiency": number, "small_gemm": [[size, fraction], ...], "sources": [string, ...]};
+// "all_to_all_efficiency": number, "tutel_dispatch": bool, "small_gemm": [[size, fraction], ...],
+// "grad_reduce": "overlapped"|"after_backward", "grad_reduce_dtype": "f32"|"bf16", "sources": [string, ...]};
 // every field optional, overriding the base's. An unknown key, a wrong type or a value out of range
 // throws scmoe::Error naming the field.
 #pragma once
@@ -12,10 +13,14 @@
 
 #include "scmoe/comm/topology.h"
 #include "scmoe/kernels/emu/stack.h"
+#include "scmoe/models/trainer.h"
 
 namespace scmoe::launch {
 
 emu::Stack load_stack(const std::string& name_or_file);
+// The stack's gradient all-reduce (emu::Stack::grad_reduce, grad_reduce_dtype) into a training
+// config: what an emulated run of scmoe-train (unless its flags say otherwise) and scmoe-plan use.
+void apply_grad_reduce(const emu::Stack& stack, models::TrainConfig& config);
 // The cluster (a preset, or one with its overrides applied) with the stack's all-to-all factor
 // (Topology::all_to_all_efficiency).
 Topology stack_topology(Topology cluster, const emu::Stack& stack);

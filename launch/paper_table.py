@@ -45,6 +45,10 @@ RUNS = {
                 "--capacity-factor 2.0 --variants top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3 "
                 "--infer-passes 2 --quiet",
         "assumed": "GPT2-MoE-Small stands in for SwinV2-MoE-S (no Swin model end to end); 8 sequences per GPU",
+        # Swin's training loop, not fairseq's: Swin-Transformer's main_moe.py wraps the model in
+        # torch.nn.parallel.DistributedDataParallel (its gradient all-reduce overlapped with the
+        # backward) and trains under torch.cuda.amp.autocast (fp32 parameters, so fp32 gradients).
+        "paper_args": "--grad-overlap --grad-reduce-dtype f32",
     },
     "t2-gpt2": {
         "tool": TRAIN,
@@ -194,6 +198,8 @@ def command(run, bin_dir, stack):
         args += ["--stack", stack]
     if spec.get("chunks", "stack") == "stack":
         args += stack_chunks(stack)
+    if stack == "paper" and "paper_args" in spec:
+        args += shlex.split(spec["paper_args"])
     return [exe] + args
 
 

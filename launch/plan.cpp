@@ -1,5 +1,7 @@
 #include "launch/plan.h"
 
+#include "launch/emu_stack.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -76,6 +78,7 @@ void run_plan_case(const PlanRequest& r, PlanCase& c) {
     config.model.moe.capacity_factor = c.capacity_factor;
     config.batch = c.batch;
     config.steps = r.steps;
+    apply_grad_reduce(load_stack(r.emu.stack), config);  // as scmoe-train's emulated run of the printed command
     std::vector<PlanCase> per_rank(static_cast<std::size_t>(world), c);
     std::vector<char> peer_failed(static_cast<std::size_t>(world), 0);  // the rank's error is a peer's CommError
     try {

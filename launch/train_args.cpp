@@ -166,7 +166,14 @@ Args parse(int argc, const char* const* argv) {
          cxxopts::value<std::string>())
         ("no-overlap", "Run every op on one stream (same numerics, no overlap)")
         ("no-grad-overlap", "Run the gradient all-reduce after the backward instead of overlapping each block's "
-                            "with the rest of it (same numerics)")
+                            "with the rest of it (same numerics; default with --backend emu under a stack whose "
+                            "grad_reduce is after_backward, e.g. paper)")
+        ("grad-overlap", "Overlap the gradient all-reduce with the backward even where the --stack would not "
+                         "(the default without --backend emu)")
+        ("grad-reduce-dtype", "What gradients travel in through the data-parallel all-reduce: f32 (exact sums) or "
+                              "bf16 (half the bytes; each rank's gradient and the sum rounded to bf16). Default: f32, "
+                              "or with --backend emu the --stack's (paper: bf16, the bytes of fairseq's fp16 "
+                              "gradients)", cxxopts::value<std::string>())
         ("no-calibrate", "Keep every expert FFN at its earliest slot instead of Eq. 11's")
         ("chunks", "Pieces of the chunked all-to-all / expert-FFN pipeline: auto (chosen per branch from the "
                    "calibrated times) or N (1 = off, at most the local experts; with one expert per rank up to 4 "
@@ -370,10 +377,20 @@ Args parse(int argc, const char* const* argv) {
             a.emu = resolve_emu_choice(r.count("gpu") ? r["gpu"].as<std::string>() : "",
                                        r["routing"].as<std::string>(), cluster, a.ranks);
             if (r.count("stack")) a.emu.stack = r["stack"].as<std::string>();
-            load_stack(a.emu.stack);  // checked here: a bad stack is a usage error
+            // checked here: a bad stack is a usage error; its gradient all-reduce is the default
+            apply_grad_reduce(load_stack(a.emu.stack), t);
         } catch (const Error& e) {
             throw UsageError(e.what());
         }
+    }
+    if (r.count("grad-overlap") && r.count("no-grad-overlap"))
+        throw UsageError("--grad-overlap and --no-grad-overlap contradict each other: give one");
+    if (r.count("grad-overlap")) t.overlap_grad_reduce = true;
+    if (r.count("no-grad-overlap")) t.overlap_grad_reduce = false;
+    if (r.count("grad-reduce-dtype")) {
+        const std::string w = r["grad-reduce-dtype"].as<std::string>();
+        if (w != "f32" && w != "bf16") throw UsageError("--grad-reduce-dtype " + w + ": expected f32 or bf16");
+        t.grad_reduce_dtype = w == "f32" ? DType::kF32 : DType::kBF16;
     }
     if (r.count("device")) a.device = r["device"].as<int>();
     if (a.device && *a.device < 0)

@@ -127,7 +127,8 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
     say(std::string("# overlap: ") + (config.overlap ? "ScMoE branches on their own stream" : "off (one stream)") +
         "; gradient all-reduce " +
         (config.overlap && config.overlap_grad_reduce ? "per block, overlapped with the backward"
-                                                      : "after the backward"));
+                                                      : "after the backward") +
+        " in " + dtype_name(config.grad_reduce_dtype));
     if (trainer.has_eval_data()) say("# eval data: " + trainer.eval_description());
     if (!args.resume.empty()) {
         std::string path = args.resume == "auto" ? args.checkpoint_dir : args.resume;

@@ -9,6 +9,7 @@
 
 #include "scmoe/comm/communicator.h"
 #include "scmoe/kernels/adamw.h"
+#include "scmoe/kernels/elementwise.h"
 #include "scmoe/kernels/error.h"
 #include "scmoe/moe/trace.h"
 
@@ -60,10 +61,13 @@ void check_comm(Communicator* c, int size, int rank, const char* what) {
 
 }  // namespace
 
-GradientReducer::GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device)
-    : model_(model), layout_(layout), comms_(comms), device_(device),
+GradientReducer::GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device,
+                                 DType wire)
+    : model_(model), layout_(layout), comms_(comms), device_(device), wire_(wire),
       stream_(device.create_stream(StreamPriority::kHigh)) {  // communication only: ahead of the backward's kernels
     layout_.validate();
+    SCMOE_CHECK(wire == DType::kF32 || wire == DType::kBF16,
+                "GradientReducer: gradients travel in f32 or bf16, not " << dtype_name(wire));
     check_comm(comms_.world, layout_.world, layout_.rank, "world");
     check_comm(comms_.ep, layout_.ep, layout_.ep_rank(), "expert-parallel");
     check_comm(comms_.expert_dp, layout_.dp(), layout_.ep_group(), "expert-data-parallel");
@@ -87,6 +91,11 @@ GradientReducer::GradientReducer(LanguageModel& model, const ParallelLayout& lay
     done_ = device.create_event();
     issued_.assign(static_cast<std::size_t>(stages), 0);
     scratch_ = DeviceBuffer(device, sum_of_squares_scratch_bytes() + runs_.size() * sizeof(float));
+    std::int64_t largest = 0;
+    for (const Run& r : runs_)
+        if (r.comm) largest = std::max(largest, r.count);
+    if (wire_ != DType::kF32 && largest > 0)
+        staging_ = DeviceBuffer(device, static_cast<std::size_t>(largest) * dtype_size(wire_));
 }
 
 GradientReducer::~GradientReducer() {
@@ -98,8 +107,16 @@ GradientReducer::~GradientReducer() {
 
 void GradientReducer::reduce_stage(int stage, Stream& s, Tracer* trace, const char* lane) {
     auto run = [this, stage](Stream& r) {
-        for (const Run& x : runs_)
-            if (x.stage == stage && x.comm) x.comm->all_reduce_sum(x.grads, x.count, DType::kF32, r);
+        for (const Run& x : runs_) {
+            if (x.stage != stage || !x.comm) continue;
+            if (wire_ == DType::kF32) {
+                x.comm->all_reduce_sum(x.grads, x.count, DType::kF32, r);
+                continue;
+            }
+            convert(x.grads, DType::kF32, staging_.data(), wire_, x.count, r);
+            x.comm->all_reduce_sum(staging_.data(), x.count, wire_, r);
+            convert(staging_.data(), wire_, x.grads, DType::kF32, x.count, r);
+        }
     };
     const bool sends =
         std::any_of(runs_.begin(), runs_.end(), [stage](const Run& x) { return x.stage == stage && x.comm; });

@@ -63,9 +63,16 @@ struct TrainComms {
 // under MPI the library must allow calls from several threads (MPI_THREAD_MULTIPLE). On NCCL the two
 // communicators' kernels run at once; every rank issues them in the same order (the order of the
 // plan), which NCCL requires of concurrent communicators (not yet run on a GPU).
+//
+// `wire` is the dtype the gradients travel in: kF32 (the default: the f32 gradients as they are) or
+// kBF16 (half the bytes, as Megatron's --grad-reduce-in-bf16 and fairseq's --fp16 gradients): each
+// run is converted to bf16 in a staging buffer, summed there, and converted back, so each rank's
+// gradient and the sum are rounded to bf16. The same calls either way of issuing, so still bitwise
+// the same sums overlapped or after.
 class GradientReducer {
   public:
-    GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device);
+    GradientReducer(LanguageModel& model, const ParallelLayout& layout, TrainComms comms, Device& device,
+                    DType wire = DType::kF32);
     ~GradientReducer();
     GradientReducer(const GradientReducer&) = delete;
     GradientReducer& operator=(const GradientReducer&) = delete;
@@ -101,6 +108,8 @@ class GradientReducer {
     TrainComms comms_;
     Device& device_;
     std::vector<Run> runs_;
+    DType wire_;
+    DeviceBuffer staging_;  // wire kBF16: the largest sent run in bf16 (runs are summed one at a time)
     DeviceBuffer scratch_;  // sum_of_squares scratch + one f32 per run
     std::unique_ptr<Stream> stream_;
     std::vector<std::unique_ptr<Event>> stage_ready_;

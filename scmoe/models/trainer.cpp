@@ -60,7 +60,7 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
     model_->init_params(config_.seed);
     for (const ParamGroup& g : model_->param_groups())
         adamw_.push_back(std::make_unique<AdamW>(device, g.params, g.dtype, g.numel, config_.adamw, model_->stream()));
-    reducer_ = std::make_unique<GradientReducer>(*model_, layout_, comms_, device);
+    reducer_ = std::make_unique<GradientReducer>(*model_, layout_, comms_, device, config_.grad_reduce_dtype);
     reduce_buffer_ = DeviceBuffer(device, 8 * sizeof(float));
     gather_buffer_ = DeviceBuffer(device, static_cast<std::size_t>(layout_.world) * sizeof(double));
     step_trace_ = std::make_unique<Tracer>(device, layout_.rank);

@@ -65,6 +65,9 @@ struct TrainConfig {
     // The gradient all-reduce overlapped with the backward (GradientReducer::grads_ready), each
     // block's as soon as its gradients are final; only with `overlap`. Numerics identical either way.
     bool overlap_grad_reduce = true;
+    // What the gradients travel in through that all-reduce: kF32, or kBF16 (half the bytes; each
+    // rank's gradient and the sum rounded to bf16: GradientReducer).
+    DType grad_reduce_dtype = DType::kF32;
     bool calibrate = true;  // measure op times once and choose the expert slots (Eq. 11)
     // Held-out files for evaluate(); {kDefaultHeldOut}: the default corpus's held-out last tenth
     // (only without `data`); empty: no evaluation.

@@ -498,6 +498,10 @@ TEST(EmuStack, AStackFileOverridesItsBase) {
     EXPECT_TRUE(s.tutel_dispatch);  // the base's
     EXPECT_FALSE(launch::load_stack(write_stack("no_tutel.json", R"({"base": "paper", "tutel_dispatch": false})"))
                      .tutel_dispatch);
+    const emu::Stack ddp = launch::load_stack(write_stack(
+        "ddp.json", R"({"base": "paper", "grad_reduce": "overlapped", "grad_reduce_dtype": "f32"})"));
+    EXPECT_EQ(ddp.grad_reduce, emu::GradReduce::kOverlapped);
+    EXPECT_EQ(ddp.grad_reduce_dtype, DType::kF32);
 }
 
 // Tutel's dispatch (paper stack): fast_encode and fast_decode and their backwards as their kernels,
@@ -561,6 +565,8 @@ TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
         {R"({"small_gemm": [[64, "0.5"], [128, 1]]})", "small_gemm[0][1]"},
         {R"({"small_gemm": [[64, 0.5], [32, 1]]})", "small_gemm[1]"},
         {R"({"tutel_dispatch": 1})", "tutel_dispatch"},
+        {R"({"grad_reduce": "later"})", "grad_reduce"},
+        {R"({"grad_reduce_dtype": "f16"})", "grad_reduce_dtype"},
         {R"({"sources": "a paper"})", "sources"},
         {R"({"sources": ["ok", 3]})", "sources[1]"},
         {R"({"name": 7})", "name"},

@@ -126,6 +126,10 @@ def main():
         assert ("--chunks 1" in lines["t1"]) == t1_chunks, lines["t1"]
         assert "--chunks auto" in lines["blk-a30-piped"] and "--chunks 1" not in lines["blk-a30-piped"], lines
         assert lines["blk-a30-whole"].count("--chunks") == 1, lines["blk-a30-whole"]
+        # The Swin stand-in trains as Swin's main_moe.py does (PyTorch DDP, amp: f32 gradients
+        # overlapped) under the paper stack; the LM rows keep the stack's fairseq all-reduce.
+        assert ("--grad-overlap --grad-reduce-dtype f32" in lines["t1"]) == (stack == "paper"), lines["t1"]
+        assert "--grad-overlap" not in lines["t4"], lines["t4"]
     # Bad --only is a usage error naming the runs.
     p = subprocess.run([sys.executable, script, "--only", "t9"], capture_output=True, text=True)
     assert p.returncode == 2 and "t9" in p.stderr and "t1" in p.stderr, p.stderr

@@ -141,23 +141,33 @@ TEST(Trainer, ResumeContinuesBitwise) {
 }
 
 // The gradient all-reduce overlapped with the backward changes nothing: the losses and the final
-// parameters of dp 2 x ep 2 training are bitwise those of the all-reduce after the backward.
+// parameters of dp 2 x ep 2 training are bitwise those of the all-reduce after the backward, with
+// gradients summed in f32 and in bf16 (grad_reduce_dtype), which does change the training.
 TEST(Trainer, GradReduceOverlapKeepsTrainingBitwise) {
     const int world = 4, ep = 2, steps = 3;
-    std::vector<RankRun> runs[2];
-    for (int overlapped = 0; overlapped < 2; ++overlapped) {
-        TrainConfig config = small_training(steps);
-        config.overlap_grad_reduce = overlapped == 1;
-        runs[overlapped].resize(world);
-        run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
-            auto device = make_device("cpu");
-            Trainer t(config, *device, {world, rank, ep}, comms);
-            RankRun& run = runs[overlapped][static_cast<std::size_t>(rank)];
-            for (int s = 0; s < steps; ++s) run.losses.push_back(t.step().loss);
-            run.params = all_params(t);
-        });
+    std::vector<RankRun> finals;
+    for (DType wire : {DType::kF32, DType::kBF16}) {
+        std::vector<RankRun> runs[2];
+        for (int overlapped = 0; overlapped < 2; ++overlapped) {
+            TrainConfig config = small_training(steps);
+            config.overlap_grad_reduce = overlapped == 1;
+            config.grad_reduce_dtype = wire;
+            runs[overlapped].resize(world);
+            run_train_ranks(world, ep, [&](int rank, const TrainComms& comms) {
+                auto device = make_device("cpu");
+                Trainer t(config, *device, {world, rank, ep}, comms);
+                RankRun& run = runs[overlapped][static_cast<std::size_t>(rank)];
+                for (int s = 0; s < steps; ++s) run.losses.push_back(t.step().loss);
+                run.params = all_params(t);
+            });
+        }
+        SCOPED_TRACE(dtype_name(wire));
+        expect_bitwise_same_runs(runs[0], runs[1]);
+        finals.push_back(runs[0][0]);
     }
-    expect_bitwise_same_runs(runs[0], runs[1]);
+    EXPECT_NE(finals[0].params, finals[1].params) << "bf16 gradient sums left the parameters as f32 sums do";
+    for (std::size_t s = 0; s < finals[0].losses.size(); ++s)
+        EXPECT_NEAR(finals[1].losses[s], finals[0].losses[s], 0.02 * std::abs(finals[0].losses[s])) << "step " << s;
 }
 
 // ---- the overlap of the gradient all-reduce, proven without timing anything ----

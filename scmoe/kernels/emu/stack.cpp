@@ -28,7 +28,8 @@ Stack paper_stack() {
     Stack s;
     s.name = "paper";
     s.description = "paper: fairseq b5e7b250 + Tutel on PyTorch 1.x eager (unfused attention with dropout, "
-                    "eager per-op host time, Tutel's fp32 encode/decode and NCCL all-to-all)";
+                    "eager per-op host time, Tutel's fp32 encode/decode and NCCL all-to-all, fp16 gradients "
+                    "all-reduced after the backward)";
     // fairseq/modules/multihead_attention.py (b5e7b250): in training (no incremental state, not ONNX,
     // not scripted) MultiheadAttention.forward returns F.multi_head_attention_forward(...), whose
     // PyTorch 1.x core (_scaled_dot_product_attention in torch/nn/functional.py) is
@@ -52,6 +53,16 @@ Stack paper_stack() {
     // then ".to(original_dtype)", logits_dtype float32 (the gate runs with autocast off): the encode
     // and decode run in fp32 between casts (tutel_encode_forward below gives the kernels).
     s.tutel_dispatch = true;
+    // Tutel's fairseq example (tutel/examples/fairseq_moe/README.md): "the current patch only works
+    // for `legacy_ddp` backend", and run_fairseq.sh passes "--ddp-backend legacy_ddp" with "--fp16
+    // --fp16-init-scale 4 --fp16-no-flatten-grads". fairseq's legacy_distributed_data_parallel.py:
+    // "Notably it does not overlap gradient communication with the backward pass"; all_reduce_grads
+    // "must be called explicitly after backward": it copies the gradients into a buffer of the
+    // parameters' dtype ("next(self.module.parameters()).new(self.buffer_size)"), all-reduces it and
+    // copies them back. Under --fp16 (FP16Optimizer) the parameters and their gradients are fp16: two
+    // bytes each, costed as bf16, the copies in and out as the two conversions around the sum.
+    s.grad_reduce = GradReduce::kAfterBackward;
+    s.grad_reduce_dtype = DType::kBF16;
     // No published sweep of achieved GEMM efficiency versus size was read (docs/emu-sources.md,
     // "Stacks"): no fall-off beyond the base model's wave and tile quantization and roofline.
     s.small_gemm = {};
@@ -59,7 +70,8 @@ Stack paper_stack() {
                  "PyTorch 1.x torch/nn/functional.py _scaled_dot_product_attention",
                  "pytorch/pytorch PR #32194 operator micro-benchmark (eager op host time)",
                  "microsoft/tutel 82af7aa tutel/impls/communicate.py, moe_layer.py, fast_dispatch.py, "
-                 "examples/fairseq_moe"};
+                 "examples/fairseq_moe (README.md, run_fairseq.sh: --ddp-backend legacy_ddp, --fp16)",
+                 "fairseq fairseq/distributed/legacy_distributed_data_parallel.py (all-reduce after the backward)"};
     return s;
 }
 
@@ -115,6 +127,8 @@ void check_stack(const Stack& s) {
                         "stack " << s.name << ": small_gemm[" << i << "].fraction: fractions must not decrease");
         }
     }
+    SCMOE_CHECK(s.grad_reduce_dtype == DType::kF32 || s.grad_reduce_dtype == DType::kBF16,
+                "stack " << s.name << ": grad_reduce_dtype " << dtype_name(s.grad_reduce_dtype) << ": f32 or bf16");
     SCMOE_CHECK(s.small_gemm.empty() || s.small_gemm.back().fraction == 1.0,
                 "stack " << s.name << ": small_gemm: the last point's fraction must be 1 (the ceiling at large sizes)");
 }
@@ -125,7 +139,9 @@ std::string describe(const Stack& s) {
        << (s.attention == AttentionImpl::kUnfused && s.attention_dropout ? " (dropout)" : "") << ", framework "
        << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency
        << (s.tutel_dispatch ? ", Tutel fp32 encode/decode" : "") << ", small-GEMM curve "
-       << (s.small_gemm.empty() ? std::string("none") : std::to_string(s.small_gemm.size()) + " points");
+       << (s.small_gemm.empty() ? std::string("none") : std::to_string(s.small_gemm.size()) + " points")
+       << ", gradient all-reduce " << (s.grad_reduce == GradReduce::kOverlapped ? "overlapped" : "after the backward")
+       << " in " << dtype_name(s.grad_reduce_dtype);
     return os.str();
 }
 

@@ -12,7 +12,10 @@
 //    (Topology::all_to_all_efficiency, scmoe/comm/topology.h);
 //  - tutel_dispatch: Tutel's fp32 encode/decode in place of scmoe's permute and combine;
 //  - small_gemm: the achieved fraction of the GEMM ceiling versus the GEMM's size (its smallest side,
-//    e.g. the tokens of an expert), a piecewise-linear curve in log2(size), flat beyond its ends.
+//    e.g. the tokens of an expert), a piecewise-linear curve in log2(size), flat beyond its ends;
+//  - grad_reduce, grad_reduce_dtype: how the training loop sums the data-parallel gradients, per
+//    block during the backward or all after it, and in which dtype (scmoe-train and scmoe-plan take
+//    them for an emulated run unless their flags say otherwise: launch/emu_stack.h).
 // Built-in stacks (stack.cpp cites every number; docs/emu-sources.md, "Stacks", quotes them): `scmoe`
 // (this runtime, the default: changes nothing) and `paper` (fairseq + Tutel on PyTorch, as the ScMoE
 // paper ran them). A stack JSON (launch/emu_stack.h) gives its own.
@@ -28,6 +31,11 @@
 namespace scmoe::emu {
 
 enum class AttentionImpl { kFused, kUnfused };
+
+// The data-parallel gradient all-reduce: each block's as soon as its gradients are final, overlapped
+// with the rest of the backward (scmoe; PyTorch's DistributedDataParallel), or all of it once the
+// backward is done (fairseq's legacy_ddp).
+enum class GradReduce { kOverlapped, kAfterBackward };
 
 struct GemmEfficiencyPoint {
     double size = 0;      // the GEMM's smallest side (M, N or K), > 0
@@ -46,6 +54,8 @@ struct Stack {
     // Tutel's fast_encode / fast_decode in place of scmoe's permute and combine (tutel_encode_forward
     // and the three below): fp32 with casts around them, a zeroed capacity buffer, one kernel per choice.
     bool tutel_dispatch = false;
+    GradReduce grad_reduce = GradReduce::kOverlapped;
+    DType grad_reduce_dtype = DType::kF32;  // what the gradients travel in: kF32 or kBF16 (half the bytes)
     std::vector<std::string> sources;
 };
 
@@ -54,7 +64,7 @@ const std::vector<Stack>& builtin_stacks();
 // A built-in stack by name; throws Error listing the names otherwise.
 const Stack& builtin_stack(std::string_view name);
 // Throws Error naming the first field out of range (framework_us < 0, all_to_all_efficiency not in
-// (0, 1], a curve point out of range or out of order).
+// (0, 1], a curve point out of range or out of order, grad_reduce_dtype neither f32 nor bf16).
 void check_stack(const Stack& stack);
 // One line: "paper: unfused attention (dropout), framework 3.3 us/op, all-to-all x1.00, ..."
 std::string describe(const Stack& stack);
