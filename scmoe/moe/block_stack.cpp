@@ -332,10 +332,22 @@ void BlockStack::calibrate(const Tensor& input, const Tensor& grad_output, int r
                  "BlockStack.calibrate: grad_output");
     build_plans(T);
     synchronize();
+    // The timed ops run more than once, and a row slice's weight gradients add into the earlier
+    // slices': a layer that accumulates its gradients over micro-batches gets them back as they were.
+    const std::vector<MoeLayer*> layers = moe_layers();
+    std::vector<std::pair<MoeParamStore*, DeviceBuffer>> kept;
+    for (std::size_t m = 0; m < layers.size(); ++m)
+        if (layers[m]->grad_accumulation()) {
+            MoeParamStore& g = *moe_grads_[m];
+            kept.emplace_back(&g, DeviceBuffer(device_, g.bytes()));
+            backbone_stream_->copy(kept.back().second.data(), g.data(), g.bytes());
+        }
     backbone_stream_->copy(h_[0], input.data, input.bytes());
     fwd_schedule_ = scheduler_->calibrate(fwd_plan_, repeats, expert_chunks_);
     backbone_stream_->copy(grad_h_.back(), grad_output.data, grad_output.bytes());
     bwd_schedule_ = scheduler_->calibrate(bwd_plan_, repeats, expert_chunks_);
+    synchronize();
+    for (auto& [g, copy] : kept) backbone_stream_->copy(g->data(), copy.data(), g->bytes());
     synchronize();
     calibrated_ = true;
 }

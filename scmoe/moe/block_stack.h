@@ -129,7 +129,9 @@ public:
 
     // Measures the ops of a forward and a backward pass on `input`/`grad_output` (values matter not)
     // and chooses every branch's expert slot (Eq. 11) and chunks; a collective over `agree` (and
-    // `ep`). Runs both passes.
+    // `ep`). Runs both passes. The MoE layers that accumulate their gradients
+    // (MoeLayer::set_grad_accumulation) keep them as they were; other gradients are left as a
+    // backward's (the next backward writes them).
     void calibrate(const Tensor& input, const Tensor& grad_output, int repeats = 2);
     // The chunked all-to-all / expert-FFN pipeline of the MoE branches (LayerScheduler): 0 = auto
     // (the default: calibrate() chooses per branch and pass from the measured times), N >= 1 = N
