@@ -130,6 +130,16 @@ def main():
         # overlapped) under the paper stack; the LM rows keep the stack's fairseq all-reduce.
         assert ("--grad-overlap --grad-reduce-dtype f32" in lines["t1"]) == (stack == "paper"), lines["t1"]
         assert "--grad-overlap" not in lines["t4"], lines["t4"]
+    # --lm-dispatch dropless (a sensitivity) swaps the LM rows' capacity factor for dropless dispatch
+    # and leaves the block runs alone.
+    p = subprocess.run([sys.executable, script, "--dry-run", "--stack", "paper", "--lm-dispatch", "dropless"],
+                       capture_output=True, text=True, check=True)
+    out_lines = p.stdout.splitlines()
+    lines = {out_lines[i][2:].split()[0]: out_lines[i + 1] for i in range(0, len(out_lines) - 1)
+             if out_lines[i].startswith("# ")}
+    for run in ("t1", "t2-gpt2", "t2-llama", "t4"):
+        assert "--dispatch dropless" in lines[run] and "--capacity-factor" not in lines[run], lines[run]
+    assert "--dispatch" not in lines["blk-a30"], lines["blk-a30"]
     # Bad --only is a usage error naming the runs.
     p = subprocess.run([sys.executable, script, "--only", "t9"], capture_output=True, text=True)
     assert p.returncode == 2 and "t9" in p.stderr and "t1" in p.stderr, p.stderr
