@@ -64,33 +64,27 @@ emu::Stack load_stack(const std::string& name) {
     }
     s.name = j.contains("name") ? str("name") : name;
     s.description = j.contains("description") ? str("description") : "stack file " + name;
-    if (j.contains("attention")) {
-        const std::string a = str("attention");
-        SCMOE_CHECK(a == "fused" || a == "unfused",
-                    where << ": field 'attention' is '" << a << "': fused or unfused");
-        s.attention = a == "fused" ? emu::AttentionImpl::kFused : emu::AttentionImpl::kUnfused;
-    }
-    if (j.contains("attention_dropout")) {
-        const auto& v = j.at("attention_dropout");
-        SCMOE_CHECK(v.is_boolean(), where << ": field 'attention_dropout' must be a boolean, got " << type_name(v));
-        s.attention_dropout = v.get<bool>();
-    }
-    if (j.contains("tutel_dispatch")) {
-        const auto& v = j.at("tutel_dispatch");
-        SCMOE_CHECK(v.is_boolean(), where << ": field 'tutel_dispatch' must be a boolean, got " << type_name(v));
-        s.tutel_dispatch = v.get<bool>();
-    }
-    if (j.contains("grad_reduce")) {
-        const std::string g = str("grad_reduce");
-        SCMOE_CHECK(g == "overlapped" || g == "after_backward",
-                    where << ": field 'grad_reduce' is '" << g << "': overlapped or after_backward");
-        s.grad_reduce = g == "overlapped" ? emu::GradReduce::kOverlapped : emu::GradReduce::kAfterBackward;
-    }
-    if (j.contains("grad_reduce_dtype")) {
-        const std::string g = str("grad_reduce_dtype");
-        SCMOE_CHECK(g == "f32" || g == "bf16", where << ": field 'grad_reduce_dtype' is '" << g << "': f32 or bf16");
-        s.grad_reduce_dtype = g == "f32" ? DType::kF32 : DType::kBF16;
-    }
+    // A field of two spellings: true for `first`, false for `second`; anything else names the field.
+    auto either = [&](const char* key, const char* first, const char* second) {
+        const std::string v = str(key);
+        SCMOE_CHECK(v == first || v == second,
+                    where << ": field '" << key << "' is '" << v << "': " << first << " or " << second);
+        return v == first;
+    };
+    auto boolean = [&](const char* key) {
+        const auto& v = j.at(key);
+        SCMOE_CHECK(v.is_boolean(), where << ": field '" << key << "' must be a boolean, got " << type_name(v));
+        return v.get<bool>();
+    };
+    if (j.contains("attention"))
+        s.attention = either("attention", "fused", "unfused") ? emu::AttentionImpl::kFused : emu::AttentionImpl::kUnfused;
+    if (j.contains("attention_dropout")) s.attention_dropout = boolean("attention_dropout");
+    if (j.contains("tutel_dispatch")) s.tutel_dispatch = boolean("tutel_dispatch");
+    if (j.contains("grad_reduce"))
+        s.grad_reduce = either("grad_reduce", "overlapped", "after_backward") ? emu::GradReduce::kOverlapped
+                                                                                : emu::GradReduce::kAfterBackward;
+    if (j.contains("grad_reduce_dtype"))
+        s.grad_reduce_dtype = either("grad_reduce_dtype", "f32", "bf16") ? DType::kF32 : DType::kBF16;
     if (j.contains("framework_us")) s.framework_us = num("framework_us", j.at("framework_us"));
     if (j.contains("all_to_all_efficiency"))
         s.all_to_all_efficiency = num("all_to_all_efficiency", j.at("all_to_all_efficiency"));

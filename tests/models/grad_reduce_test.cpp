@@ -1,8 +1,8 @@
-// The data-parallel gradient all-reduce in bf16 (GradientReducer's wire dtype, TrainConfig's
-// grad_reduce_dtype, scmoe-train --grad-reduce-dtype): on dp 2 x ep 2 in-process ranks, each
-// reduced gradient is the bf16 rounding of the sum of every contributing rank's bf16-rounded
-// gradient (dense tensors over the world, expert tensors over their expert-data-parallel group);
-// issued overlapped or after the backward, bitwise the same.
+// The data-parallel gradient all-reduce (GradientReducer) on dp 2 x ep 2 in-process ranks: issued
+// overlapped with the backward or after it, bitwise the same sums, in f32 and in bf16; in bf16
+// (its wire dtype, TrainConfig's grad_reduce_dtype, scmoe-train --grad-reduce-dtype) each reduced
+// gradient is the bf16 rounding of the sum of every contributing rank's bf16-rounded gradient (dense
+// tensors over the world, expert tensors over their expert-data-parallel group).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -102,28 +102,33 @@ TEST(GradReduceBf16, SumsTheRoundedGradientsOfTheGroup) {
     EXPECT_GT(rounded_differently, checked / 10) << "of " << checked;
 }
 
-// Overlapped (grads_ready + finish) and after the backward (reduce): the same bf16 sums, bitwise.
-TEST(GradReduceBf16, OverlappedEqualsAfterBackward) {
+// Overlapped (grads_ready + finish) and after the backward (reduce): the same sums, bitwise, in f32
+// and in bf16; finish() without every stage announced once is an error, not a silent partial sum.
+TEST(GradReduce, OverlappedEqualsAfterBackward) {
     LmConfig c = small_lm("scmoe-pos2");
     c.layers = 4;
-    run_train_ranks(kWorld, kEp, [&](int rank, const TrainComms& comms) {
-        auto device = make_device("cpu");
-        LanguageModel lm(c, *device, kTokens, comms.ep);
-        lm.init_params(9);
-        GradientReducer reducer(lm, {kWorld, rank, kEp}, comms, *device, DType::kBF16);
-        const auto in = random_tokens(kTokens, 300 + static_cast<std::uint64_t>(rank));
-        const auto tgt = random_tokens(kTokens, 400 + static_cast<std::uint64_t>(rank));
-        lm.forward_backward(in.data(), tgt.data(), kTokens, 1.0f / kTokens);
-        reducer.reduce();
-        lm.loss_sum();
-        const std::vector<float> after = all_grads(lm);
-        lm.forward_backward(in.data(), tgt.data(), kTokens, 1.0f / kTokens, true, nullptr, reducer.grads_ready());
-        reducer.finish();
-        lm.loss_sum();
-        const std::vector<float> overlapped = all_grads(lm);
-        ASSERT_EQ(after.size(), overlapped.size());
-        EXPECT_EQ(0, std::memcmp(after.data(), overlapped.data(), after.size() * sizeof(float))) << "rank " << rank;
-    });
+    for (DType wire : {DType::kF32, DType::kBF16}) {
+        run_train_ranks(kWorld, kEp, [&](int rank, const TrainComms& comms) {
+            auto device = make_device("cpu");
+            LanguageModel lm(c, *device, kTokens, comms.ep);
+            lm.init_params(9);
+            GradientReducer reducer(lm, {kWorld, rank, kEp}, comms, *device, wire);
+            const auto in = random_tokens(kTokens, 300 + static_cast<std::uint64_t>(rank));
+            const auto tgt = random_tokens(kTokens, 400 + static_cast<std::uint64_t>(rank));
+            lm.forward_backward(in.data(), tgt.data(), kTokens, 1.0f / kTokens);
+            reducer.reduce();
+            lm.loss_sum();
+            const std::vector<float> after = all_grads(lm);
+            lm.forward_backward(in.data(), tgt.data(), kTokens, 1.0f / kTokens, true, nullptr, reducer.grads_ready());
+            reducer.finish();
+            lm.loss_sum();
+            const std::vector<float> overlapped = all_grads(lm);
+            ASSERT_EQ(after.size(), overlapped.size());
+            EXPECT_EQ(0, std::memcmp(after.data(), overlapped.data(), after.size() * sizeof(float)))
+                << dtype_name(wire) << " rank " << rank;
+            EXPECT_THROW(reducer.finish(), Error);
+        });
+    }
 }
 
 TEST(GradReduceBf16, OtherWireDtypesAreRefused) {
