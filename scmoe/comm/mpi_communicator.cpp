@@ -128,6 +128,7 @@ void MpiCommunicator::complete(Exchange& ex) {
         int peer = 0;
         bool is_recv = false;
         bool done = false;
+        int bytes = 0;
     };
     std::vector<Pending> pending;
     pending.reserve(ex.recvs.size() + ex.sends.size());
@@ -145,8 +146,8 @@ void MpiCommunicator::complete(Exchange& ex) {
         SCMOE_CHECK(m.bytes <= static_cast<std::size_t>(INT_MAX),
                     "rank " << rank_ << ": " << comm_op_name(ex.op) << " message of " << m.bytes << " bytes to rank "
                             << m.peer << " exceeds INT_MAX bytes");
-        Pending p{.peer = m.peer, .is_recv = is_recv};
         const int bytes = static_cast<int>(m.bytes);
+        Pending p{.peer = m.peer, .is_recv = is_recv, .bytes = bytes};
         int rc = is_recv ? MPI_Irecv(m.buf, bytes, MPI_BYTE, m.peer, m.tag, comm_, &p.request)
                          : MPI_Isend(m.buf, bytes, MPI_BYTE, m.peer, m.tag, comm_, &p.request);
         if (rc != MPI_SUCCESS) {
@@ -169,17 +170,32 @@ void MpiCommunicator::complete(Exchange& ex) {
         for (Pending& p : pending) {
             if (p.done) continue;
             int flag = 0;
-            const int rc = MPI_Test(&p.request, &flag, MPI_STATUS_IGNORE);
+            MPI_Status status{};
+            const int rc = MPI_Test(&p.request, &flag, p.is_recv ? &status : MPI_STATUS_IGNORE);
             if (rc != MPI_SUCCESS) {
                 abandon();
                 fail("rank " + std::to_string(world_rank(rank_)) + ": " + comm_op_name(ex.op) + ": message " +
                      (p.is_recv ? "from" : "to") + " rank " + std::to_string(world_rank(p.peer)) +
-                     " failed: " + mpi_error_text(rc));
+                     " failed: " + mpi_error_text(rc) +
+                     (rc == MPI_ERR_TRUNCATE ? " (the peer sent more than this rank expected: the ranks made "
+                                               "different calls; do their configurations differ?)"
+                                             : ""));
             }
             if (flag) {
                 p.done = true;
                 --remaining;
                 progressed = true;
+                // MPI completes a receive of a shorter message without an error: a peer that made a
+                // different call (another count or dtype) would leave the rest of the buffer as it
+                // was, summed or copied as if it were data.
+                int got = p.bytes;
+                if (p.is_recv && MPI_Get_count(&status, MPI_BYTE, &got) == MPI_SUCCESS && got != p.bytes) {
+                    abandon();
+                    fail("rank " + std::to_string(world_rank(rank_)) + ": " + comm_op_name(ex.op) + ": rank " +
+                         std::to_string(world_rank(p.peer)) + " sent " + std::to_string(got) +
+                         " bytes, this rank expected " + std::to_string(p.bytes) +
+                         " (the ranks made different calls: do their configurations differ?)");
+                }
             }
         }
         if (remaining == 0) break;

@@ -240,6 +240,30 @@ int run_subgroup_rank_exits(Stream& stream) {
     return 2;
 }
 
+// Rank 0 sums 2 floats, the others 4: the calls differ (as when the ranks' configurations do). Every
+// rank must fail naming it, never sum what a shorter message left in its buffer: rank 0 receives
+// more than it expects (MPI's truncation), the others less than they expect (which MPI completes
+// without an error). 0 when every rank failed so, printed by rank 0.
+int run_reduce_mismatch(Communicator& comm, Stream& stream) {
+    const int r = comm.rank();
+    std::vector<float> buf(4, 1.0f);
+    std::string error;
+    try {
+        comm.all_reduce_sum(buf.data(), r == 0 ? 2 : 4, DType::kF32, stream);
+        stream.synchronize();
+    } catch (const scmoe::Error& e) {
+        error = e.what();
+    }
+    const bool named = r == 0 ? error.find("the peer sent more than this rank expected") != std::string::npos
+                              : error.find("rank 0 sent 8 bytes, this rank expected 16") != std::string::npos;
+    if (!named) std::printf("rank %d: %s\n", r, error.empty() ? "the mismatched all_reduce_sum completed" : error.c_str());
+    int local = named ? 0 : 1, any = 0;
+    MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (r == 0 && any == 0) std::printf("mismatched all_reduce_sum: every rank failed naming it\n");
+    std::fflush(nullptr);
+    return any;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -259,6 +283,10 @@ int main(int argc, char** argv) {
             rc = run_rank_exits(comm, *stream);
             // The peer is gone: MPI_Finalize could wait for it forever, so leave now.
             std::_Exit(rc);
+        }
+        if (mode == "reduce-mismatch") {
+            rc = run_reduce_mismatch(comm, *stream);
+            std::_Exit(rc);  // the communicator failed: leave as the other fault modes do
         }
         rc = run_checks(comm, *stream) > 0 ? 1 : 0;
     } catch (const std::exception& e) {
