@@ -35,6 +35,40 @@ std::vector<std::string> gather_strings(Communicator* world, const std::string& 
 }
 
 
+void check_same_on_every_rank(Communicator* world, const std::vector<std::pair<std::string, std::string>>& fields,
+                              const std::string& what, Device& device, Stream& stream) {
+    if (!world || world->size() == 1) return;
+    std::string mine;  // "name=value\n" per field
+    for (const auto& [name, value] : fields) mine += name + "=" + value + "\n";
+    SCMOE_CHECK(mine.size() < 4096, what << ": " << mine.size() << " bytes of settings to agree on (at most 4095)");
+    const std::vector<std::string> all = gather_strings(world, mine, device, stream);
+    auto parse = [](const std::string& text) {
+        std::vector<std::pair<std::string, std::string>> out;
+        std::istringstream in(text);
+        for (std::string line; std::getline(in, line);) {
+            const auto eq = line.find('=');
+            out.emplace_back(line.substr(0, eq), eq == std::string::npos ? "" : line.substr(eq + 1));
+        }
+        return out;
+    };
+    const auto first = parse(all[0]);
+    std::string differences;
+    for (std::size_t r = 1; r < all.size(); ++r) {
+        if (all[r] == all[0]) continue;
+        const auto theirs = parse(all[r]);
+        std::string fields_differing;
+        for (std::size_t i = 0; i < std::max(first.size(), theirs.size()); ++i) {
+            const std::string name = i < first.size() ? first[i].first : theirs[i].first;
+            const std::string a = i < first.size() ? first[i].second : "(none)";
+            const std::string b = i < theirs.size() ? theirs[i].second : "(none)";
+            if (a != b) fields_differing += (fields_differing.empty() ? "" : ", ") + name + " " + b + " (rank 0: " + a + ")";
+        }
+        differences += (differences.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " has " + fields_differing);
+    }
+    SCMOE_CHECK(differences.empty(), what << ": the ranks disagree: " << differences
+                                          << " (every rank must be started with the same settings)");
+}
+
 void ParallelLayout::validate() const {
     SCMOE_CHECK(world > 0 && rank >= 0 && rank < world, "parallel layout: rank " << rank << " of world " << world);
     SCMOE_CHECK(ep > 0 && world % ep == 0, "parallel layout: world size " << world

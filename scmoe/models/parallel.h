@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scmoe/kernels/device.h"
@@ -29,6 +30,13 @@ namespace scmoe::models {
 // rank: just `mine`) through `stream`, which is synchronized. For agreeing on causes and names:
 // a rank that failed says why, and every rank can name it.
 std::vector<std::string> gather_strings(Communicator* world, const std::string& mine, Device& device, Stream& stream);
+
+// Throws scmoe::Error on every rank unless every rank of `world` holds the same `fields` (name,
+// value; at most about 4 KB in all): "<what>: the ranks disagree: rank 2 has seed 99 (rank 0: 7)",
+// each differing rank and field named. A collective: every rank of `world` must call it. For
+// settings that must match across ranks before any collective depends on them.
+void check_same_on_every_rank(Communicator* world, const std::vector<std::pair<std::string, std::string>>& fields,
+                              const std::string& what, Device& device, Stream& stream);
 
 struct ParallelLayout {
     int world = 1, rank = 0, ep = 1;

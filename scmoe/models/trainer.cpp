@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <vector>
 
@@ -19,11 +20,12 @@ namespace scmoe::models {
 Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout& layout, TrainComms comms)
     : config_(config), device_(device), layout_(layout), comms_(comms) {
     layout_.validate();
-    SCMOE_CHECK(config_.batch > 0, "batch = " << config_.batch << " sequences per rank must be > 0");
-    SCMOE_CHECK(config_.steps > 0, "steps = " << config_.steps << " must be > 0");
     SCMOE_CHECK(layout_.world == 1 || comms_.world,
                 "Trainer: world size " << layout_.world << " needs a world communicator");
     config_.model.backbone.dtype = device.compute_dtype();
+    agree_on_settings();
+    SCMOE_CHECK(config_.batch > 0, "batch = " << config_.batch << " sequences per rank must be > 0");
+    SCMOE_CHECK(config_.steps > 0, "steps = " << config_.steps << " must be > 0");
     config_.model.validate();
     SCMOE_CHECK(config_.model.moe.num_experts % layout_.ep == 0,
                 "experts = " << config_.model.moe.num_experts << " is not divisible by ep = " << layout_.ep);
@@ -68,6 +70,38 @@ Trainer::Trainer(const TrainConfig& config, Device& device, const ParallelLayout
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::agree_on_settings() {
+    // What every rank must share before any collective depends on it: the model (its shapes size
+    // every exchange), the layout, the batch and schedule, the seed (the replicas' initial
+    // parameters), the optimizer, and how gradients are summed (the order and dtype of the calls).
+    // Data paths, evaluation and fault injection may differ per rank.
+    std::vector<std::pair<std::string, std::string>> fields = {
+        {"world", std::to_string(layout_.world)}, {"ep", std::to_string(layout_.ep)}};
+    const nlohmann::ordered_json model = nlohmann::ordered_json::parse(config_.model.to_json());
+    for (auto it = model.begin(); it != model.end(); ++it) fields.emplace_back("model " + it.key(), it.value().dump());
+    auto number = [](float v) {  // the shortest text that reads back as the same float
+        char buf[32];
+        const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+        return ec == std::errc() ? std::string(buf, end) : std::string("?");
+    };
+    const AdamWConfig& a = config_.adamw;
+    fields.insert(fields.end(),
+                  {{"batch", std::to_string(config_.batch)},
+                   {"steps", std::to_string(config_.steps)},
+                   {"seed", std::to_string(config_.seed)},
+                   {"lr", number(a.schedule.peak_lr)},
+                   {"min lr", number(a.schedule.min_lr)},
+                   {"warmup", std::to_string(a.schedule.warmup_steps)},
+                   {"adamw", number(a.beta1) + " " + number(a.beta2) + " " + number(a.eps) + " " + number(a.weight_decay)},
+                   {"clip", number(config_.max_grad_norm)},
+                   {"overlap", config_.overlap ? "on" : "off"},
+                   {"gradient all-reduce", std::string(config_.overlap_grad_reduce ? "overlapped" : "after the backward") +
+                                               " in " + dtype_name(config_.grad_reduce_dtype)},
+                   {"calibrate", config_.calibrate ? "on" : "off"}});
+    auto stream = device_.create_stream();
+    check_same_on_every_rank(comms_.world, fields, "training settings", device_, *stream);
+}
 
 void Trainer::open_eval_data(const DefaultCorpus* corpus) {
     if (config_.eval_data.empty()) return;

@@ -159,6 +159,10 @@ class Trainer {
     void set_trace(Tracer* trace) { trace_ = trace; }
 
   private:
+    // Throws on every rank unless every rank was given the same settings (check_same_on_every_rank):
+    // the model, layout, batch, schedule, seed, optimizer and gradient sums. First in the
+    // constructor, before any collective depends on them.
+    void agree_on_settings();
     void calibrate_once(const ByteBatcher::Batch& batch);
     // The sum over the world of `values` (f32), in rank order; every rank gets the same result.
     std::vector<float> world_sum(const std::vector<float>& values);
