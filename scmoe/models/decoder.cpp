@@ -68,7 +68,7 @@ std::int64_t default_prefetch_slots(const MoeConfig& moe, std::int64_t batch) {
 }
 
 Decoder::Decoder(LanguageModel& model, const DecoderOptions& options, Communicator* ep)
-    : model_(model), options_(options) {
+    : model_(model), options_(options), ep_(ep) {
     const LmConfig& config = model.config();
     const BackboneShape& bb = config.backbone;
     const ExpertResidency mode = options.experts;

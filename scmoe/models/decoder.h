@@ -106,6 +106,7 @@ class Decoder {
     KvCache& cache() { return *cache_; }
     std::int64_t vocab() const { return model_.config().vocab; }
     Device& device() { return model_.device(); }
+    Communicator* ep() const { return ep_; }  // the expert-parallel group (nullptr: single rank)
 
     // Appends `n` tokens to sequence `sequence` (its prompt, or any continuation) and returns their
     // logits, [n, vocab] on the host (valid until the next pass). Synchronizes.
@@ -137,6 +138,7 @@ class Decoder {
 
     LanguageModel& model_;
     DecoderOptions options_;
+    Communicator* ep_ = nullptr;
     std::int64_t max_rows_ = 0;  // tokens of the largest pass: max(batch, max_length)
     std::unique_ptr<KvCache> cache_;
     std::vector<std::unique_ptr<MoeBlock>> moe_;  // per MoE block, in block order

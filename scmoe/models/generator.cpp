@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
+#include "scmoe/comm/communicator.h"
 #include "scmoe/kernels/error.h"
+#include "scmoe/models/parallel.h"
 
 namespace scmoe::models {
 
@@ -26,8 +29,40 @@ std::int64_t generation_length(const std::vector<std::vector<std::int32_t>>& pro
     return longest + max_new_tokens - 1;
 }
 
+namespace {
+
+// FNV-1a over every prompt's length and tokens: one value that differs when any prompt does.
+std::uint64_t prompts_hash(const std::vector<std::vector<std::int32_t>>& prompts) {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](std::uint64_t v) {
+        for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+    };
+    for (const auto& p : prompts) {
+        mix(p.size());
+        for (std::int32_t t : p) mix(static_cast<std::uint32_t>(t));
+    }
+    return h;
+}
+
+}  // namespace
+
 GenerateResult generate(Decoder& decoder, const std::vector<std::vector<std::int32_t>>& prompts,
                         const GenerateOptions& options, const TokenFn& on_token) {
+    if (decoder.ep() && decoder.ep()->size() > 1) {
+        // Every rank of the group runs the same passes: prompts or options that differ would make
+        // their exchanges differ in size, or the ranks sample different tokens.
+        char hash[24];
+        std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(prompts_hash(prompts)));
+        auto stream = decoder.device().create_stream();
+        check_same_on_every_rank(decoder.ep(),
+                                 {{"prompts", std::to_string(prompts.size())},
+                                  {"prompt tokens (hash)", hash},
+                                  {"max new tokens", std::to_string(options.max_new_tokens)},
+                                  {"temperature", std::to_string(options.sampling.temperature)},
+                                  {"top k", std::to_string(options.sampling.top_k)},
+                                  {"seed", std::to_string(options.seed)}},
+                                 "generation settings", decoder.device(), *stream);
+    }
     const auto batch = static_cast<std::int64_t>(prompts.size());
     SCMOE_CHECK(batch == decoder.options().batch,
                 "generate: " << batch << " prompts for a decoder of batch " << decoder.options().batch);

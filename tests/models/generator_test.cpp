@@ -2,7 +2,8 @@
 // seed others; greedy tokens are the argmax of the full forward's logits at every position (the
 // decoder's logits are the full forward's); a prompt's tokens do not depend on the other prompts of
 // its batch (greedy); the timings have one entry per step and count every new token; the latency
-// quantiles are nearest-rank; a request beyond the cache is refused naming the value.
+// quantiles are nearest-rank; a request beyond the cache is refused naming the value; expert-parallel
+// ranks given different prompts or options stop, every rank naming what differs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "scmoe/models/generator.h"
 #include "scmoe/models/lm.h"
 #include "test_util.h"
+#include "train_test_util.h"
 
 namespace scmoe::models {
 namespace {
@@ -107,6 +109,46 @@ TEST(Generate, RefusesMoreTokensThanTheCacheHolds) {
         FAIL() << "9 positions in a cache of 8 were accepted";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("need 9 positions"), std::string::npos) << e.what();
+    }
+}
+
+// Two expert-parallel ranks must generate from the same prompts and options (every pass is a
+// collective over them): one that differs makes every rank fail at the start, naming it.
+TEST(GenerateRanks, RanksWithOtherPromptsOrOptionsStopNamingThem) {
+    const struct {
+        const char* name;
+        std::function<void(std::vector<Tokens>&, GenerateOptions&)> vary;
+        const char* says;
+    } cases[] = {
+        {"seed", [](std::vector<Tokens>&, GenerateOptions& o) { o.seed = 8; }, "rank 1 has seed 8 (rank 0: 7)"},
+        {"prompt", [](std::vector<Tokens>& p, GenerateOptions&) { p[1] = {'b'}; }, "prompt tokens (hash)"},
+        {"max new tokens", [](std::vector<Tokens>&, GenerateOptions& o) { o.max_new_tokens = 3; },
+         "max new tokens 3 (rank 0: 4)"},
+    };
+    for (const auto& c : cases) {
+        std::vector<std::string> errors(2);
+        testing::run_train_ranks(2, 2, [&](int rank, const TrainComms& comms) {
+            const LmConfig config = gen_lm();
+            auto device = make_device("cpu");
+            LanguageModel lm(config, *device, config.backbone.seq_len, comms.ep);
+            lm.init_params(3);
+            std::vector<Tokens> prompts = kPrompts;
+            GenerateOptions o;
+            o.max_new_tokens = 4;
+            o.seed = 7;
+            if (rank == 1) c.vary(prompts, o);
+            Decoder d(lm, {static_cast<std::int64_t>(prompts.size()), generation_length(kPrompts, 4)}, comms.ep);
+            try {
+                generate(d, prompts, o);
+            } catch (const Error& e) {
+                errors[static_cast<std::size_t>(rank)] = e.what();
+            }
+        });
+        for (int r = 0; r < 2; ++r) {
+            const std::string& e = errors[static_cast<std::size_t>(r)];
+            EXPECT_NE(e.find("generation settings: the ranks disagree"), std::string::npos) << c.name << " rank " << r << ": " << e;
+            EXPECT_NE(e.find(c.says), std::string::npos) << c.name << " rank " << r << ": " << e;
+        }
     }
 }
 
