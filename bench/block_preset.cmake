@@ -1,5 +1,5 @@
-# scmoe-bench block --preset swinv2-moe-s-stage3 on emulated GPUs: the preset's shape as stated in
-# bench/block_presets.cpp (SwinV2-MoE-S stage 3, the ScMoE paper's Table 9) reaches the run, the
+# scmoe-bench block --preset swinv2-moe-s-stage3 (and stages 1 and 4) on emulated GPUs: the preset's
+# shape as stated in bench/block_presets.cpp (SwinV2-MoE-S, the ScMoE paper's Table 9) reaches the run, the
 # emulated run completes with rows for its variants, the report states the preset's assumptions, a
 # flag overrides the preset, and 16 ranks (2 nodes) take 16 experts.
 #   cmake -DBENCH=/path/to/scmoe-bench -DOUT_DIR=/tmp/out -P block_preset.cmake
@@ -74,4 +74,24 @@ endif()
 run(swin_causal 1 --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants top2 --tokens 1440
     --bidirectional=false)
 expect_field("${json_text}" bidirectional OFF)
-message(STATUS "swinv2-moe-s-stage3: shapes as stated, emulated runs complete")
+# The other stages (the whole model, for paper_table.py's Table 1): stage 1 dense at 48x48 patches in
+# 12x12 windows, stage 4 with its MoE at 6x6 patches in one 6x6 window.
+run(swin_stage1 1 --gpu a30 --ranks 8 --preset swinv2-moe-s-stage1 --variants dense)
+expect_field("${json_text}" hidden 96)
+expect_field("${json_text}" heads 3)
+expect_field("${json_text}" ffn 384)
+expect_field("${json_text}" seq 144)
+string(JSON tokens GET "${json_text}" args tokens_per_rank 0)
+if(NOT tokens EQUAL 294912)
+  message(FATAL_ERROR "stage 1: tokens per rank ${tokens}, expected 294912 = 128 images x 48 x 48")
+endif()
+run(swin_stage4 1 --gpu a30 --ranks 8 --preset swinv2-moe-s-stage4 --variants top2)
+expect_field("${json_text}" hidden 768)
+expect_field("${json_text}" heads 24)
+expect_field("${json_text}" seq 36)
+expect_field("${json_text}" experts 8)
+string(JSON tokens GET "${json_text}" args tokens_per_rank 0)
+if(NOT tokens EQUAL 4608)
+  message(FATAL_ERROR "stage 4: tokens per rank ${tokens}, expected 4608 = 128 images x 6 x 6")
+endif()
+message(STATUS "swinv2-moe-s-stage1..4: shapes as stated, emulated runs complete")

@@ -23,7 +23,8 @@ struct BlockPreset {
     std::vector<std::string> notes;  // the assumptions and omissions, printed with the report
 };
 
-// "swinv2-moe-s-stage3"; throws scmoe::Error naming the known presets otherwise.
+// "swinv2-moe-s-stage1" .. "swinv2-moe-s-stage4" (SwinV2-MoE-S stage by stage; stage 3 the paper's
+// Fig. 1/8 block); throws scmoe::Error naming the known presets otherwise.
 const BlockPreset& block_preset(const std::string& name);
 std::vector<std::string> block_preset_names();
 // The preset's expert count for `ranks` in-process ranks.

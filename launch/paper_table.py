@@ -5,8 +5,9 @@ The paper (Cai et al., ICML 2025; docs/scmoe-paper-setup.md quotes every number 
 reports speedups over top-2 MoE (Tables 1, 2 and 4, one iteration, train and inference), the
 all-to-all's share of the MoE time (Fig. 1) and how much of the communication ScMoE overlaps with
 block-level speedups (Fig. 8). This script states each of those rows once (ROWS below), runs the
-emulator commands that predict them (`scmoe-train --backend emu` for end-to-end rows, `scmoe-bench
-block --backend emu` for block rows), and prints each row with its error, the mean and largest
+emulator commands that predict them (`scmoe-train --backend emu` for the language models end to end,
+`scmoe-bench block --backend emu` for block rows and for SwinV2-MoE-S end to end, composed from its four
+stages' block runs: COMPOSED), and prints each row with its error, the mean and largest
 |error|, and whether every sign (faster or slower than top-2) and every ranking of the variants
 within a table agrees with the paper.
 
@@ -37,18 +38,30 @@ TRAIN = "scmoe-train"
 BLOCK = "scmoe-bench"
 
 RUNS = {
-    # Table 1 is SwinV2-MoE-S end to end; scmoe has no Swin model, so GPT2-MoE-Small stands in
-    # (docs/emu.md, "Against the ScMoE paper"). The variants' ratios depend less on the model.
-    "t1": {
-        "tool": TRAIN,
-        "args": "--backend emu --gpu a30 --preset gpt2-moe-small --vocab 50257 --ranks 8 --steps 4 --batch 8 "
-                "--capacity-factor 2.0 --variants top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3 "
-                "--infer-passes 2 --quiet",
-        "assumed": "GPT2-MoE-Small stands in for SwinV2-MoE-S (no Swin model end to end); 8 sequences per GPU",
-        # Swin's training loop, not fairseq's: Swin-Transformer's main_moe.py wraps the model in
-        # torch.nn.parallel.DistributedDataParallel (its gradient all-reduce overlapped with the
-        # backward) and trains under torch.cuda.amp.autocast (fp32 parameters, so fp32 gradients).
-        "paper_args": "--grad-overlap --grad-reduce-dtype f32",
+    # Table 1 is SwinV2-MoE-S end to end: its four stages, each a block run of its preset (scmoe-bench
+    # block --preset swinv2-moe-s-stageN, bench/block_presets.cpp), composed below (COMPOSED) as the
+    # model runs them: 2 + 2 + 18 + 2 blocks, MoE only in stages 3 and 4.
+    "swin-s1": {
+        "tool": BLOCK,
+        "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage1 --variants dense -n 3 -w 2 -c 0",
+        "assumed": "stage 1 (2 dense blocks): 128 images per GPU; Swin's shifted windows not costed",
+    },
+    "swin-s2": {
+        "tool": BLOCK,
+        "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage2 --variants dense -n 3 -w 2 -c 0",
+        "assumed": "as swin-s1, stage 2",
+    },
+    "swin-s3": {
+        "tool": BLOCK,
+        "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 "
+                "--variants top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3 -n 3 -w 2 -c 0",
+        "assumed": "stage 3 (9 [dense, MoE] pairs), where every variant applies: 128 images per GPU",
+    },
+    "swin-s4": {
+        "tool": BLOCK,
+        "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage4 --variants top2 -n 3 -w 2 -c 0",
+        "assumed": "stage 4 (a [dense, MoE] pair) stays top-2 in every variant (the paper applies ScMoE to "
+                   "stage 3 only and says nothing of stage 4 for its other variants)",
     },
     "t2-gpt2": {
         "tool": TRAIN,
@@ -124,6 +137,31 @@ RUNS = {
         "chunks": None,
     },
 }
+
+# Runs composed from others: a model whose parts are separate block runs, one after the other in its
+# iteration (a stage waits for the one before it), so its time is the sum of its parts' times, each
+# counted as often as the model has it. A part's variant None is the row's (or its baseline's).
+# Not in the sum: the patch embedding, the 2x2 patch mergings between stages, the classifier head,
+# the optimizer and the data-parallel gradient all-reduce (overlapped with the backward by PyTorch's
+# DDP in Swin's main_moe.py): the same for every variant but for the shared expert's parameters.
+COMPOSED = {
+    "t1": {"parts": [("swin-s1", 1, "dense"), ("swin-s2", 1, "dense"), ("swin-s3", 9, None), ("swin-s4", 1, "top2")],
+           "assumed": "SwinV2-MoE-S end to end = stage 1 + stage 2 + 9 x stage 3's pair + stage 4's pair; patch "
+                      "embedding and merging, head, optimizer and gradient all-reduce left out"},
+}
+
+
+def composed_time(parsed, parts, variant, metric):
+    """The composed model's time for `variant` (train_us or fwd_us); KeyError naming what is missing."""
+    key = "train_us" if metric == "train" else "fwd_us"
+    total = 0.0
+    for run, count, fixed in parts:
+        v = fixed or variant
+        if v not in parsed[run]:
+            raise KeyError(f"variant {v} missing from {run}'s output")
+        total += count * parsed[run][v][key]
+    return total
+
 
 # The pipeline of every other run is the stack's: the paper stack's Tutel runs unpipelined (its
 # fairseq example passes no a2a_ffn_overlap_degree, whose default is 1: tutel 82af7aa
@@ -209,8 +247,6 @@ def command(run, bin_dir, stack, lm_dispatch="capacity"):
         args += ["--stack", stack]
     if spec.get("chunks", "stack") == "stack":
         args += stack_chunks(stack)
-    if stack == "paper" and "paper_args" in spec:
-        args += shlex.split(spec["paper_args"])
     return [exe] + args
 
 
@@ -340,6 +376,23 @@ def evaluate(outputs):
         run = row["run"]
         baseline = row.get("baseline", "top2")
         r["baseline"] = baseline
+        if run in COMPOSED:
+            parts = COMPOSED[run]["parts"]
+            if any(p not in outputs for p, _, _ in parts):
+                continue
+            failed = [p for p, _, _ in parts if p not in parsed]
+            if failed:
+                r["status"] = "not run: " + outputs[failed[0]]["error"]
+            else:
+                try:
+                    r["predicted"] = (composed_time(parsed, parts, baseline, row["metric"]) /
+                                      composed_time(parsed, parts, row["variant"], row["metric"]))
+                    r["error"] = r["predicted"] / row["paper"] - 1.0
+                    r["status"] = "ok"
+                except KeyError as e:
+                    r["status"] = "not run: " + str(e).strip("'\"")
+            rows.append(r)
+            continue
         base_run = row.get("baseline_run", run)
         if run not in outputs or base_run not in outputs:
             continue
@@ -447,7 +500,8 @@ def main():
                                  epilog="Every figure printed is an emulator prediction, not a measurement.")
     ap.add_argument("--bin", help="a build folder (launch/scmoe-train, bench/scmoe-bench) or an install's bin/ (default: PATH)")
     ap.add_argument("--stack", help="pass --stack STACK to every command (scmoe, paper or a JSON file)")
-    ap.add_argument("--only", help="comma list of runs: " + ",".join(RUNS))
+    ap.add_argument("--only", help="comma list of runs: " + ",".join([*RUNS, *COMPOSED]) +
+                    " (a composed run: its parts)")
     ap.add_argument("-o", "--outdir", help="save each run's output here (for --replay)")
     ap.add_argument("--replay", help="read the runs' outputs from this folder instead of running them")
     ap.add_argument("-J", "--json", help="also write rows and summary as JSON")
@@ -458,9 +512,11 @@ def main():
     args = ap.parse_args()
     if args.only:
         args.only = set(args.only.split(","))
-        unknown = args.only - set(RUNS)
+        unknown = args.only - set(RUNS) - set(COMPOSED)
         if unknown:
-            ap.error(f"--only: unknown run(s) {', '.join(sorted(unknown))}; runs are {', '.join(RUNS)}")
+            ap.error(f"--only: unknown run(s) {', '.join(sorted(unknown))}; runs are {', '.join([*RUNS, *COMPOSED])}")
+        for name in args.only & set(COMPOSED):  # a composed run is its parts
+            args.only |= {p for p, _, _ in COMPOSED[name]["parts"]}
     if args.dry_run:
         for run, spec in RUNS.items():
             if not args.only or run in args.only:
@@ -472,12 +528,18 @@ def main():
     print(markdown(rows, summary, args.stack, args.lm_dispatch))
     for run in outputs:
         print(f"# {run}: {shlex.join(outputs[run]['command'])}  (assumed: {RUNS[run]['assumed']})")
+    for name, c in COMPOSED.items():
+        if all(p in outputs for p, _, _ in c["parts"]):
+            parts = " + ".join(f"{n} x {p}" + (f" ({v})" if v else "") for p, n, v in c["parts"])
+            print(f"# {name}: composed, {parts}  (assumed: {c['assumed']})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"stack": args.stack, "lm_dispatch": args.lm_dispatch, "rows": rows, "summary": summary,
                        "runs": {k: {"command": v["command"], "assumed": RUNS[k]["assumed"],
                                     **({"error": v["error"]} if "error" in v else {})}
-                                for k, v in outputs.items()}}, f, indent=1)
+                                for k, v in outputs.items()},
+                       "composed": {k: {"parts": [list(p) for p in c["parts"]], "assumed": c["assumed"]}
+                                    for k, c in COMPOSED.items()}}, f, indent=1)
     return 0
 
 

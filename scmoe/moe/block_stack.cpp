@@ -87,8 +87,8 @@ bool is_every_block_variant(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> block_variant_names() {
-    return {"top2",       "top1",       "top3",       "shared",           "scmoe-pos1",       "scmoe-pos2",
-            "scmoe-pos3", "scmoe2",     "every-block-pos1", "every-block-top2", "every-block-shared"};
+    return {"top2",       "top1",   "top3",             "shared",           "scmoe-pos1",         "scmoe-pos2",
+            "scmoe-pos3", "scmoe2", "every-block-pos1", "every-block-top2", "every-block-shared", "dense"};
 }
 
 bool is_block_variant(const std::string& name) {
@@ -142,6 +142,10 @@ BlockStackConfig block_variant(const std::string& name, const BackboneShape& bac
     else if (name == "every-block-pos1") every_block(1, true, ShortcutSource::kPos1);
     else if (name == "every-block-top2") every_block(2, false, ShortcutSource::kCurrent);
     else if (name == "every-block-shared") every_block(1, true, ShortcutSource::kCurrent);
+    else if (name == "dense") {  // the pair without its MoE: a dense MLP in both blocks (no experts)
+        pair(1, false, ShortcutSource::kCurrent);
+        c.blocks[1] = BlockSpec{FfnKind::kDense, ShortcutSource::kCurrent};
+    }
     else SCMOE_FAIL("unknown block variant '" << name << "' (one of: " << block_variant_list() << ")");
     c.validate();
     return c;

@@ -68,6 +68,9 @@ struct BlockStackConfig {
 //   "every-block-pos1"    shared + top-1 on each block's Pos-1 shortcut (ScMoE)
 //   "every-block-top2"    top-2 on the current representation (the standard MoE baseline)
 //   "every-block-shared"  shared expert + top-1, both on the current representation
+// and without experts:
+//   "dense"       the pair with a dense MLP in both blocks (the dense model of the same backbone;
+//                 no MoE layer, no exchange: a baseline, and the stages of a model without MoE)
 // base: the backbone shape and the MoE's experts/ffn/dispatch; top_k, shared_expert and the
 // shortcut are set here; coefficient_gate = CG-1 (false: direct add). Throws for an unknown name
 // (listing the names) or a K the router cannot take.

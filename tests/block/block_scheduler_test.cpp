@@ -431,7 +431,7 @@ TEST(BlockVariants, TopKIsTheStandardPairWithKRoutedExperts) {
               std::string::npos)
         << error_of("top9");
     EXPECT_NE(error_of("top0").find("unknown block variant 'top0'"), std::string::npos) << error_of("top0");
-    EXPECT_NE(error_of("top0").find("every-block-shared; topK for any K in 1..8"), std::string::npos)
+    EXPECT_NE(error_of("top0").find("every-block-shared, dense; topK for any K in 1..8"), std::string::npos)
         << error_of("top0");
     // More routed experts per token than there are experts: MoeConfig names it.
     try {
