@@ -107,7 +107,7 @@ BlockPreset swinv2_moe_s_stage(int stage) {
 }  // namespace
 
 std::vector<std::string> block_preset_names() {
-    return {"swinv2-moe-s-stage3", "swinv2-moe-s-stage1", "swinv2-moe-s-stage2", "swinv2-moe-s-stage4"};
+    return {"swinv2-moe-s-stage1", "swinv2-moe-s-stage2", "swinv2-moe-s-stage3", "swinv2-moe-s-stage4"};
 }
 
 const BlockPreset& block_preset(const std::string& name) {
