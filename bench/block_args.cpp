@@ -160,13 +160,12 @@ BlockArgs read_block_args(const cxxopts::ParseResult& r) {
         a.comm_sms = n;
     }
     if (a.ranks > 0 && a.experts % a.ranks == 0) {
-        const int local = a.experts / a.ranks;
-        if (local == 1 && a.ranks > 1 && a.chunks > kMaxRowPieces)
-            throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most " + std::to_string(kMaxRowPieces) +
-                             " slices of the one local expert's rows (--experts = ranks)");
-        if ((local > 1 || a.ranks == 1) && a.chunks > local)
-            throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most the " + std::to_string(local) +
-                             " local experts per rank (--experts / ranks)");
+        const int most = max_pipeline_pieces(a.experts, a.ranks);
+        if (a.chunks > most)
+            throw UsageError("--chunks " + std::to_string(a.chunks) + ": at most " +
+                             (pipelines_row_slices(a.experts, a.ranks)
+                                  ? std::to_string(most) + " slices of the one local expert's rows (--experts = ranks)"
+                                  : "the " + std::to_string(most) + " local experts per rank (--experts / ranks)"));
     }
     if (a.seq <= 0) throw UsageError("--seq must be positive");
     for (const std::int64_t t : a.tokens)

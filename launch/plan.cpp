@@ -1,7 +1,5 @@
 #include "launch/plan.h"
 
-#include "launch/emu_stack.h"
-
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -13,6 +11,7 @@
 #include "scmoe/kernels/emu/emu_device.h"
 #include "scmoe/kernels/error.h"
 #include "launch/emu_choice.h"
+#include "launch/emu_stack.h"
 #include "launch/train_comms.h"
 #include "scmoe/models/trainer.h"
 #include "scmoe/moe/moe_layer.h"
@@ -56,9 +55,8 @@ std::vector<PlanCase> plan_cases(const PlanRequest& r) {
                             c.ep = ep;
                             c.dp = world / ep;
                             // A piece is a group of the local experts, or with one expert per rank a
-                            // slice of its rows (MoeLayer::max_chunks).
-                            const int local = r.model.moe.num_experts / ep;
-                            c.chunks = std::min(chunks, local == 1 && ep > 1 ? kMaxRowPieces : local);
+                            // slice of its rows.
+                            c.chunks = std::min(chunks, max_pipeline_pieces(r.model.moe.num_experts, ep));
                             c.dispatch = d;
                             c.capacity_factor = cf;
                             c.batch = batch;

@@ -360,8 +360,8 @@ void BlockStack::set_expert_chunks(int chunks) {
     const int ep_size = ep_ ? ep_->size() : 1;
     const int local = config_.moe.num_experts / ep_size;
     // One local expert with expert parallelism: a chunk is a slice of its rows (MoeLayer).
-    const bool slices = local == 1 && ep_size > 1;
-    const int most = slices ? kMaxRowPieces : local;
+    const bool slices = pipelines_row_slices(config_.moe.num_experts, ep_size);
+    const int most = max_pipeline_pieces(config_.moe.num_experts, ep_size);
     SCMOE_CHECK(chunks >= 0 && chunks <= most,
                 "BlockStack: expert chunks = " << chunks << ": must be 0 (auto) or 1.." << most << " ("
                                                << (slices ? std::string("a chunk is a slice of the rows of the one "

@@ -66,6 +66,14 @@ struct MoeExpertInputs {
 // The most pieces the chunked pipeline cuts a single local expert's rows into (MoeLayer, "chunked
 // pipeline"): Tutel's a2a_ffn_overlap_degree up to 4.
 inline constexpr int kMaxRowPieces = 4;
+// Whether an MoE layer of `experts` on `ep` ranks pipelines slices of its one local expert's rows
+// (expert parallelism with one expert per rank) rather than groups of its local experts.
+constexpr bool pipelines_row_slices(std::int64_t experts, int ep) { return ep > 1 && experts / ep == 1; }
+// The most pieces such a layer's chunked pipeline can be given: kMaxRowPieces slices of the one local
+// expert's rows, else its local experts (on one rank nothing is exchanged, and MoeLayer runs it whole).
+constexpr int max_pipeline_pieces(std::int64_t experts, int ep) {
+    return pipelines_row_slices(experts, ep) ? kMaxRowPieces : static_cast<int>(experts / ep);
+}
 
 class Communicator;
 class NonfiniteChecks;
@@ -175,7 +183,7 @@ public:
     // Bounds: 1 <= chunks <= max_chunks(), 0 <= chunk < chunks; anything else throws at once.
     int max_chunks() const;
     // One local expert with expert parallelism: the pieces are row slices (above).
-    bool row_sliced() const { return ep_size_ > 1 && num_local_experts() == 1; }
+    bool row_sliced() const { return pipelines_row_slices(config_.num_experts, ep_size_); }
     void dispatch_counts(Stream& stream);  // the per-expert count exchange that starts dispatch()
     void dispatch_chunk(int chunk, int chunks, Stream& stream);
     void experts_chunk(const MoeParams& params, int chunk, int chunks, Stream& stream);

@@ -22,8 +22,7 @@
 namespace scmoe {
 
 int MoeLayer::max_chunks() const {
-    if (ep_size_ == 1) return 1;
-    return row_sliced() ? kMaxRowPieces : num_local_experts();
+    return ep_size_ == 1 ? 1 : max_pipeline_pieces(config_.num_experts, ep_size_);
 }
 
 std::pair<int, int> MoeLayer::chunk_experts(int chunk, int chunks) const {
