@@ -59,4 +59,16 @@ struct AttentionShape {
     }
 };
 
+// The finite differences of the loss <out(qkv), go> over qkv (step 1e-3), against which worst()
+// measures an analytic gradient (|analytic - fd| <= 1e-3 + 1e-2 |fd| passes: worst < 1). `out_of`
+// runs the forward alone on the current qkv.
+struct AttentionGradCheck {
+    std::vector<double> fd;
+    double worst(const std::vector<float>& analytic) const { return worst_violation(analytic, fd, 1e-3, 1e-2); }
+};
+template <class OutOf>
+AttentionGradCheck attention_grad_check(std::vector<float>& qkv, const std::vector<float>& go, OutOf&& out_of) {
+    return {finite_differences(qkv, 1e-3f, [&] { return dot(out_of(), go); })};
+}
+
 }  // namespace scmoe::testing

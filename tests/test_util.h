@@ -86,6 +86,13 @@ std::vector<double> finite_differences(std::vector<float>& v, float step, Loss&&
     return fd;
 }
 
+// <a, b> accumulated in double: a scalar loss whose gradient with respect to a is b.
+inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+    return s;
+}
+
 // Largest |analytic - fd| / (atol + rtol * |fd|) over all elements: > 1 means the check fails.
 inline double worst_violation(const std::vector<float>& analytic, const std::vector<double>& fd, double atol,
                               double rtol) {

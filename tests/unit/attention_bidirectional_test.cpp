@@ -134,23 +134,15 @@ TEST(AttentionBidirectional, GradientsMatchFiniteDifferences) {
         a.forward(*c.stream, qkv, out, lse, false);
         a.backward(*c.stream, qkv, out, lse, go, grad, false);
         c.stream->synchronize();
-        auto loss = [&] {
-            const F o = a.out_only(c, qkv, false);
-            double s = 0.0;
-            for (std::size_t i = 0; i < o.size(); ++i) s += static_cast<double>(o[i]) * go[i];
-            return s;
-        };
-        constexpr float kStep = 1e-3f;
-        constexpr double kAtol = 1e-3, kRtol = 1e-2;
-        const std::vector<double> fd = testing::finite_differences(qkv, kStep, loss);
-        auto worst = [&](const F& analytic) { return testing::worst_violation(analytic, fd, kAtol, kRtol); };
-        EXPECT_LT(worst(grad), 1.0) << "grad of q, k and v";
+        const testing::AttentionGradCheck check =
+            testing::attention_grad_check(qkv, go, [&] { return a.out_only(c, qkv, false); });
+        EXPECT_LT(check.worst(grad), 1.0) << "grad of q, k and v";
         // The same check rejects the causal op's gradient (the mask left in the backward).
         F cout, clse, cgrad;
         a.forward(*c.stream, qkv, cout, clse, true);
         a.backward(*c.stream, qkv, cout, clse, go, cgrad, true);
         c.stream->synchronize();
-        EXPECT_GT(worst(cgrad), 1.0) << "the causal gradient must fail";
+        EXPECT_GT(check.worst(cgrad), 1.0) << "the causal gradient must fail";
     }
 }
 

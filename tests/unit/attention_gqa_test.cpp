@@ -101,26 +101,20 @@ TEST(AttentionGqa, GradientsMatchFiniteDifferences) {
         g.forward(*c.stream, qkv, out, lse);
         g.backward(*c.stream, qkv, out, lse, go, grad);
         c.stream->synchronize();
-        auto loss = [&] {
+        const testing::AttentionGradCheck check = testing::attention_grad_check(qkv, go, [&] {
             F o, l;
             g.forward(*c.stream, qkv, o, l);
             c.stream->synchronize();
-            double s = 0.0;
-            for (std::size_t i = 0; i < o.size(); ++i) s += static_cast<double>(o[i]) * go[i];
-            return s;
-        };
-        constexpr float kStep = 1e-3f;
-        constexpr double kAtol = 1e-3, kRtol = 1e-2;
-        const std::vector<double> fd = testing::finite_differences(qkv, kStep, loss);
-        auto worst = [&](const F& analytic) { return testing::worst_violation(analytic, fd, kAtol, kRtol); };
-        EXPECT_LT(worst(grad), 1.0) << "grad of q, k and v";
+            return o;
+        });
+        EXPECT_LT(check.worst(grad), 1.0) << "grad of q, k and v";
         // The same check rejects dK/dV from the group's first query head only.
         F mout, mlse, mgrad;
         const F mha_qkv = repeat_kv(g, qkv);
         g.mha().forward(*c.stream, mha_qkv, mout, mlse);
         g.mha().backward(*c.stream, mha_qkv, mout, mlse, go, mgrad);
         c.stream->synchronize();
-        EXPECT_GT(worst(sum_kv_grads(g, mgrad, /*first_only=*/true)), 1.0) << "a K/V gradient of one head must fail";
+        EXPECT_GT(check.worst(sum_kv_grads(g, mgrad, /*first_only=*/true)), 1.0) << "a K/V gradient of one head must fail";
     }
 }
 

@@ -22,17 +22,12 @@ namespace {
 
 using F = std::vector<float>;
 using testing::bitwise_equal;
+using testing::dot;
 using testing::finite_differences;
 using testing::worst_violation;
 using testing::Cpu;
 using testing::random_floats;
 using testing::sz;
-
-double dot(const F& a, const F& b) {
-    double s = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-    return s;
-}
 
 // ---- RMSNorm -----------------------------------------------------------------------------------
 
