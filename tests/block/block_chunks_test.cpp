@@ -7,31 +7,12 @@
 #include <thread>
 
 #include "block_test_util.h"
-#include "scmoe/comm/local_communicator.h"
+#include "local_ranks.h"
 
 namespace scmoe {
 namespace {
 
 using testing::StackResult;
-
-// Runs `body(rank, comm)` on `ranks` threads of one LocalGroup (comm null for one rank).
-template <class Body>
-std::vector<std::string> on_ranks(int ranks, Body body) {
-    std::shared_ptr<LocalGroup> group = ranks > 1 ? LocalGroup::create(ranks, 60.0) : nullptr;
-    std::vector<std::string> errors(static_cast<std::size_t>(ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r)
-        threads.emplace_back([&, r] {
-            try {
-                std::unique_ptr<Communicator> comm = group ? group->communicator(r) : nullptr;
-                body(r, comm.get());
-            } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
-            }
-        });
-    for (auto& t : threads) t.join();
-    return errors;
-}
 
 BlockStackConfig eight_expert_variant(const std::string& variant, DispatchMode dispatch) {
     MoeConfig moe = testing::small_moe(dispatch);
@@ -139,7 +120,7 @@ TEST_P(BlockChunks, EveryChunkCountIsBitwiseUnchunked) {
     const ChunkCase& c = GetParam();
     const BlockStackConfig config = eight_expert_variant(c.variant, c.dispatch);
     const std::int64_t T = 8, H = config.backbone.hidden;
-    const auto errors = on_ranks(c.ep, [&](int r, Communicator* comm) {
+    const auto errors = testing::on_local_ranks(c.ep, [&](int r, Communicator* comm) {
         auto device = make_device("cpu");
         // The reference and every candidate on a stack of their own, on NaN-filled outputs and
         // gradients (run_stack).
@@ -200,7 +181,7 @@ TEST_P(BlockRowSlices, EveryPieceCountMatchesUnchunkedAndOverlapIsBitwise) {
     moe.top_k = 1;
     const BlockStackConfig config = block_variant(c.variant, testing::small_backbone(), moe, true, 3);
     const std::int64_t T = 8, H = config.backbone.hidden;
-    const auto errors = on_ranks(c.ep, [&](int r, Communicator* comm) {
+    const auto errors = testing::on_local_ranks(c.ep, [&](int r, Communicator* comm) {
         auto device = make_device("cpu");
         auto fresh_stack = [&](int chunks) { return chunk_stack(config, *device, T, comm, c.ep, r, chunks); };
         const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));

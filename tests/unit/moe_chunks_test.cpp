@@ -11,9 +11,9 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <functional>
 
-#include "scmoe/comm/local_communicator.h"
+#include "local_ranks.h"
 #include "ep_reference.h"
 
 namespace scmoe {
@@ -108,47 +108,36 @@ std::string differs(const std::vector<float>& got, const std::vector<float>& wan
 // within `tol` (0: bitwise). `expect_max_chunks` checks the layer's bound first.
 void every_chunk_count_matches(const EpCase& c, float tol, int expect_max_chunks) {
     const MoeConfig config = testing::ep_config(c);
-    auto group = LocalGroup::create(c.ep, 60.0);
-    std::vector<std::string> errors(static_cast<std::size_t>(c.ep));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < c.ep; ++r) {
-        threads.emplace_back([&, r] {
-            try {
-                auto comm = group->communicator(r);
-                auto device = make_device("cpu");
-                const std::int64_t T = c.tokens[static_cast<std::size_t>(r)], H = config.hidden;
-                auto fresh_layer = [&] {
-                    return std::make_unique<MoeLayer>(config, *device, testing::max_tokens_of(c), comm.get());
-                };
-                auto reference_layer = fresh_layer();
-                SCMOE_CHECK(reference_layer->max_chunks() == expect_max_chunks,
-                            "max_chunks " << reference_layer->max_chunks() << ", expected " << expect_max_chunks);
-                MoeParamStore params(*device, config, DType::kF32, c.ep), grads(*device, config, DType::kF32, c.ep);
-                const std::vector<float> full = testing::full_params(config);
-                testing::slice_params(config, c.ep, r, {full.data()}, static_cast<float*>(params.data()));
-                std::vector<float> x(static_cast<std::size_t>(T * H)), gy(x.size());
-                testing::fill_uniform(x.data(), T * H, 1.0f, testing::input_seed(r));
-                testing::fill_uniform(gy.data(), T * H, 1.0f, testing::input_seed(r) + 1);
-                const Results ref = run_pieces(*reference_layer, *device, params, grads, x, gy, T, 1, false);
-                for (const std::vector<float>* v : {&ref.y, &ref.gx, &ref.grads})
-                    SCMOE_CHECK(testing::first_nan(*v) < 0, "the reference left an output or gradient unwritten (NaN)");
-                for (int chunks = 1; chunks <= expect_max_chunks; ++chunks) {
-                    for (bool two : {false, true}) {
-                        auto candidate = fresh_layer();
-                        const Results got = run_pieces(*candidate, *device, params, grads, x, gy, T, chunks, two);
-                        std::string e = differs(got.y, ref.y, tol, "y");
-                        if (e.empty()) e = differs(got.gx, ref.gx, tol, "grad_x");
-                        if (e.empty()) e = differs(got.grads, ref.grads, tol, "grads");
-                        SCMOE_CHECK(e.empty(),
-                                    "chunks " << chunks << (two ? " (two streams)" : " (one stream)") << ": " << e);
-                    }
-                }
-            } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
+    const std::vector<std::string> errors = testing::on_local_ranks(c.ep, [&](int r, Communicator* comm) {
+        auto device = make_device("cpu");
+        const std::int64_t T = c.tokens[static_cast<std::size_t>(r)], H = config.hidden;
+        auto fresh_layer = [&] {
+            return std::make_unique<MoeLayer>(config, *device, testing::max_tokens_of(c), comm);
+        };
+        auto reference_layer = fresh_layer();
+        SCMOE_CHECK(reference_layer->max_chunks() == expect_max_chunks,
+                    "max_chunks " << reference_layer->max_chunks() << ", expected " << expect_max_chunks);
+        MoeParamStore params(*device, config, DType::kF32, c.ep), grads(*device, config, DType::kF32, c.ep);
+        const std::vector<float> full = testing::full_params(config);
+        testing::slice_params(config, c.ep, r, {full.data()}, static_cast<float*>(params.data()));
+        std::vector<float> x(static_cast<std::size_t>(T * H)), gy(x.size());
+        testing::fill_uniform(x.data(), T * H, 1.0f, testing::input_seed(r));
+        testing::fill_uniform(gy.data(), T * H, 1.0f, testing::input_seed(r) + 1);
+        const Results ref = run_pieces(*reference_layer, *device, params, grads, x, gy, T, 1, false);
+        for (const std::vector<float>* v : {&ref.y, &ref.gx, &ref.grads})
+            SCMOE_CHECK(testing::first_nan(*v) < 0, "the reference left an output or gradient unwritten (NaN)");
+        for (int chunks = 1; chunks <= expect_max_chunks; ++chunks) {
+            for (bool two : {false, true}) {
+                auto candidate = fresh_layer();
+                const Results got = run_pieces(*candidate, *device, params, grads, x, gy, T, chunks, two);
+                std::string e = differs(got.y, ref.y, tol, "y");
+                if (e.empty()) e = differs(got.gx, ref.gx, tol, "grad_x");
+                if (e.empty()) e = differs(got.grads, ref.grads, tol, "grads");
+                SCMOE_CHECK(e.empty(),
+                            "chunks " << chunks << (two ? " (two streams)" : " (one stream)") << ": " << e);
             }
-        });
-    }
-    for (auto& t : threads) t.join();
+        }
+    });
     for (const std::string& e : errors) EXPECT_EQ(e, "");
 }
 
@@ -190,6 +179,17 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{"ep4_top1_capacity", 1, 4, 1, kCap, {20, 20, 9, 20}, false, 4}),
     [](const ::testing::TestParamInfo<EpCase>& p) { return p.param.name; });
 
+// "" when fn() throws an Error naming `text`, else what happened instead ("no error for ..." or the
+// other message), ending in "; ".
+std::string refusal_missing(const std::function<void()>& fn, const std::string& text) {
+    try {
+        fn();
+        return "no error for '" + text + "'; ";
+    } catch (const Error& e) {
+        return std::string(e.what()).find(text) == std::string::npos ? std::string(e.what()) + "; " : "";
+    }
+}
+
 TEST(MoeChunks, BadChunkCountsAreRejected) {
     // One rank: nothing to pipeline, so only 1 chunk.
     const MoeConfig config = testing::ep_config(EpCase{"one", 1, 1, 2, kDropless, {4}, false});
@@ -205,62 +205,35 @@ TEST(MoeChunks, BadChunkCountsAreRejected) {
         EXPECT_NE(std::string(e.what()).find("chunks = 2 must be in [1, 1]"), std::string::npos) << e.what();
     }
     // Two ranks, 8 experts: 4 local experts, so 1..4 chunks; chunk indices in [0, chunks).
-    auto group = LocalGroup::create(2, 60.0);
-    std::vector<std::string> errors(2);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r)
-        threads.emplace_back([&, r] {
-            auto comm = group->communicator(r);
-            auto dev = make_device("cpu");
-            auto s = dev->create_stream();
-            MoeLayer layer(config, *dev, 4, comm.get());
-            std::string& out = errors[static_cast<std::size_t>(r)];
-            auto expect_error = [&](const std::function<void()>& fn, const std::string& text) {
-                try {
-                    fn();
-                    out += "no error for '" + text + "'; ";
-                } catch (const Error& e) {
-                    if (std::string(e.what()).find(text) == std::string::npos) out += std::string(e.what()) + "; ";
-                }
-            };
-            expect_error([&] { layer.dispatch_chunk(0, 5, *s); }, "chunks = 5 must be in [1, 4]");
-            expect_error([&] { layer.collect_chunk(0, 0, *s); }, "chunks = 0 must be in [1, 4]");
-            expect_error([&] { layer.collect_backward_chunk(2, 2, *s); }, "chunk 2 of 2");
-            expect_error([&] { layer.dispatch_backward_chunk(-1, 2, *s); }, "chunk -1 of 2");
-        });
-    for (auto& t : threads) t.join();
+    const std::vector<std::string> errors = testing::on_local_ranks(2, [&](int, Communicator* comm) {
+        auto dev = make_device("cpu");
+        auto s = dev->create_stream();
+        MoeLayer layer(config, *dev, 4, comm);
+        const std::string out =
+            refusal_missing([&] { layer.dispatch_chunk(0, 5, *s); }, "chunks = 5 must be in [1, 4]") +
+            refusal_missing([&] { layer.collect_chunk(0, 0, *s); }, "chunks = 0 must be in [1, 4]") +
+            refusal_missing([&] { layer.collect_backward_chunk(2, 2, *s); }, "chunk 2 of 2") +
+            refusal_missing([&] { layer.dispatch_backward_chunk(-1, 2, *s); }, "chunk -1 of 2");
+        SCMOE_CHECK(out.empty(), out);
+    });
     for (const std::string& e : errors) EXPECT_EQ(e, "");
     // One expert per rank: up to kMaxRowPieces slices of its rows, and the message says so.
     const MoeConfig one = testing::ep_config(EpCase{"one", 1, 2, 1, kCap, {4, 4}, false, 2});
-    auto pair = LocalGroup::create(2, 60.0);
-    std::vector<std::string> slice_errors(2);
-    std::vector<std::thread> pair_threads;
-    for (int r = 0; r < 2; ++r)
-        pair_threads.emplace_back([&, r] {
-            auto comm = pair->communicator(r);
-            auto dev = make_device("cpu");
-            auto s = dev->create_stream();
-            MoeLayer layer(one, *dev, 4, comm.get());
-            std::string& out = slice_errors[static_cast<std::size_t>(r)];
-            if (!layer.row_sliced() || layer.max_chunks() != kMaxRowPieces) out += "not row-sliced to 4 pieces; ";
-            MoeParamStore one_params(*dev, one, DType::kF32, 2), one_grads(*dev, one, DType::kF32, 2);
-            try {  // the slices' weight gradients add up: a backward piece out of order is refused
-                layer.experts_backward_chunk(one_params.view(), one_grads.view(), 1, 2, *s);
-                out += "backward slice 1 before slice 0 went through; ";
-            } catch (const Error& e) {
-                if (std::string(e.what()).find("row slice 1 of 2 out of order (slice 0 is due)") == std::string::npos)
-                    out += std::string(e.what()) + "; ";
-            }
-            try {
-                layer.dispatch_chunk(0, kMaxRowPieces + 1, *s);
-                out += "5 pieces went through; ";
-            } catch (const Error& e) {
-                if (std::string(e.what()).find("chunks = 5 must be in [1, 4] (one local expert: a chunk is a slice of "
-                                               "its rows)") == std::string::npos)
-                    out += std::string(e.what()) + "; ";
-            }
-        });
-    for (auto& t : pair_threads) t.join();
+    const std::vector<std::string> slice_errors = testing::on_local_ranks(2, [&](int, Communicator* comm) {
+        auto dev = make_device("cpu");
+        auto s = dev->create_stream();
+        MoeLayer layer(one, *dev, 4, comm);
+        std::string out;
+        if (!layer.row_sliced() || layer.max_chunks() != kMaxRowPieces) out += "not row-sliced to 4 pieces; ";
+        MoeParamStore one_params(*dev, one, DType::kF32, 2), one_grads(*dev, one, DType::kF32, 2);
+        // The slices' weight gradients add up: a backward piece out of order is refused.
+        out += refusal_missing(
+            [&] { layer.experts_backward_chunk(one_params.view(), one_grads.view(), 1, 2, *s); },
+            "row slice 1 of 2 out of order (slice 0 is due)");
+        out += refusal_missing([&] { layer.dispatch_chunk(0, kMaxRowPieces + 1, *s); },
+                               "chunks = 5 must be in [1, 4] (one local expert: a chunk is a slice of its rows)");
+        SCMOE_CHECK(out.empty(), out);
+    });
     for (const std::string& e : slice_errors) EXPECT_EQ(e, "");
 }
 
