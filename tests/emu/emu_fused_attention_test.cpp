@@ -36,15 +36,9 @@ TEST(EmuFusedAttention, TheSpecsMeasuredFractionsSetTheFusedKernelsRate) {
     // batch 1, 10 heads of 128, seq 1280: 100 tiles on 100 SMs (no wave loss); forward 2*10*1280^2*128
     // FLOP = 41.94304 us at the 1e8 FLOP/us peak, backward 2.5x that. Each kernel follows a 1 us gap.
     auto device = device_with(emu::builtin_stack("scmoe"), spec);
-    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2), grad_out(*device, 1638400 * 2),
-        grad_qkv(*device, 3 * 1638400 * 2);
-    std::vector<float> lse(12800);
-    AttentionArgs a;
-    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
-    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
-    AttentionBackwardArgs b;
-    b.batch = 1, b.seq = 1280, b.heads = 10, b.head_dim = 128, b.dtype = DType::kBF16;
-    b.qkv = qkv.data(), b.out = out.data(), b.lse = lse.data(), b.grad_out = grad_out.data(), b.grad_qkv = grad_qkv.data();
+    test::HandAttention h(*device);
+    const AttentionArgs& a = h.fwd;
+    const AttentionBackwardArgs& b = h.bwd;
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 1 + 41.94304 / 0.8, 1e-3);
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(b, s); }), 1 + 2.5 * 41.94304 / 0.4,
                 1e-3);

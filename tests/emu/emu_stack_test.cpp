@@ -44,9 +44,7 @@ emu::Stack unfused(bool dropout) {
 TEST(EmuStack, UnfusedAttentionCostsWhatTheFormulaSays) {
     emu::GpuSpec spec = test::round_spec();
     spec.launch_us = 0;
-    AttentionArgs a;
-    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
-    const std::vector<emu::StackKernel> fwd = emu::unfused_attention_forward(a, true);
+    const std::vector<emu::StackKernel> fwd = emu::unfused_attention_forward(test::hand_attention_shape(), true);
     ASSERT_EQ(fwd.size(), 6u);
     // Per kernel, us: max(FLOPs / rate, bytes / 1e6).
     //   q_scale  reads and writes Q bf16: 4Q B = 6,553,600 B                         -> 6.5536
@@ -68,29 +66,23 @@ TEST(EmuStack, UnfusedAttentionCostsWhatTheFormulaSays) {
     EXPECT_NEAR(sum, 280.59584, 1e-9);
     // On the emulated device under the stack: the kernels back to back on the stream.
     auto device = device_with(unfused(true), spec);
-    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2);
-    std::vector<float> lse(12800);
-    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
-    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584, 1e-4);
+    test::HandAttention h(*device);
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(h.fwd, s); }), 280.59584, 1e-4);
     // Without the dropout pass: 5 kernels, 280.59584 - 82.92.
     auto no_dropout = device_with(unfused(false), spec);
-    DeviceBuffer qkv2(*no_dropout, 3 * 1638400 * 2), out2(*no_dropout, 1638400 * 2);
-    a.qkv = qkv2.data(), a.out = out2.data();
-    EXPECT_NEAR(elapsed_us(*no_dropout, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584 - 82.92, 1e-4);
+    test::HandAttention h2(*no_dropout);
+    EXPECT_NEAR(elapsed_us(*no_dropout, [&](Stream& s) { emu::attention_forward(h2.fwd, s); }), 280.59584 - 82.92,
+                1e-4);
 
     // Backward, us: out_copy 6.5536; dP = dO v^T 41.94304 (2*2Q + 2S = 39,321,600 B is less); dV = P^T dO
     // 41.94304; dropout 81.92; softmax reads dP and P, writes dS: 6S B -> 98.304; dQ, dK 41.94304
     // each; q_scale 6.5536. With the 8 gaps: 369.10336.
-    AttentionBackwardArgs b;
-    b.batch = 1, b.seq = 1280, b.heads = 10, b.head_dim = 128, b.dtype = DType::kBF16;
-    const std::vector<emu::StackKernel> bwd = emu::unfused_attention_backward(b, true);
+    const std::vector<emu::StackKernel> bwd = emu::unfused_attention_backward(h.bwd, true);
     ASSERT_EQ(bwd.size(), 8u);
     const double expect_bwd[] = {6.5536, 41.94304, 41.94304, 81.92, 98.304, 41.94304, 41.94304, 6.5536};
     for (std::size_t i = 0; i < bwd.size(); ++i)
         EXPECT_NEAR(emu::model_kernel(bwd[i].cost, spec).work_us, expect_bwd[i], 1e-9) << bwd[i].name;
-    DeviceBuffer grad(*device, 3 * 1638400 * 2);
-    b.qkv = qkv.data(), b.out = out.data(), b.lse = lse.data(), b.grad_out = out.data(), b.grad_qkv = grad.data();
-    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(b, s); }), 369.10336, 1e-4);
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(h.bwd, s); }), 369.10336, 1e-4);
 }
 
 // Bidirectional attention (causal = false) under the unfused stack: PyTorch's MHA without attn_mask
@@ -101,8 +93,9 @@ TEST(EmuStack, UnfusedAttentionCostsWhatTheFormulaSays) {
 TEST(EmuStack, UnfusedBidirectionalAttentionReadsNoMask) {
     emu::GpuSpec spec = test::round_spec();
     spec.launch_us = 0;
-    AttentionArgs a;
-    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
+    auto device = device_with(unfused(true), spec);
+    test::HandAttention h(*device);
+    AttentionArgs& a = h.fwd;
     const std::vector<emu::StackKernel> causal = emu::unfused_attention_forward(a, true);
     a.causal = false;
     const std::vector<emu::StackKernel> bidir = emu::unfused_attention_forward(a, true);
@@ -115,14 +108,9 @@ TEST(EmuStack, UnfusedBidirectionalAttentionReadsNoMask) {
         EXPECT_DOUBLE_EQ(bidir[i].cost.bytes, causal[i].cost.bytes - fewer) << bidir[i].name;
     }
     EXPECT_NEAR(emu::model_kernel(bidir[1].cost, spec).work_us, 41.94304, 1e-9);
-    auto device = device_with(unfused(true), spec);
-    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2), grad(*device, 3 * 1638400 * 2);
-    std::vector<float> lse(12800);
-    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584 - 30.14656, 1e-4);
 
-    AttentionBackwardArgs b;
-    b.batch = 1, b.seq = 1280, b.heads = 10, b.head_dim = 128, b.dtype = DType::kBF16;
+    AttentionBackwardArgs& b = h.bwd;
     const std::vector<emu::StackKernel> causal_bwd = emu::unfused_attention_backward(b, true);
     b.causal = false;
     const std::vector<emu::StackKernel> bidir_bwd = emu::unfused_attention_backward(b, true);
@@ -132,7 +120,6 @@ TEST(EmuStack, UnfusedBidirectionalAttentionReadsNoMask) {
         EXPECT_EQ(bidir_bwd[i].cost.flops, causal_bwd[i].cost.flops) << bidir_bwd[i].name;
         EXPECT_EQ(bidir_bwd[i].cost.bytes, causal_bwd[i].cost.bytes) << bidir_bwd[i].name;
     }
-    b.qkv = qkv.data(), b.out = out.data(), b.lse = lse.data(), b.grad_out = out.data(), b.grad_qkv = grad.data();
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(b, s); }), 369.10336, 1e-4);
 }
 
@@ -142,11 +129,8 @@ TEST(EmuStack, FusedBidirectionalAttentionCountsTwiceTheFlops) {
     emu::GpuSpec spec = test::round_spec();
     spec.launch_us = 0;
     auto device = device_with(emu::Stack{}, spec);
-    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2);
-    std::vector<float> lse(12800);
-    AttentionArgs a;
-    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
-    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
+    test::HandAttention h(*device);
+    AttentionArgs& a = h.fwd;
     const double causal_us = elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); });
     a.causal = false;
     const double bidir_us = elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); });
@@ -165,11 +149,8 @@ TEST(EmuStack, AnInferenceForwardRunsNoDropoutPass) {
     emu::GpuSpec spec = test::round_spec();
     spec.launch_us = 0;
     auto device = device_with(unfused(true), spec);
-    DeviceBuffer qkv(*device, 3 * 1638400 * 2), out(*device, 1638400 * 2);
-    std::vector<float> lse(12800);
-    AttentionArgs a;
-    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
-    a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
+    test::HandAttention h(*device);
+    AttentionArgs& a = h.fwd;
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584, 1e-4);
     a.lse = nullptr;
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584 - 82.92, 1e-4);
@@ -418,8 +399,7 @@ TEST(EmuStack, TheScmoeStackLeavesAHandCheckedTimelineUnchanged) {
     const emu::GpuSpec spec = test::round_spec();
     GemmArgs g;
     g.m = 1280, g.n = 1280, g.k = 4096, g.ab_dtype = g.c_dtype = DType::kBF16;  // 1 full wave: 134.217728 us
-    AttentionArgs a;
-    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
+    const AttentionArgs a = test::hand_attention_shape();
     // Fused: 2*10*1280*1280*128 FLOP = 41.94304 us at 1000 tiles of 128x128 (gemm_threads(1280, 128) x 10
     // = 100 tiles: one full wave); it reads qkv and writes out and lse: far less than 41.9 MB.
     const double gemm_us = 2.0 * 1280 * 1280 * 4096 / 1e8, attn_us = 41.94304;
@@ -431,15 +411,12 @@ TEST(EmuStack, TheScmoeStackLeavesAHandCheckedTimelineUnchanged) {
     auto run = [&](Device& device) {
         auto stream = device.create_stream();
         DeviceBuffer A(device, 1280 * 4096 * 2), B(device, 4096 * 1280 * 2), C(device, 1280 * 1280 * 2);
-        DeviceBuffer qkv(device, 3 * 1638400 * 2), out(device, 1638400 * 2);
-        std::vector<float> lse(12800);
+        test::HandAttention h(device);
         GemmArgs gg = g;
         gg.a = A.data(), gg.b = B.data(), gg.c = C.data();
-        AttentionArgs aa = a;
-        aa.qkv = qkv.data(), aa.out = out.data(), aa.lse = lse.data();
         const double t0 = device.host_time_us();
         emu::gemm(gg, *stream);
-        emu::attention_forward(aa, *stream);
+        emu::attention_forward(h.fwd, *stream);
         stream->synchronize();
         return device.host_time_us() - t0;
     };

@@ -2,9 +2,12 @@
 // device on it, and the modeled time of what a stream runs.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
+#include <vector>
 
+#include "scmoe/kernels/attention.h"
 #include "scmoe/kernels/emu/emu_device.h"
 #include "scmoe/kernels/emu/gpu_spec.h"
 #include "scmoe/kernels/emu/stack.h"
@@ -50,5 +53,30 @@ inline double elapsed_us(Device& device, const std::function<void(Stream&)>& enq
     end->synchronize();
     return end->elapsed_ms_since(*start) * 1000.0;
 }
+
+// The hand-checked attention of the stack tests: batch 1, 10 heads of 128, seq 1280, bf16, causal
+// (Q = 1,638,400 elements in each of q, k, v and out; 12,800 lse rows). The shape alone, for kernel
+// lists that need no device:
+inline AttentionArgs hand_attention_shape() {
+    AttentionArgs a;
+    a.batch = 1, a.seq = 1280, a.heads = 10, a.head_dim = 128, a.dtype = DType::kBF16;
+    return a;
+}
+// ... and its buffers on `device`, with the forward and backward arguments pointing at them.
+struct HandAttention {
+    static constexpr std::size_t kQ = 1638400;
+    DeviceBuffer qkv, out, grad_out, grad_qkv;
+    std::vector<float> lse = std::vector<float>(12800);
+    AttentionArgs fwd = hand_attention_shape();
+    AttentionBackwardArgs bwd;
+    explicit HandAttention(Device& device)
+        : qkv(device, 3 * kQ * 2), out(device, kQ * 2), grad_out(device, kQ * 2), grad_qkv(device, 3 * kQ * 2) {
+        fwd.qkv = qkv.data(), fwd.out = out.data(), fwd.lse = lse.data();
+        bwd.batch = fwd.batch, bwd.seq = fwd.seq, bwd.heads = fwd.heads, bwd.head_dim = fwd.head_dim,
+        bwd.dtype = fwd.dtype;
+        bwd.qkv = qkv.data(), bwd.out = out.data(), bwd.lse = lse.data(), bwd.grad_out = grad_out.data(),
+        bwd.grad_qkv = grad_qkv.data();
+    }
+};
 
 }  // namespace scmoe::test
