@@ -4,6 +4,10 @@
 // bidirectional attention tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -69,6 +73,15 @@ struct AttentionGradCheck {
 template <class OutOf>
 AttentionGradCheck attention_grad_check(std::vector<float>& qkv, const std::vector<float>& go, OutOf&& out_of) {
     return {finite_differences(qkv, 1e-3f, [&] { return dot(out_of(), go); })};
+}
+
+// Every element of `got` within rtol * (max |want| + 1) of `want`, the first miss named.
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rtol, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    float scale = 0.0f;
+    for (float v : want) scale = std::max(scale, std::abs(v));
+    for (std::size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], rtol * (scale + 1.0f)) << what << " element " << i;
 }
 
 }  // namespace scmoe::testing

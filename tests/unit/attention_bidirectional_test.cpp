@@ -80,14 +80,6 @@ void reference(const Shape& a, const F& qkv, const F& go, bool causal, F& out, F
     gqkv.assign(g.begin(), g.end());
 }
 
-void expect_close(const F& got, const F& want, float rtol, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    float scale = 0.0f;
-    for (float v : want) scale = std::max(scale, std::abs(v));
-    for (std::size_t i = 0; i < got.size(); ++i)
-        ASSERT_NEAR(got[i], want[i], rtol * (scale + 1.0f)) << what << " element " << i;
-}
-
 float max_abs_diff(const F& a, const F& b) {
     float m = 0.0f;
     for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
@@ -110,9 +102,9 @@ TEST(AttentionBidirectional, ForwardAndBackwardMatchTheDoubleReference) {
             a.backward(*c.stream, qkv, out, lse, go, grad, causal);
             c.stream->synchronize();
             reference(a, qkv, go, causal, want_out, want_lse, want_grad);
-            expect_close(out, want_out, 1e-5f, "out");
-            expect_close(lse, want_lse, 1e-5f, "lse");
-            expect_close(grad, want_grad, 1e-4f, "grad_qkv");
+            testing::expect_close(out, want_out, 1e-5f, "out");
+            testing::expect_close(lse, want_lse, 1e-5f, "lse");
+            testing::expect_close(grad, want_grad, 1e-4f, "grad_qkv");
         }
         // Not vacuous: with more than one key the two modes differ.
         if (a.seq > 1) {

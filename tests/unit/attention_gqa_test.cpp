@@ -59,14 +59,6 @@ F sum_kv_grads(const Gqa& g, const F& mha_grad, bool first_only = false) {
     return out;
 }
 
-void expect_close(const F& got, const F& want, float rtol, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    float scale = 0.0f;
-    for (float v : want) scale = std::max(scale, std::abs(v));
-    for (std::size_t i = 0; i < got.size(); ++i)
-        ASSERT_NEAR(got[i], want[i], rtol * (scale + 1.0f)) << what << " element " << i;
-}
-
 TEST(AttentionGqa, EqualsMultiHeadAttentionWithEachKvHeadRepeated) {
     Cpu c;
     // seq 70 spans two 64-row blocks of the CPU kernel; kv_heads 2 (groups of 3) and 1 (multi-query).
@@ -80,9 +72,9 @@ TEST(AttentionGqa, EqualsMultiHeadAttentionWithEachKvHeadRepeated) {
         g.mha().forward(*c.stream, mha_qkv, mout, mlse);
         g.mha().backward(*c.stream, mha_qkv, mout, mlse, go, mgrad);
         c.stream->synchronize();
-        expect_close(out, mout, 1e-6f, "out");
-        expect_close(lse, mlse, 1e-6f, "lse");
-        expect_close(grad, sum_kv_grads(g, mgrad), 1e-5f, "grad_qkv (dK, dV summed over each group)");
+        testing::expect_close(out, mout, 1e-6f, "out");
+        testing::expect_close(lse, mlse, 1e-6f, "lse");
+        testing::expect_close(grad, sum_kv_grads(g, mgrad), 1e-5f, "grad_qkv (dK, dV summed over each group)");
         // Not vacuous: the K/V gradient of a group differs from its first query head's share.
         const F first_only = sum_kv_grads(g, mgrad, /*first_only=*/true);
         float diff = 0.0f;
@@ -217,11 +209,11 @@ TEST(AttentionSublayerGqa, ForwardAndBackwardEqualTheMhaSublayerWithRepeatedKvWe
     ma.backward(Tensor(go.data(), DType::kF32, {T, H}), mp.tensors(), mg.tensors(),
                 Tensor(min.data(), DType::kF32, {T, H}), *c.stream);
     c.stream->synchronize();
-    expect_close(gout, mout, 1e-5f, "out");
-    expect_close(gin, min, 1e-5f, "grad_in");
+    testing::expect_close(gout, mout, 1e-5f, "out");
+    testing::expect_close(gin, min, 1e-5f, "grad_in");
     const auto span = [](const Tensor& t) { return F(t.as<float>(), t.as<float>() + t.numel()); };
-    expect_close(span(gg[0]), span(mg[0]), 1e-5f, "grad norm_w");
-    expect_close(span(gg[2]), span(mg[2]), 1e-5f, "grad wo");
+    testing::expect_close(span(gg[0]), span(mg[0]), 1e-5f, "grad norm_w");
+    testing::expect_close(span(gg[2]), span(mg[2]), 1e-5f, "grad wo");
     // grad wqkv: Q columns as the MHA's; a K/V head's columns the sum over its group's copies.
     F want(sz(H * GQ), 0.0f);
     const float* m = mg[1].as<float>();
@@ -232,7 +224,7 @@ TEST(AttentionSublayerGqa, ForwardAndBackwardEqualTheMhaSublayerWithRepeatedKvWe
                 want[sz(r * GQ + H + (h / group) * D + d)] += m[r * MQ + H + h * D + d];
                 want[sz(r * GQ + H + 2 * D + (h / group) * D + d)] += m[r * MQ + 2 * H + h * D + d];
             }
-    expect_close(span(gg[1]), want, 1e-5f, "grad wqkv");
+    testing::expect_close(span(gg[1]), want, 1e-5f, "grad wqkv");
 }
 
 }  // namespace
