@@ -108,6 +108,28 @@ std::unique_ptr<BlockStack> chunk_stack(const BlockStackConfig& config, Device& 
     return stack;
 }
 
+// Rank r of a chunk test: its inputs, fresh stacks with a forced chunk count (chunk_stack), and the
+// unchunked reference (1 chunk, overlap off, on NaN-filled outputs and gradients: run_stack), which
+// must have written every result.
+struct ChunkRank {
+    const BlockStackConfig& config;
+    std::int64_t T;
+    Communicator* comm;
+    int ep, r;
+    std::unique_ptr<Device> device = make_device("cpu");
+    std::vector<float> x = testing::make_input(T, config.backbone.hidden, 30 + static_cast<std::uint64_t>(r));
+    std::vector<float> gy = testing::make_input(T, config.backbone.hidden, 40 + static_cast<std::uint64_t>(r));
+    std::unique_ptr<BlockStack> fresh_stack(int chunks) const {
+        return chunk_stack(config, *device, T, comm, ep, r, chunks);
+    }
+    StackResult reference() const {
+        StackResult ref = testing::run_stack(*fresh_stack(1), x, gy, false);
+        const std::string unwritten = testing::unwritten(ref);
+        SCMOE_CHECK(unwritten.empty(), "the reference (1 chunk, overlap off): " << unwritten);
+        return ref;
+    }
+};
+
 struct ChunkCase {
     std::string variant;
     int ep;
@@ -119,17 +141,13 @@ class BlockChunks : public ::testing::TestWithParam<ChunkCase> {};
 TEST_P(BlockChunks, EveryChunkCountIsBitwiseUnchunked) {
     const ChunkCase& c = GetParam();
     const BlockStackConfig config = eight_expert_variant(c.variant, c.dispatch);
-    const std::int64_t T = 8, H = config.backbone.hidden;
     const auto errors = testing::on_local_ranks(c.ep, [&](int r, Communicator* comm) {
-        auto device = make_device("cpu");
-        // The reference and every candidate on a stack of their own, on NaN-filled outputs and
-        // gradients (run_stack).
-        auto fresh_stack = [&](int chunks) { return chunk_stack(config, *device, T, comm, c.ep, r, chunks); };
-        const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));
-        const auto gy = testing::make_input(T, H, 40 + static_cast<std::uint64_t>(r));
-        const StackResult ref = testing::run_stack(*fresh_stack(1), x, gy, false);
-        const std::string unwritten = testing::unwritten(ref);
-        SCMOE_CHECK(unwritten.empty(), "the reference (1 chunk, overlap off): " << unwritten);
+        // The reference and every candidate on a stack of their own.
+        const ChunkRank rank{config, 8, comm, c.ep, r};
+        auto fresh_stack = [&](int chunks) { return rank.fresh_stack(chunks); };
+        const std::vector<float>& x = rank.x;
+        const std::vector<float>& gy = rank.gy;
+        const StackResult ref = rank.reference();
         const int local = config.moe.num_experts / c.ep;
         for (int chunks : {2, local}) {
             const int expect = c.ep > 1 ? chunks : 1;  // one rank: nothing to pipeline
@@ -180,14 +198,12 @@ TEST_P(BlockRowSlices, EveryPieceCountMatchesUnchunkedAndOverlapIsBitwise) {
     moe.num_experts = c.ep;  // one local expert
     moe.top_k = 1;
     const BlockStackConfig config = block_variant(c.variant, testing::small_backbone(), moe, true, 3);
-    const std::int64_t T = 8, H = config.backbone.hidden;
     const auto errors = testing::on_local_ranks(c.ep, [&](int r, Communicator* comm) {
-        auto device = make_device("cpu");
-        auto fresh_stack = [&](int chunks) { return chunk_stack(config, *device, T, comm, c.ep, r, chunks); };
-        const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));
-        const auto gy = testing::make_input(T, H, 40 + static_cast<std::uint64_t>(r));
-        const StackResult ref = testing::run_stack(*fresh_stack(1), x, gy, false);
-        SCMOE_CHECK(testing::unwritten(ref).empty(), "the reference: " << testing::unwritten(ref));
+        const ChunkRank rank{config, 8, comm, c.ep, r};
+        auto fresh_stack = [&](int chunks) { return rank.fresh_stack(chunks); };
+        const std::vector<float>& x = rank.x;
+        const std::vector<float>& gy = rank.gy;
+        const StackResult ref = rank.reference();
         for (int chunks = 2; chunks <= kMaxRowPieces; ++chunks) {
             auto off_stack = fresh_stack(chunks), on_stack = fresh_stack(chunks);
             for (const auto* s : {&on_stack->forward_schedule(), &on_stack->backward_schedule()})

@@ -106,7 +106,8 @@ TEST(AttentionGqa, GradientsMatchFiniteDifferences) {
         g.mha().forward(*c.stream, mha_qkv, mout, mlse);
         g.mha().backward(*c.stream, mha_qkv, mout, mlse, go, mgrad);
         c.stream->synchronize();
-        EXPECT_GT(check.worst(sum_kv_grads(g, mgrad, /*first_only=*/true)), 1.0) << "a K/V gradient of one head must fail";
+        EXPECT_GT(check.worst(sum_kv_grads(g, mgrad, /*first_only=*/true)), 1.0)
+            << "a K/V gradient of one head must fail";
     }
 }
 
