@@ -122,8 +122,12 @@ struct ChunkRank {
     std::unique_ptr<BlockStack> fresh_stack(int chunks) const {
         return chunk_stack(config, *device, T, comm, ep, r, chunks);
     }
+    // A fresh stack with `chunks` forced (0: auto), run (and first calibrated, with `calibrate`).
+    StackResult run(int chunks, bool overlap, bool calibrate = false) const {
+        return testing::run_stack(*fresh_stack(chunks), x, gy, overlap, calibrate);
+    }
     StackResult reference() const {
-        StackResult ref = testing::run_stack(*fresh_stack(1), x, gy, false);
+        StackResult ref = run(1, false);
         const std::string unwritten = testing::unwritten(ref);
         SCMOE_CHECK(unwritten.empty(), "the reference (1 chunk, overlap off): " << unwritten);
         return ref;
@@ -144,26 +148,24 @@ TEST_P(BlockChunks, EveryChunkCountIsBitwiseUnchunked) {
     const auto errors = testing::on_local_ranks(c.ep, [&](int r, Communicator* comm) {
         // The reference and every candidate on a stack of their own.
         const ChunkRank rank{config, 8, comm, c.ep, r};
-        auto fresh_stack = [&](int chunks) { return rank.fresh_stack(chunks); };
-        const std::vector<float>& x = rank.x;
-        const std::vector<float>& gy = rank.gy;
         const StackResult ref = rank.reference();
         const int local = config.moe.num_experts / c.ep;
         for (int chunks : {2, local}) {
             const int expect = c.ep > 1 ? chunks : 1;  // one rank: nothing to pipeline
             for (bool overlap : {false, true}) {
-                auto stack = fresh_stack(chunks);
+                auto stack = rank.fresh_stack(chunks);
                 for (const auto* s : {&stack->forward_schedule(), &stack->backward_schedule()})
                     for (const auto& b : s->branches)
                         SCMOE_CHECK(b.chunks == expect, "scheduled " << b.chunks << " chunks, expected " << expect);
-                const std::string diff = testing::bitwise_diff(testing::run_stack(*stack, x, gy, overlap), ref);
+                const std::string diff =
+                    testing::bitwise_diff(testing::run_stack(*stack, rank.x, rank.gy, overlap), ref);
                 SCMOE_CHECK(diff.empty(), chunks << " chunks, overlap " << overlap << ": " << diff);
             }
         }
         // Calibrated, forced and auto: the same bits.
-        std::string diff = testing::bitwise_diff(testing::run_stack(*fresh_stack(local), x, gy, true, true), ref);
+        std::string diff = testing::bitwise_diff(rank.run(local, true, true), ref);
         SCMOE_CHECK(diff.empty(), "calibrated, " << local << " chunks: " << diff);
-        diff = testing::bitwise_diff(testing::run_stack(*fresh_stack(0), x, gy, true, true), ref);
+        diff = testing::bitwise_diff(rank.run(0, true, true), ref);
         SCMOE_CHECK(diff.empty(), "calibrated, auto chunks: " << diff);
     });
     for (const std::string& e : errors) EXPECT_EQ(e, "");
@@ -200,23 +202,20 @@ TEST_P(BlockRowSlices, EveryPieceCountMatchesUnchunkedAndOverlapIsBitwise) {
     const BlockStackConfig config = block_variant(c.variant, testing::small_backbone(), moe, true, 3);
     const auto errors = testing::on_local_ranks(c.ep, [&](int r, Communicator* comm) {
         const ChunkRank rank{config, 8, comm, c.ep, r};
-        auto fresh_stack = [&](int chunks) { return rank.fresh_stack(chunks); };
-        const std::vector<float>& x = rank.x;
-        const std::vector<float>& gy = rank.gy;
         const StackResult ref = rank.reference();
         for (int chunks = 2; chunks <= kMaxRowPieces; ++chunks) {
-            auto off_stack = fresh_stack(chunks), on_stack = fresh_stack(chunks);
+            auto off_stack = rank.fresh_stack(chunks), on_stack = rank.fresh_stack(chunks);
             for (const auto* s : {&on_stack->forward_schedule(), &on_stack->backward_schedule()})
                 for (const auto& b : s->branches)
                     SCMOE_CHECK(b.chunks == chunks, "scheduled " << b.chunks << " chunks, expected " << chunks);
-            const StackResult off = testing::run_stack(*off_stack, x, gy, false);
-            const StackResult on = testing::run_stack(*on_stack, x, gy, true);
+            const StackResult off = testing::run_stack(*off_stack, rank.x, rank.gy, false);
+            const StackResult on = testing::run_stack(*on_stack, rank.x, rank.gy, true);
             std::string diff = testing::bitwise_diff(on, off);
             SCMOE_CHECK(diff.empty(), chunks << " chunks, overlap on vs off: " << diff);
             diff = testing::close_diff(on, ref, 1e-5f);
             SCMOE_CHECK(diff.empty(), chunks << " chunks vs unchunked: " << diff);
         }
-        const std::string diff = testing::close_diff(testing::run_stack(*fresh_stack(0), x, gy, true, true), ref, 1e-5f);
+        const std::string diff = testing::close_diff(rank.run(0, true, true), ref, 1e-5f);
         SCMOE_CHECK(diff.empty(), "calibrated, auto chunks: " << diff);
     });
     for (const std::string& e : errors) EXPECT_EQ(e, "");
