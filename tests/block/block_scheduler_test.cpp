@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "block_test_util.h"
+#include "local_ranks.h"
 #include "scmoe/comm/local_communicator.h"
 #include "scmoe/kernels/nvtx.h"
 #include "scmoe/moe/trace.h"
@@ -258,25 +259,6 @@ TEST_P(BlockOverlap, OnAndOffAreBitwiseIdentical) {
 INSTANTIATE_TEST_SUITE_P(Cpu, BlockOverlap, ::testing::ValuesIn(block_variant_names()),
                          [](const ::testing::TestParamInfo<std::string>& p) { return testing::gtest_name(p.param); });
 
-// Runs `body(rank, comm)` on `ranks` threads of one LocalGroup and returns their errors.
-template <class Body>
-std::vector<std::string> on_local_ranks(int ranks, Body body) {
-    auto group = LocalGroup::create(ranks, 60.0);
-    std::vector<std::string> errors(static_cast<std::size_t>(ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r)
-        threads.emplace_back([&, r] {
-            try {
-                auto comm = group->communicator(r);
-                body(r, *comm);
-            } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
-            }
-        });
-    for (auto& t : threads) t.join();
-    return errors;
-}
-
 std::string compare_rel(const std::vector<float>& a, const std::vector<float>& b, double tol, const std::string& what) {
     return testing::compare(a.data(), b.data(), static_cast<std::int64_t>(std::min(a.size(), b.size())), tol, what) +
            (a.size() == b.size() ? "" : what + ": sizes differ");
@@ -300,11 +282,11 @@ TEST_P(BlockRanks, DistributedEqualsSingleRankAndOverlapIsBitwise) {
         ASSERT_EQ(testing::unwritten(refs.back()), "") << "single-rank reference " << r;
     }
     std::vector<std::string> schedules(ep);
-    const auto errors = on_local_ranks(ep, [&](int r, Communicator& comm) {
+    const auto errors = testing::on_local_ranks(ep, [&](int r, Communicator* comm) {
         auto device = make_device("cpu");
         // Overlap off and on each on a stack of its own (issue 28: nothing the overlapped run skips
         // can come from the other run's buffers or gradients).
-        BlockStack off_stack(config, *device, T, &comm), stack(config, *device, T, &comm);
+        BlockStack off_stack(config, *device, T, comm), stack(config, *device, T, comm);
         testing::init_params(off_stack, 9, ep, r);
         testing::init_params(stack, 9, ep, r);
         const auto x = testing::make_input(T, H, 30 + static_cast<std::uint64_t>(r));
@@ -399,77 +381,6 @@ TEST(BlockStackErrors, BadShapesAndConfigs) {
     EXPECT_THROW(block_variant("top9", testing::small_backbone(), testing::small_moe()), Error);
 }
 
-// The paper's other workloads: topK for any K up to the router's limit (standard MoE in every other
-// block, like the pair variants) and the LLaMA2-MoE baselines with an MoE in every block.
-TEST(BlockVariants, TopKIsTheStandardPairWithKRoutedExperts) {
-    for (int k = 1; k <= 4; ++k) {
-        const std::string name = "top" + std::to_string(k);
-        ASSERT_TRUE(is_block_variant(name)) << name;
-        ASSERT_TRUE(block_variant_is_pair(name)) << name;
-        const BlockStackConfig c = testing::small_variant(name);  // 4 experts
-        EXPECT_EQ(c.moe.top_k, k) << name;
-        EXPECT_FALSE(c.moe.shared_expert) << name;
-        ASSERT_EQ(c.blocks.size(), 2u) << name;
-        EXPECT_EQ(c.blocks[0].ffn, FfnKind::kDense) << name;
-        EXPECT_EQ(c.blocks[1].ffn, FfnKind::kMoe) << name;
-        EXPECT_EQ(c.blocks[1].shortcut, ShortcutSource::kCurrent) << name;
-    }
-    EXPECT_TRUE(is_block_variant("top8"));
-    for (const char* bad : {"top0", "top9", "top03", "top", "top-3", "top3x", "every-block-top3"})
-        EXPECT_FALSE(is_block_variant(bad)) << bad;
-    auto error_of = [](const std::string& name) -> std::string {
-        try {
-            MoeConfig moe = testing::small_moe();
-            moe.num_experts = 16;
-            block_variant(name, testing::small_backbone(), moe);
-        } catch (const Error& e) {
-            return e.what();
-        }
-        return "";
-    };
-    EXPECT_NE(error_of("top9").find("top-9 exceeds the router's limit of 8 experts per token (top1 .. top8)"),
-              std::string::npos)
-        << error_of("top9");
-    EXPECT_NE(error_of("top0").find("unknown block variant 'top0'"), std::string::npos) << error_of("top0");
-    EXPECT_NE(error_of("top0").find("every-block-shared, dense; topK for any K in 1..8"), std::string::npos)
-        << error_of("top0");
-    // More routed experts per token than there are experts: MoeConfig names it.
-    try {
-        testing::small_variant("top5");
-        ADD_FAILURE() << "top5 of 4 experts accepted";
-    } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("MoeConfig.top_k = 5: exceeds num_experts = 4"), std::string::npos)
-            << e.what();
-    }
-}
-
-TEST(BlockVariants, EveryBlockBaselinesPutTheirMoeInEveryBlock) {
-    struct Want {
-        const char* name;
-        int top_k;
-        bool shared;
-        ShortcutSource shortcut;
-    };
-    for (const Want& w : {Want{"every-block-pos1", 1, true, ShortcutSource::kPos1},
-                          Want{"every-block-top2", 2, false, ShortcutSource::kCurrent},
-                          Want{"every-block-shared", 1, true, ShortcutSource::kCurrent}}) {
-        ASSERT_TRUE(is_block_variant(w.name)) << w.name;
-        EXPECT_FALSE(block_variant_is_pair(w.name)) << w.name;
-        for (bool cg : {true, false}) {
-            const BlockStackConfig c =
-                block_variant(w.name, testing::small_backbone(), testing::small_moe(), cg, 5);
-            EXPECT_EQ(c.moe.top_k, w.top_k) << w.name;
-            EXPECT_EQ(c.moe.shared_expert, w.shared) << w.name;
-            EXPECT_EQ(c.moe.coefficient_gate, w.shared && cg) << w.name;
-            ASSERT_EQ(c.blocks.size(), 5u) << w.name;
-            for (const BlockSpec& b : c.blocks) {
-                EXPECT_EQ(b.ffn, FfnKind::kMoe) << w.name;
-                EXPECT_EQ(b.shortcut, w.shortcut) << w.name;
-            }
-        }
-    }
-}
-
 // The block-count limit behind LmConfig's layer limit (tests/fuzz/config_fuzz found LmConfig::validate
 // allocating 12.8 GB for an absurd every-block-pos1 count; see LmConfig.AbsurdLayerCounts...).
 TEST(BlockStackErrors, AbsurdBlockCountsAreRefusedBeforeAllocating) {
@@ -513,12 +424,7 @@ std::vector<TraceEntry> traced_step(const BlockStackConfig& config, int ranks) {
             std::remove(path.c_str());
         }
     };
-    if (ranks == 1) {
-        run(0, nullptr);
-    } else {
-        const auto errors = on_local_ranks(ranks, [&](int r, Communicator& comm) { run(r, &comm); });
-        for (const std::string& e : errors) EXPECT_EQ(e, "");
-    }
+    for (const std::string& e : testing::on_local_ranks(ranks, run)) EXPECT_EQ(e, "");
     return rank0;
 }
 
