@@ -26,7 +26,7 @@ void add_common_options(cxxopts::Options& options) {
         ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
          cxxopts::value<std::string>()->default_value("balanced"))
         ("stack", "emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on "
-                  "PyTorch) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>())
+                  "PyTorch), paper-swin (Swin-MoE + Tutel under amp) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>())
         ("n,iters", "Timed iterations (default: " + std::to_string(kDefaultItersCuda) + " on cuda, " +
                     std::to_string(kDefaultItersCpu) + " on cpu)", cxxopts::value<int>())
         ("w,warmup", "Untimed warmup iterations before the timed loop", cxxopts::value<int>()->default_value("2"))

@@ -34,14 +34,14 @@ emu::Stack load_stack(const std::string& name) {
     }
     SCMOE_CHECK(j.is_object(), where << ": a stack is a JSON object");
     static const char* const known[] = {"base", "name", "description", "attention", "attention_dropout",
-                                        "framework_us", "all_to_all_efficiency", "tutel_dispatch", "small_gemm",
+                                        "attention_bias", "attention_softmax_f32", "framework_us", "all_to_all_efficiency", "tutel_dispatch", "small_gemm",
                                         "grad_reduce", "grad_reduce_dtype", "sources"};
     for (const auto& [key, value] : j.items()) {
         bool ok = false;
         for (const char* k : known) ok = ok || key == k;
         if (!ok)
             SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: base, name, description, attention, "
-                             << "attention_dropout, framework_us, all_to_all_efficiency, tutel_dispatch, small_gemm, grad_reduce, "
+                             << "attention_dropout, attention_bias, attention_softmax_f32, framework_us, all_to_all_efficiency, tutel_dispatch, small_gemm, grad_reduce, "
                              << "grad_reduce_dtype, sources)");
     }
     auto str = [&](const char* key) {
@@ -59,7 +59,7 @@ emu::Stack load_stack(const std::string& name) {
         try {
             s = emu::builtin_stack(base);
         } catch (const Error&) {
-            SCMOE_FAIL(where << ": field 'base' is '" << base << "': scmoe or paper");
+            SCMOE_FAIL(where << ": field 'base' is '" << base << "': scmoe, paper or paper-swin");
         }
     }
     s.name = j.contains("name") ? str("name") : name;
@@ -79,6 +79,8 @@ emu::Stack load_stack(const std::string& name) {
     if (j.contains("attention"))
         s.attention = either("attention", "fused", "unfused") ? emu::AttentionImpl::kFused : emu::AttentionImpl::kUnfused;
     if (j.contains("attention_dropout")) s.attention_dropout = boolean("attention_dropout");
+    if (j.contains("attention_bias")) s.attention_bias = boolean("attention_bias");
+    if (j.contains("attention_softmax_f32")) s.attention_softmax_f32 = boolean("attention_softmax_f32");
     if (j.contains("tutel_dispatch")) s.tutel_dispatch = boolean("tutel_dispatch");
     if (j.contains("grad_reduce"))
         s.grad_reduce = either("grad_reduce", "overlapped", "after_backward") ? emu::GradReduce::kOverlapped

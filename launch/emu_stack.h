@@ -1,8 +1,9 @@
-// The stack an emulated run is for (--stack scmoe|paper|FILE.json of scmoe-train, scmoe-bench and
+// The stack an emulated run is for (--stack scmoe|paper|paper-swin|FILE.json of scmoe-train, scmoe-bench and
 // scmoe-plan; scmoe/kernels/emu/stack.h): a built-in name or a stack JSON, read strictly.
 //
-// A stack JSON: {"base": "scmoe"|"paper" (optional; default scmoe), "name": string, "description":
-// string, "attention": "fused"|"unfused", "attention_dropout": bool, "framework_us": number,
+// A stack JSON: {"base": "scmoe"|"paper"|"paper-swin" (optional; default scmoe), "name": string,
+// "description": string, "attention": "fused"|"unfused", "attention_dropout": bool, "attention_bias":
+// bool, "attention_softmax_f32": bool, "framework_us": number,
 // "all_to_all_efficiency": number, "tutel_dispatch": bool, "small_gemm": [[size, fraction], ...],
 // "grad_reduce": "overlapped"|"after_backward", "grad_reduce_dtype": "f32"|"bf16", "sources": [string, ...]};
 // every field optional, overriding the base's. An unknown key, a wrong type or a value out of range

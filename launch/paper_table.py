@@ -43,22 +43,26 @@ RUNS = {
     # model runs them: 2 + 2 + 18 + 2 blocks, MoE only in stages 3 and 4.
     "swin-s1": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage1 --variants dense -n 3 -w 2 -c 0",
         "assumed": "stage 1 (2 dense blocks): 128 images per GPU; Swin's shifted windows not costed",
     },
     "swin-s2": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage2 --variants dense -n 3 -w 2 -c 0",
         "assumed": "as swin-s1, stage 2",
     },
     "swin-s3": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 "
                 "--variants top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3 -n 3 -w 2 -c 0",
         "assumed": "stage 3 (9 [dense, MoE] pairs), where every variant applies: 128 images per GPU",
     },
     "swin-s4": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage4 --variants top2 -n 3 -w 2 -c 0",
         "assumed": "stage 4 (a [dense, MoE] pair) stays top-2 in every variant (the paper applies ScMoE to "
                    "stage 3 only and says nothing of stage 4 for its other variants)",
@@ -89,18 +93,21 @@ RUNS = {
     # Fig. 1 and Fig. 8: a block pair [dense, MoE] of SwinV2-MoE-S's stage 3 (preset of scmoe-bench).
     "blk-a30": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 "
                 "--variants top2,top1,shared,scmoe-pos2 -n 3 -w 2 -c 0",
         "assumed": "ScMoE at Pos-2 in Fig. 8 (not stated); 128 images per GPU; the stack's pipeline",
     },
     "blk-a800": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a800 --ranks 8 --preset swinv2-moe-s-stage3 "
                 "--variants top2,top1,shared,scmoe-pos2 -n 3 -w 2 -c 0",
         "assumed": "as blk-a30",
     },
     "blk-2node": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 "
                 "--experts 16 --variants top2,top1,shared,scmoe-pos2 -n 3 -w 2 -c 0",
         "assumed": "the 2-node network is the a800-2x8 preset's (the paper says only 'Ethernet'); 16 experts",
@@ -110,6 +117,7 @@ RUNS = {
     # a2a_ffn_overlap_degree does); "Top1+SE1", the shared expert, carries no P (--chunks 1).
     "blk-a30-piped": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants top2,top1 "
                 "--chunks auto -n 3 -w 2 -c 0",
         "assumed": "Top2P/Top1P pipelined at the count scmoe's scheduler picks (Tutel's degree is not stated)",
@@ -117,6 +125,7 @@ RUNS = {
     },
     "blk-a30-whole": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants shared "
                 "--chunks 1 -n 3 -w 2 -c 0",
         "assumed": "the shared-expert baseline unpipelined (Fig. 8's Top1+SE1 has no P)",
@@ -124,6 +133,7 @@ RUNS = {
     },
     "blk-2node-piped": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 "
                 "--experts 16 --variants top2,top1 --chunks auto -n 3 -w 2 -c 0",
         "assumed": "as blk-a30-piped",
@@ -131,6 +141,7 @@ RUNS = {
     },
     "blk-2node-whole": {
         "tool": BLOCK,
+        "model": "swin",
         "args": "block --backend emu --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 "
                 "--experts 16 --variants shared --chunks 1 -n 3 -w 2 -c 0",
         "assumed": "as blk-a30-whole",
@@ -165,10 +176,17 @@ def composed_time(parsed, parts, variant, metric):
 
 # The pipeline of every other run is the stack's: the paper stack's Tutel runs unpipelined (its
 # fairseq example passes no a2a_ffn_overlap_degree, whose default is 1: tutel 82af7aa
-# tutel/impls/moe_layer.py, "a2a_ffn_overlap_degree=1"), so those runs get --chunks 1 under
-# --stack paper; under any other stack scmoe's default, --chunks auto.
+# tutel/impls/moe_layer.py, "a2a_ffn_overlap_degree=1"; nor does Swin-Transformer's MoEMlp), so those
+# runs get --chunks 1 under --stack paper; under any other stack scmoe's default, --chunks auto.
 def stack_chunks(stack):
-    return ["--chunks", "1"] if stack == "paper" else []
+    return ["--chunks", "1"] if stack in ("paper", "paper-swin") else []
+
+
+# The paper ran its language models on fairseq and SwinV2-MoE-S on Swin-Transformer's training code
+# (both with Tutel): under --stack paper the Swin runs ("model": "swin") take the built-in paper-swin
+# stack, that code's (scmoe/kernels/emu/stack.cpp); every other stack is passed as it is.
+def run_stack(run, stack):
+    return "paper-swin" if stack == "paper" and RUNS[run].get("model") == "swin" else stack
 
 # --- The rows. kind: speedup (variant over the baseline) or share (percent). ---------------------
 # metric for scmoe-train runs: train | infer; for block runs: train | a2a_share | overlap.
@@ -243,6 +261,7 @@ def command(run, bin_dir, stack, lm_dispatch="capacity"):
     if lm_dispatch == "dropless" and spec["tool"] == TRAIN:
         i = args.index("--capacity-factor")
         args[i:i + 2] = ["--dispatch", "dropless"]
+    stack = run_stack(run, stack)
     if stack:
         args += ["--stack", stack]
     if spec.get("chunks", "stack") == "stack":
@@ -469,8 +488,9 @@ def join_order(names):
 def markdown(rows, summary, stack, lm_dispatch="capacity"):
     sensitivity = (" LM rows dropless (a sensitivity: Tutel's fairseq example's dynamic capacity, not the paper's "
                    "stated factor 2.0)." if lm_dispatch == "dropless" else "")
-    lines = [f"Emulator predictions (stack: {stack or 'default'}) against the ScMoE paper; error = predicted / paper - 1."
-             + sensitivity,
+    swin = " (SwinV2-MoE-S runs: paper-swin)" if run_stack("swin-s3", stack) != stack else ""
+    lines = [f"Emulator predictions (stack: {stack or 'default'}{swin}) against the ScMoE paper; error = predicted / "
+             "paper - 1." + sensitivity,
              "", "| source | row | metric | paper | predicted | error |", "|---|---|---|---|---|---|"]
     for r in rows:
         unit = "%" if r["kind"] == "share" else "x"
@@ -499,7 +519,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Every figure printed is an emulator prediction, not a measurement.")
     ap.add_argument("--bin", help="a build folder (launch/scmoe-train, bench/scmoe-bench) or an install's bin/ (default: PATH)")
-    ap.add_argument("--stack", help="pass --stack STACK to every command (scmoe, paper or a JSON file)")
+    ap.add_argument("--stack", help="pass --stack STACK to every command (scmoe, paper or a JSON file; under paper the "
+                                     "SwinV2-MoE-S runs take paper-swin)")
     ap.add_argument("--only", help="comma list of runs: " + ",".join([*RUNS, *COMPOSED]) +
                     " (a composed run: its parts)")
     ap.add_argument("-o", "--outdir", help="save each run's output here (for --replay)")

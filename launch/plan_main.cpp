@@ -87,8 +87,8 @@ Args parse(int argc, char** argv) {
         ("routing", "How the emulated router picks experts: balanced, zipf:S or counts:c0,c1,... (zipf shows as "
                     "dropped tokens in capacity mode and as slower steps in dropless mode)",
          cxxopts::value<std::string>()->default_value("balanced"))
-        ("stack", "The software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch) or a "
-                  "stack JSON (docs/emu.md); its gradient all-reduce too (paper: after the backward, fp16-sized), "
+        ("stack", "The software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch), "
+                  "paper-swin (Swin-MoE + Tutel under amp) or a stack JSON (docs/emu.md); its gradient all-reduce too (paper: after the backward, fp16-sized), "
                   "as scmoe-train's emulated run of a printed command takes it", cxxopts::value<std::string>()->default_value("scmoe"));
     add_cluster_options(o, "cluster", /*nic_list=*/true);
     o.add_options("search")

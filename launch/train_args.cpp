@@ -200,7 +200,7 @@ Args parse(int argc, const char* const* argv) {
         ("routing", "emu: how the emulated router picks experts: balanced, zipf:S or counts:c0,c1,...",
          cxxopts::value<std::string>()->default_value("balanced"))
         ("stack", "emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on "
-                  "PyTorch) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>())
+                  "PyTorch), paper-swin (Swin-MoE + Tutel under amp) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>())
         ("device", "GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK)",
          cxxopts::value<int>())
         ("link", "Emulated link under the expert-parallel all-to-all: pcie4, nvlink4, ib-ndr, 100gbe or "

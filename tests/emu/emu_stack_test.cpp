@@ -44,7 +44,7 @@ emu::Stack unfused(bool dropout) {
 TEST(EmuStack, UnfusedAttentionCostsWhatTheFormulaSays) {
     emu::GpuSpec spec = test::round_spec();
     spec.launch_us = 0;
-    const std::vector<emu::StackKernel> fwd = emu::unfused_attention_forward(test::hand_attention_shape(), true);
+    const std::vector<emu::StackKernel> fwd = emu::unfused_attention_forward(test::hand_attention_shape(), {.dropout = true});
     ASSERT_EQ(fwd.size(), 6u);
     // Per kernel, us: max(FLOPs / rate, bytes / 1e6).
     //   q_scale  reads and writes Q bf16: 4Q B = 6,553,600 B                         -> 6.5536
@@ -77,7 +77,7 @@ TEST(EmuStack, UnfusedAttentionCostsWhatTheFormulaSays) {
     // Backward, us: out_copy 6.5536; dP = dO v^T 41.94304 (2*2Q + 2S = 39,321,600 B is less); dV = P^T dO
     // 41.94304; dropout 81.92; softmax reads dP and P, writes dS: 6S B -> 98.304; dQ, dK 41.94304
     // each; q_scale 6.5536. With the 8 gaps: 369.10336.
-    const std::vector<emu::StackKernel> bwd = emu::unfused_attention_backward(h.bwd, true);
+    const std::vector<emu::StackKernel> bwd = emu::unfused_attention_backward(h.bwd, {.dropout = true});
     ASSERT_EQ(bwd.size(), 8u);
     const double expect_bwd[] = {6.5536, 41.94304, 41.94304, 81.92, 98.304, 41.94304, 41.94304, 6.5536};
     for (std::size_t i = 0; i < bwd.size(); ++i)
@@ -96,9 +96,9 @@ TEST(EmuStack, UnfusedBidirectionalAttentionReadsNoMask) {
     auto device = device_with(unfused(true), spec);
     test::HandAttention h(*device);
     AttentionArgs& a = h.fwd;
-    const std::vector<emu::StackKernel> causal = emu::unfused_attention_forward(a, true);
+    const std::vector<emu::StackKernel> causal = emu::unfused_attention_forward(a, {.dropout = true});
     a.causal = false;
-    const std::vector<emu::StackKernel> bidir = emu::unfused_attention_forward(a, true);
+    const std::vector<emu::StackKernel> bidir = emu::unfused_attention_forward(a, {.dropout = true});
     ASSERT_EQ(bidir.size(), causal.size());
     const double S = 10.0 * 1280 * 1280;
     for (std::size_t i = 0; i < bidir.size(); ++i) {
@@ -111,9 +111,9 @@ TEST(EmuStack, UnfusedBidirectionalAttentionReadsNoMask) {
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }), 280.59584 - 30.14656, 1e-4);
 
     AttentionBackwardArgs& b = h.bwd;
-    const std::vector<emu::StackKernel> causal_bwd = emu::unfused_attention_backward(b, true);
+    const std::vector<emu::StackKernel> causal_bwd = emu::unfused_attention_backward(b, {.dropout = true});
     b.causal = false;
-    const std::vector<emu::StackKernel> bidir_bwd = emu::unfused_attention_backward(b, true);
+    const std::vector<emu::StackKernel> bidir_bwd = emu::unfused_attention_backward(b, {.dropout = true});
     ASSERT_EQ(bidir_bwd.size(), causal_bwd.size());
     for (std::size_t i = 0; i < bidir_bwd.size(); ++i) {
         EXPECT_STREQ(bidir_bwd[i].name, causal_bwd[i].name);

@@ -167,6 +167,12 @@ def main():
         assert ("--chunks 1" in lines["swin-s3"]) == t1_chunks, lines["swin-s3"]
         assert "--chunks auto" in lines["blk-a30-piped"] and "--chunks 1" not in lines["blk-a30-piped"], lines
         assert lines["blk-a30-whole"].count("--chunks") == 1, lines["blk-a30-whole"]
+        # Under paper the SwinV2-MoE-S runs take Swin-Transformer's stack (paper-swin), the LMs fairseq's.
+        for run in ("swin-s1", "swin-s3", "blk-a30", "blk-2node-piped"):
+            want = "--stack paper-swin" if stack == "paper" else "--stack scmoe"
+            assert want in lines[run] and lines[run].count("--stack") == 1, lines[run]
+        for run in ("t2-gpt2", "t2-llama", "t4"):
+            assert f"--stack {stack}" in lines[run] and "paper-swin" not in lines[run], lines[run]
     # --lm-dispatch dropless (a sensitivity) swaps the LM rows' capacity factor for dropless dispatch
     # and leaves the block runs alone.
     p = subprocess.run([sys.executable, script, "--dry-run", "--stack", "paper", "--lm-dispatch", "dropless"],

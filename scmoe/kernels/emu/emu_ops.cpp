@@ -158,20 +158,36 @@ void attention_forward(const AttentionArgs& a, Stream& s) {
                        device.spec().gemm_efficiency;
         return timed("attention_forward", c, s);
     }
-    const bool training = a.lse != nullptr, dropout = training && stack.attention_dropout;
-    const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype);
-    void* scores = device.allocate(m.scores);  // baddbmm's output, the softmax's input
+    const bool training = a.lse != nullptr;
+    const ScorePasses passes = score_passes(stack, training);
+    const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype, passes.softmax_f32);
+    void* scores = device.allocate(m.scores);  // QK^T (then, with the bias, the biased scores): the softmax's input
+    if (passes.bias) {
+        void* biased = device.allocate(m.scores);
+        device.deallocate(scores);
+        scores = biased;
+    }
     void* probs = nullptr;
     if (training)
-        device.hold(a.out, kSavedProbs, m.scores);  // softmax's output: softmax's backward reads it
+        device.hold(a.out, kSavedProbs, m.probs);  // softmax's output: softmax's backward reads it
     else
-        probs = device.allocate(m.scores);
+        probs = device.allocate(m.probs);
     device.deallocate(scores);
-    if (dropout) {
-        device.hold(a.out, kSavedMask, m.mask);       // dropout's mask
-        device.hold(a.out, kSavedDropped, m.scores);  // dropout's output: bmm's saved input
+    // PV's input when it is not the softmax's output: dropout's output, or (fp32 softmax) its fp16 cast,
+    // saved by bmm in training; with both, the fp32 dropped probabilities live until the cast.
+    void* dropped = nullptr;
+    if (passes.dropout) device.hold(a.out, kSavedMask, m.mask);  // dropout's mask
+    if (passes.dropout && passes.softmax_f32) dropped = device.allocate(m.probs);
+    void* pv_input = nullptr;
+    if (passes.dropout || passes.softmax_f32) {
+        if (training)
+            device.hold(a.out, kSavedDropped, m.scores);
+        else
+            pv_input = device.allocate(m.scores);
     }
-    for (const StackKernel& k : unfused_attention_forward(a, dropout)) es.launch(k.name, k.cost);
+    device.deallocate(dropped);
+    for (const StackKernel& k : unfused_attention_forward(a, passes)) es.launch(k.name, k.cost);
+    device.deallocate(pv_input);
     device.deallocate(probs);
 }
 void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
@@ -184,20 +200,26 @@ void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
                        device.spec().gemm_efficiency;
         return timed("attention_backward", c, s);
     }
-    const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype);
-    void* grad_p = device.allocate(m.scores);  // dP = dO v^T (of the dropped probabilities with dropout)
-    if (stack.attention_dropout) {
-        void* grad_dropped = grad_p;
-        grad_p = device.allocate(m.scores);  // dropout's backward: dP of the probabilities
-        device.deallocate(grad_dropped);
+    const ScorePasses passes = score_passes(stack, true);
+    const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype, passes.softmax_f32);
+    void* grad_p = device.allocate(m.scores);  // dP = dO v^T (of PV's input)
+    // Each pass between the softmax and PV gives the gradient of its input, freeing the one before.
+    auto next_grad = [&](std::size_t bytes) {
+        void* g = device.allocate(bytes);
+        device.deallocate(grad_p);
+        grad_p = g;
+    };
+    if (passes.softmax_f32) next_grad(m.probs);  // the cast's backward: dP in fp32
+    if (passes.dropout) {
+        next_grad(m.probs);  // dropout's backward: dP of the probabilities
         device.release(a.out, kSavedMask);
-        device.release(a.out, kSavedDropped);
     }
+    if (passes.dropout || passes.softmax_f32) device.release(a.out, kSavedDropped);
     void* grad_scores = device.allocate(m.scores);  // softmax's backward
     device.deallocate(grad_p);
     device.release(a.out, kSavedProbs);
     device.deallocate(grad_scores);  // after dQ and dK (host order: the caching allocator reuses it later)
-    for (const StackKernel& k : unfused_attention_backward(a, stack.attention_dropout)) es.launch(k.name, k.cost);
+    for (const StackKernel& k : unfused_attention_backward(a, passes)) es.launch(k.name, k.cost);
 }
 void kv_cache_append(const KvCacheAppendArgs& a, Stream& s) { timed("kv_cache_append", op_cost(a), s); }
 void attention_decode(const AttentionDecodeArgs& a, Stream& s) { timed("attention_decode", op_cost(a), s); }

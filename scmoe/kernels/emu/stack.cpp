@@ -75,6 +75,45 @@ Stack paper_stack() {
     return s;
 }
 
+// Swin-Transformer's Swin-MoE with Tutel, as the ScMoE paper ran SwinV2-MoE-S ("built upon the
+// Tutel MoE framework", App. A.8; Table 9's shapes are Swin-Transformer's
+// configs/swinmoe/swin_moe_small_patch4_window12_192_8expert_32gpu_22k.yaml). microsoft/Swin-Transformer
+// f82860b: main_moe.py trains "with torch.cuda.amp.autocast(enabled=config.AMP_ENABLE)" (config.py:
+// "_C.AMP_ENABLE = True") under "torch.nn.parallel.DistributedDataParallel(model, ...)";
+// models/swin_transformer_moe.py WindowAttention.forward: "q = q * self.scale", "attn = (q @
+// k.transpose(-2, -1))", "relative_position_bias_table = self.cpb_mlp(self.relative_coords_table)"
+// (nn.Linear(2, 512), ReLU, nn.Linear(512, num_heads)), "relative_position_bias_table[self.
+// relative_position_index.view(-1)]", ".permute(2, 0, 1).contiguous()", "attn = attn +
+// relative_position_bias.unsqueeze(0)", "attn = self.softmax(attn)", "attn = self.attn_drop(attn)"
+// with attn_drop 0 (build.py passes no attn_drop_rate; SwinTransformerMoE's default "attn_drop_rate=0."),
+// "x = (attn @ v).transpose(1, 2).reshape(B_, N, C)". Under autocast (PyTorch's
+// aten/src/ATen/autocast_mode.cpp): softmax is "fp32_set_opt_dtype" (fp32 output; on CUDA a half input
+// with a float dtype runs one half-to-float softmax kernel), matmul "lower_precision_fp" (its fp32
+// input cast to fp16 first: cached_cast -> "arg.to(to_type)"). Dropout with p = 0 launches nothing
+// (at::native::dropout: the fused kernel only for "p > 0", else "_dropout" returns the input).
+Stack paper_swin_stack() {
+    Stack s = paper_stack();
+    s.name = "paper-swin";
+    s.description = "paper-swin: Swin-Transformer's Swin-MoE + Tutel on PyTorch 1.x eager under torch.cuda.amp "
+                    "(unfused window attention with its position bias and an fp32 softmax, no attention dropout, "
+                    "eager per-op host time, Tutel's fp32 encode/decode and NCCL all-to-all, fp32 gradients "
+                    "all-reduced during the backward)";
+    s.attention_dropout = false;
+    s.attention_bias = true;
+    s.attention_softmax_f32 = true;
+    // main_moe.py: PyTorch DDP (buckets all-reduced as the backward makes them) over fp32 parameters
+    // (autocast keeps the parameters and their gradients fp32).
+    s.grad_reduce = GradReduce::kOverlapped;
+    s.grad_reduce_dtype = DType::kF32;
+    s.sources = {"microsoft/Swin-Transformer f82860b main_moe.py (autocast, DDP), config.py (AMP_ENABLE True), "
+                 "models/swin_transformer_moe.py WindowAttention, models/build.py",
+                 "PyTorch aten/src/ATen/autocast_mode.cpp (softmax fp32_set_opt_dtype, matmul lower_precision_fp), "
+                 "aten/src/ATen/native/Dropout.cpp (p = 0 launches nothing)",
+                 "pytorch/pytorch PR #32194 operator micro-benchmark (eager op host time)",
+                 "microsoft/tutel 82af7aa tutel/impls/moe_layer.py, fast_dispatch.py (no a2a_ffn_overlap_degree: 1)"};
+    return s;
+}
+
 std::string lower(std::string_view s) {
     std::string out(s);
     for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -98,7 +137,7 @@ OpCost batched_gemm(std::int64_t count, std::int64_t m, std::int64_t n, std::int
 }  // namespace
 
 const std::vector<Stack>& builtin_stacks() {
-    static const std::vector<Stack> stacks = {scmoe_stack(), paper_stack()};
+    static const std::vector<Stack> stacks = {scmoe_stack(), paper_stack(), paper_swin_stack()};
     return stacks;
 }
 
@@ -106,7 +145,7 @@ const Stack& builtin_stack(std::string_view name) {
     const std::string n = lower(name);
     for (const Stack& s : builtin_stacks())
         if (s.name == n) return s;
-    SCMOE_FAIL("--stack " << name << ": no such stack; built in: scmoe, paper (or a stack JSON file, docs/emu.md)");
+    SCMOE_FAIL("--stack " << name << ": no such stack; built in: scmoe, paper, paper-swin (or a stack JSON file, docs/emu.md)");
 }
 
 void check_stack(const Stack& s) {
@@ -136,7 +175,9 @@ void check_stack(const Stack& s) {
 std::string describe(const Stack& s) {
     std::ostringstream os;
     os << s.name << ": " << (s.attention == AttentionImpl::kFused ? "fused" : "unfused") << " attention"
-       << (s.attention == AttentionImpl::kUnfused && s.attention_dropout ? " (dropout)" : "") << ", framework "
+       << (s.attention == AttentionImpl::kUnfused && s.attention_dropout ? " (dropout)" : "")
+       << (s.attention == AttentionImpl::kUnfused && s.attention_bias ? " (position bias)" : "")
+       << (s.attention == AttentionImpl::kUnfused && s.attention_softmax_f32 ? " (fp32 softmax)" : "") << ", framework "
        << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency
        << (s.tutel_dispatch ? ", Tutel fp32 encode/decode" : "") << ", small-GEMM curve "
        << (s.small_gemm.empty() ? std::string("none") : std::to_string(s.small_gemm.size()) + " points")
@@ -158,41 +199,105 @@ double small_gemm_fraction(const Stack& s, const OpCost& c) {
     return side > 0 ? small_gemm_fraction(s, side) : 1.0;
 }
 
+ScorePasses score_passes(const Stack& stack, bool training) {
+    return {training && stack.attention_dropout, stack.attention_bias, stack.attention_softmax_f32};
+}
+
 UnfusedAttentionMemory unfused_attention_memory(std::int64_t batch, std::int64_t heads, std::int64_t seq,
-                                                DType dtype) {
+                                                DType dtype, bool softmax_f32) {
     const std::size_t scores = static_cast<std::size_t>(batch * heads * seq * seq);
-    return {scores * dtype_size(dtype), scores};
+    return {scores * dtype_size(dtype), scores * (softmax_f32 ? 4 : dtype_size(dtype)), scores};
 }
 
 // Unfused attention, PyTorch 1.x's F.multi_head_attention_forward core (stack.cpp's paper
 // stack quotes it), with B = batch*heads GEMMs, S = B*s*s score elements, Q = batch*s*heads*d
 // elements of q (or k, v, out), e = the op's dtype size (fairseq --fp16: 2; the scores, softmax and
-// dropout run in it), full (not causal) score matrices: the batched GEMMs compute every score and,
-// causal, the mask sets the upper triangle to -inf. Without causal (AttentionArgs::causal false) there
-// is no attn_mask: PyTorch runs bmm(q, k^T) instead of baddbmm and reads no mask. Each kernel reads
-// and writes its operands once (op_cost.h):
+// dropout run in it), p = the probabilities' size (e, or 4 with softmax_f32), full (not causal) score
+// matrices: the batched GEMMs compute every score and, causal, the mask sets the upper triangle to
+// -inf. Without causal (AttentionArgs::causal false) there is no attn_mask: PyTorch runs bmm(q, k^T)
+// instead of baddbmm and reads no mask. Each kernel reads and writes its operands once (op_cost.h):
 //   attn_q_scale    q / sqrt(d): reads and writes Q
 //   attn_qk_bmm     baddbmm(mask, q, k^T): 2*S*d FLOPs; reads q, k (2Q) and the mask as C (S), writes S
 //                   (non-causal: bmm(q, k^T), reads 2Q only)
-//   attn_softmax    reads S, writes S
-//   attn_dropout    reads S, writes S and its mask (S bytes)               (with dropout)
+//   (with bias)     the bias table's kernels (bias_table_forward), then
+//   attn_bias_add   reads S and the bias (h*s*s), writes S
+//   attn_softmax    reads S (e), writes S (p)
+//   attn_dropout    reads S, writes S (p) and its mask (S bytes)            (with dropout)
+//   attn_probs_cast reads S (4), writes S (e): autocast's cast for PV       (with softmax_f32)
 //   attn_pv_bmm     bmm(p, v): 2*S*d FLOPs; reads S and Q, writes Q
 //   attn_out_copy   transpose(0, 1).contiguous(): reads and writes Q
-std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, bool dropout) {
+namespace {
+
+// Swin's continuous relative position bias for a window of s = w*w tokens: cpb_mlp (nn.Linear(2, 512),
+// ReLU, nn.Linear(512, h)) over the (2w - 1)^2 relative coordinates, gathered by the [s, s] relative
+// position index and permuted to [h, s, s] (models/swin_transformer_moe.py, WindowAttention): tiny
+// kernels, each costed as it runs (mostly its launch and the framework's time). Not counted: autocast's
+// casts of the network's fp32 weights and coordinates.
+constexpr std::int64_t kCpbHidden = 512;
+std::int64_t bias_table_rows(std::int64_t seq) {
+    const auto w = static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(seq))));
+    return (2 * w - 1) * (2 * w - 1);
+}
+
+std::vector<StackKernel> bias_table_forward(std::int64_t heads, std::int64_t seq, DType dtype) {
+    const std::int64_t t = bias_table_rows(seq), n = heads * seq * seq;
+    const double e = static_cast<double>(dtype_size(dtype));
+    return {{"attn_cpb_fc1", batched_gemm(1, t, kCpbHidden, 2, e * d(2 * t + 3 * kCpbHidden), e * d(t * kCpbHidden))},
+            {"attn_cpb_relu", elementwise_cost(t * kCpbHidden, t * kCpbHidden, dtype)},
+            {"attn_cpb_fc2", batched_gemm(1, t, heads, kCpbHidden, e * d(t * kCpbHidden + kCpbHidden * heads),
+                                          e * d(t * heads))},
+            {"attn_bias_gather", elementwise_cost(n, n, dtype, 0.0)},
+            {"attn_bias_permute", elementwise_cost(n, n, dtype, 0.0)}};
+}
+
+// Their backward, in autograd's order: the permute's and the gather's (a zeroed table and an
+// accumulating index_put), fc2's two GEMMs, the ReLU's, fc1's weight gradient (its input, the
+// coordinates, needs none).
+std::vector<StackKernel> bias_table_backward(std::int64_t heads, std::int64_t seq, DType dtype) {
+    const std::int64_t t = bias_table_rows(seq), n = heads * seq * seq;
+    const double e = static_cast<double>(dtype_size(dtype));
+    return {{"attn_bias_permute_backward", elementwise_cost(n, n, dtype, 0.0)},
+            {"attn_bias_gather_zero", elementwise_cost(0, t * heads, dtype, 0.0)},
+            {"attn_bias_gather_backward", elementwise_cost(n, t * heads, dtype)},
+            {"attn_cpb_fc2_grad_input", batched_gemm(1, t, kCpbHidden, heads, e * d(t * heads + heads * kCpbHidden),
+                                                     e * d(t * kCpbHidden))},
+            {"attn_cpb_fc2_grad_weight", batched_gemm(1, heads, kCpbHidden, t, e * d(t * heads + t * kCpbHidden),
+                                                      e * d(heads * kCpbHidden))},
+            {"attn_cpb_relu_backward", elementwise_cost(2 * t * kCpbHidden, t * kCpbHidden, dtype)},
+            {"attn_cpb_fc1_grad_weight", batched_gemm(1, kCpbHidden, 2, t, e * d(t * kCpbHidden + 2 * t),
+                                                      e * d(2 * kCpbHidden))}};
+}
+
+// One pass over the S scores: reads `read` and writes `written` bytes per score.
+OpCost score_pass(double S, double read, double written, double flops) {
+    OpCost c = elementwise_cost(0, 0, DType::kF32);
+    c.bytes = (read + written) * S, c.flops = flops * S, c.threads = S / 4;
+    return c;
+}
+
+}  // namespace
+
+std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, const ScorePasses& passes) {
     const std::int64_t B = a.batch * a.heads, q = a.batch * a.seq * a.heads * a.head_dim;
     const double e = static_cast<double>(dtype_size(a.dtype)), S = d(B) * d(a.seq) * d(a.seq), Q = d(q);
+    const double p = passes.softmax_f32 ? 4.0 : e;
     std::vector<StackKernel> k;
     k.push_back({"attn_q_scale", elementwise_cost(q, q, a.dtype)});
     const double mask = a.causal ? S : 0.0;  // the additive mask, baddbmm's C operand
     k.push_back({"attn_qk_bmm", batched_gemm(B, a.seq, a.seq, a.head_dim, e * (2 * Q + mask), e * S)});
-    OpCost softmax = elementwise_cost(0, 0, a.dtype);
-    softmax.bytes = 2 * e * S, softmax.flops = 5 * S, softmax.threads = S / 4;
-    k.push_back({"attn_softmax", softmax});
-    if (dropout) {
-        OpCost drop = softmax;
-        drop.bytes = 2 * e * S + S, drop.flops = S;
+    if (passes.bias) {
+        for (const StackKernel& t : bias_table_forward(a.heads, a.seq, a.dtype)) k.push_back(t);
+        OpCost add = score_pass(S, e, e, 1);
+        add.bytes += e * d(a.heads * a.seq * a.seq);  // the bias, broadcast over the batch
+        k.push_back({"attn_bias_add", add});
+    }
+    k.push_back({"attn_softmax", score_pass(S, e, p, 5)});
+    if (passes.dropout) {
+        OpCost drop = score_pass(S, p, p, 1);
+        drop.bytes += S;
         k.push_back({"attn_dropout", drop});
     }
+    if (passes.softmax_f32) k.push_back({"attn_probs_cast", convert_cost(DType::kF32, a.dtype, B * a.seq * a.seq)});
     k.push_back({"attn_pv_bmm", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
     k.push_back({"attn_out_copy", elementwise_cost(q, q, a.dtype, 0.0)});
     return k;
@@ -202,30 +307,39 @@ std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, bool 
 //   attn_out_copy_backward   reads and writes Q
 //   attn_pv_bmm_grad_p       dP = dO v^T: 2*S*d FLOPs; reads 2Q, writes S
 //   attn_pv_bmm_grad_v       dV = P^T dO: 2*S*d FLOPs; reads S and Q, writes Q
-//   attn_dropout_backward    dP * mask * scale: reads S and the mask (S bytes), writes S   (with dropout)
-//   attn_softmax_backward    reads dP and P (2S), writes S
+//   attn_probs_cast_backward reads S (e), writes S (4)                           (with softmax_f32)
+//   attn_dropout_backward    dP * mask * scale: reads S (p) and the mask (S bytes), writes S (p)  (with dropout)
+//   attn_softmax_backward    reads dP and P (2 S of p), writes dS (e)
+//   (with bias)              attn_bias_reduce: the bias gradient, dS summed over the batch: reads
+//                            S, writes h*s*s; then the bias table's backward (bias_table_backward)
 //   attn_qk_bmm_grad_q       dQ = dS k: 2*S*d FLOPs; reads S and Q, writes Q
 //   attn_qk_bmm_grad_k       dK = dS^T q: 2*S*d FLOPs; reads S and Q, writes Q
 //   attn_q_scale_backward    reads and writes Q
-// The additive mask's gradient is the incoming one (autograd passes it through: no kernel); without
-// causal there is no mask and the same kernels run (bmm's backward is baddbmm's without C).
-std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& a, bool dropout) {
+// The additive mask's (and the bias add's) gradient for the scores is the incoming one (autograd
+// passes it through: no kernel); without causal there is no mask and the same kernels run (bmm's
+// backward is baddbmm's without C).
+std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& a, const ScorePasses& passes) {
     const std::int64_t B = a.batch * a.heads, q = a.batch * a.seq * a.heads * a.head_dim;
     const double e = static_cast<double>(dtype_size(a.dtype)), S = d(B) * d(a.seq) * d(a.seq), Q = d(q);
+    const double p = passes.softmax_f32 ? 4.0 : e;
     std::vector<StackKernel> k;
     k.push_back({"attn_out_copy_backward", elementwise_cost(q, q, a.dtype, 0.0)});
     k.push_back({"attn_pv_bmm_grad_p", batched_gemm(B, a.seq, a.seq, a.head_dim, e * 2 * Q, e * S)});
     k.push_back({"attn_pv_bmm_grad_v", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
-    OpCost pass = elementwise_cost(0, 0, a.dtype);
-    pass.threads = S / 4;
-    if (dropout) {
-        OpCost drop = pass;
-        drop.bytes = 2 * e * S + S, drop.flops = S;
+    if (passes.softmax_f32)
+        k.push_back({"attn_probs_cast_backward", convert_cost(a.dtype, DType::kF32, B * a.seq * a.seq)});
+    if (passes.dropout) {
+        OpCost drop = score_pass(S, p, p, 1);
+        drop.bytes += S;
         k.push_back({"attn_dropout_backward", drop});
     }
-    OpCost softmax = pass;
-    softmax.bytes = 3 * e * S, softmax.flops = 3 * S;
-    k.push_back({"attn_softmax_backward", softmax});
+    k.push_back({"attn_softmax_backward", score_pass(S, 2 * p, e, 3)});
+    if (passes.bias) {
+        OpCost reduce = score_pass(S, e, 0, 1);
+        reduce.bytes += e * d(a.heads * a.seq * a.seq);
+        k.push_back({"attn_bias_reduce", reduce});
+        for (const StackKernel& t : bias_table_backward(a.heads, a.seq, a.dtype)) k.push_back(t);
+    }
     k.push_back({"attn_qk_bmm_grad_q", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
     k.push_back({"attn_qk_bmm_grad_k", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
     k.push_back({"attn_q_scale_backward", elementwise_cost(q, q, a.dtype)});

@@ -4,7 +4,9 @@
 //  - attention: scmoe's fused flash kernel (one op, attention.h's op_cost), or unfused, as PyTorch
 //    1.x's F.multi_head_attention_forward runs it (scores [b*h, s, s] materialised: the q scaling,
 //    QK^T as a batched GEMM with the causal mask read as its C operand, softmax, dropout, PV, the
-//    output transpose; and their backward), each kernel costed through the same roofline;
+//    output transpose; and their backward), each kernel costed through the same roofline; with
+//    attention_bias, an additive position bias over the scores (Swin's), and with
+//    attention_softmax_f32, the softmax as torch.cuda.amp runs it (fp32 out, a cast back for PV);
 //  - framework_us: host time the framework spends before each op's launch (Python, eager dispatch),
 //    on top of GpuSpec::launch_us; it delays the issuing host thread (emu_device.cpp, and the
 //    communicator's launches);
@@ -17,8 +19,9 @@
 //    block during the backward or all after it, and in which dtype (scmoe-train and scmoe-plan take
 //    them for an emulated run unless their flags say otherwise: launch/emu_stack.h).
 // Built-in stacks (stack.cpp cites every number; docs/emu-sources.md, "Stacks", quotes them): `scmoe`
-// (this runtime, the default: changes nothing) and `paper` (fairseq + Tutel on PyTorch, as the ScMoE
-// paper ran them). A stack JSON (launch/emu_stack.h) gives its own.
+// (this runtime, the default: changes nothing), `paper` (fairseq + Tutel on PyTorch, as the ScMoE
+// paper ran its language models) and `paper-swin` (Swin-Transformer's Swin-MoE + Tutel under
+// torch.cuda.amp, as it ran SwinV2-MoE-S). A stack JSON (launch/emu_stack.h) gives its own.
 #pragma once
 
 #include <string>
@@ -48,6 +51,14 @@ struct Stack {
     AttentionImpl attention = AttentionImpl::kFused;
     bool attention_dropout = false;      // unfused: a dropout pass over the probabilities in training
                                          // forwards (those that keep lse for a backward) and their backward
+    // unfused: an additive bias [heads, s, s] over the scores, made each forward by a small network
+    // over the window's relative coordinates (Swin's continuous relative position bias: cpb_mlp, a
+    // gather, a permute); one pass over the scores, and the bias gradient's reduction in the backward.
+    bool attention_bias = false;
+    // unfused: the softmax as torch.cuda.amp runs it: fp32 probabilities out of fp16 scores (autocast's
+    // fp32 policy for softmax), cast back to fp16 for PV (autocast's fp16 policy for matmul); in the
+    // backward the cast's and the softmax's, in fp32.
+    bool attention_softmax_f32 = false;
     double framework_us = 0;             // host time per op before its launch, us
     double all_to_all_efficiency = 1.0;  // factor on the all-to-all's link and NIC efficiency, (0, 1]
     std::vector<GemmEfficiencyPoint> small_gemm;  // sizes increasing, fractions non-decreasing; empty: 1
@@ -59,7 +70,7 @@ struct Stack {
     std::vector<std::string> sources;
 };
 
-// The built-in stacks: scmoe (the default) and paper.
+// The built-in stacks: scmoe (the default), paper and paper-swin.
 const std::vector<Stack>& builtin_stacks();
 // A built-in stack by name; throws Error listing the names otherwise.
 const Stack& builtin_stack(std::string_view name);
@@ -75,21 +86,32 @@ double small_gemm_fraction(const Stack& stack, double size);
 // GEMM shape (gemm_count > 0), else 1.
 double small_gemm_fraction(const Stack& stack, const OpCost& cost);
 
+// What an unfused attention runs over its [b*h, s, s] scores besides the two batched GEMMs and the
+// softmax: the stack's passes (dropout only in a training forward and its backward).
+struct ScorePasses {
+    bool dropout = false;      // a dropout pass and its 1-byte mask
+    bool bias = false;         // Stack::attention_bias
+    bool softmax_f32 = false;  // Stack::attention_softmax_f32
+};
+ScorePasses score_passes(const Stack& stack, bool training);
+
 // The score-sized tensors of the unfused attention, bytes: one [b*h, s, s] tensor in the op's dtype
-// (scores, probabilities, their gradients) and the dropout's mask (1 byte per score: PyTorch's
-// fused dropout keeps a bool mask). What autograd keeps from a training forward to its backward:
-// the softmax's output (its backward reads it) and, with dropout, the mask and the dropout's output
-// (bmm's saved input); without dropout, the probabilities only. Transient, in host order: the scores
-// until the softmax has run (so the forward peaks at scores + probabilities); in the backward dP,
-// with dropout the dP of the dropped probabilities before it, and dS, each freed once the next
-// exists (emu_ops.cpp). Not counted: the scaled q that baddbmm saves (b*s*h*d elements, d/s of the
-// scores).
+// (scores, their gradients, the probabilities PV reads), the probabilities the softmax writes (in the
+// op's dtype, or fp32 with softmax_f32) and the dropout's mask (1 byte per score: PyTorch's fused
+// dropout keeps a bool mask). What autograd keeps from a training forward to its backward: the
+// softmax's output (its backward reads it) and PV's input when it is another tensor (dropout's
+// output, or the fp16 cast of the fp32 probabilities), with dropout also the mask. Transient, in host
+// order: the scores (and the biased scores) until the softmax has run; with softmax_f32 and dropout
+// the fp32 dropped probabilities until their cast; in the backward dP, the dP of each pass before the
+// softmax's, and dS, each freed once the next exists (emu_ops.cpp). Not counted: the scaled q that
+// baddbmm saves (b*s*h*d elements, d/s of the scores), and the bias [h, s, s] (1/b of the scores).
 struct UnfusedAttentionMemory {
-    std::size_t scores = 0, mask = 0;
+    std::size_t scores = 0, probs = 0, mask = 0;
 };
 UnfusedAttentionMemory unfused_attention_memory(std::int64_t batch, std::int64_t heads, std::int64_t seq,
-                                                DType dtype);
-// The slots of EmuDevice::hold the unfused attention keeps its saved tensors in.
+                                                DType dtype, bool softmax_f32 = false);
+// The slots of EmuDevice::hold the unfused attention keeps its saved tensors in (kSavedDropped: PV's
+// saved input when it is not the softmax's output).
 inline constexpr int kSavedProbs = 0, kSavedMask = 1, kSavedDropped = 2;
 
 // One kernel of an unfused attention.
@@ -98,9 +120,9 @@ struct StackKernel {
     OpCost cost;
 };
 // The kernels of the unfused attention forward and backward, in issue order (stack.cpp gives the
-// formulas; `dropout`: with the dropout pass).
-std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& args, bool dropout);
-std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& args, bool dropout);
+// formulas).
+std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& args, const ScorePasses& passes);
+std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& args, const ScorePasses& passes);
 
 // The shape of one MoE layer's dispatch or combine: `tokens` rows of `hidden` in `dtype` on the token
 // side, `rows` capacity slots (experts x capacity) on the expert side, `top_k` choices per token.
