@@ -49,7 +49,7 @@ if(NOT tokens EQUAL 18432)
   message(FATAL_ERROR "tokens per rank ${tokens}, expected 18432 = 128 images x 144")
 endif()
 foreach(note "preset swinv2-moe-s-stage3: SwinV2-MoE-S stage 3" "preset assumption: 18432 tokens per rank"
-        "preset omission: SwinV2's cosine attention")
+        "preset omission: Swin's continuous position bias over the scores is costed only under the paper-swin")
   string(FIND "${out_text}" "${note}" at)
   if(at LESS 0)
     message(FATAL_ERROR "the report does not state '${note}'")

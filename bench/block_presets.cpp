@@ -27,11 +27,11 @@ namespace {
 //     per-GPU DATA.BATCH_SIZE 128 [Swin] (ASSUMPTION: the paper does not say per GPU or global).
 //   attention bidirectional: Swin's WindowAttention masks nothing inside a window (its attn_mask is
 //     only for shifted windows, which do not shift here), so every token attends all 144 [Swin].
-// Not modeled (stated in the report): SwinV2's scaled cosine attention (q and k normalised, a learned
-// per-head logit scale) and its log-spaced continuous position bias (a small MLP over a 23 x 23
-// table, added to the scores) are elementwise passes over the scores that a fused kernel absorbs and
-// PyTorch's unfused attention pays as memory-bound passes; LayerNorm instead of RMSNorm (the same
-// memory-bound pass).
+// Swin-MoE's WindowAttention (models/swin_transformer_moe.py) scales q as SwinV1 does (no cosine
+// attention) and adds SwinV2's log-spaced continuous position bias (a small MLP over a 23 x 23 table)
+// to the scores: passes a fused kernel absorbs, costed by the paper-swin stack's unfused attention
+// (scmoe/kernels/emu/stack.h). Not modeled (stated in the report): LayerNorm instead of RMSNorm (the
+// same memory-bound pass).
 BlockPreset swinv2_moe_s_stage3() {
     BlockPreset p;
     p.name = "swinv2-moe-s-stage3";
@@ -53,8 +53,8 @@ BlockPreset swinv2_moe_s_stage3() {
         "ranks: the paper's 2 nodes)",
         "preset assumption: 18432 tokens per rank = 128 images x 144, the paper's batch 1024 read as 128 per GPU "
         "on 8 GPUs (Swin's per-GPU DATA.BATCH_SIZE)",
-        "preset omission: SwinV2's cosine attention and continuous position bias (elementwise passes over the "
-        "scores) and LayerNorm (RMSNorm here) are not costed separately",
+        "preset omission: Swin's continuous position bias over the scores is costed only under the paper-swin "
+        "stack (its unfused attention); LayerNorm (RMSNorm here) is not costed separately",
     };
     return p;
 }
@@ -94,9 +94,9 @@ BlockPreset swinv2_moe_s_stage(int stage) {
                                                                      "capacity factor 1.25"),
         "preset assumption: " + std::to_string(p.tokens_per_rank) + " tokens per rank = 128 images x " +
             std::to_string(side * side) + ", as stage 3",
-        std::string("preset omission: SwinV2's cosine attention and continuous position bias, LayerNorm (RMSNorm "
-                    "here)") +
-            (side > window ? ", and the shifted windows of every second block (a roll of the map and a mask on "
+        std::string("preset omission: Swin's continuous position bias over the scores is costed only under the "
+                    "paper-swin stack; LayerNorm (RMSNorm here)") +
+            (side > window ? " and the shifted windows of every second block (a roll of the map and a mask on "
                              "the scores)"
                            : "") +
             " are not costed separately",
