@@ -34,15 +34,18 @@ emu::Stack load_stack(const std::string& name) {
     }
     SCMOE_CHECK(j.is_object(), where << ": a stack is a JSON object");
     static const char* const known[] = {"base", "name", "description", "attention", "attention_dropout",
-                                        "attention_bias", "attention_softmax_f32", "framework_us", "all_to_all_efficiency", "tutel_dispatch", "small_gemm",
-                                        "grad_reduce", "grad_reduce_dtype", "sources"};
+                                        "attention_bias", "attention_softmax_f32", "framework_us",
+                                        "all_to_all_efficiency", "tutel_dispatch", "activation_f32",
+                                        "expert_activation", "loss_f32", "small_gemm", "grad_reduce",
+                                        "grad_reduce_dtype", "sources"};
     for (const auto& [key, value] : j.items()) {
         bool ok = false;
-        for (const char* k : known) ok = ok || key == k;
-        if (!ok)
-            SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: base, name, description, attention, "
-                             << "attention_dropout, attention_bias, attention_softmax_f32, framework_us, all_to_all_efficiency, tutel_dispatch, small_gemm, grad_reduce, "
-                             << "grad_reduce_dtype, sources)");
+        std::string fields;
+        for (const char* k : known) {
+            ok = ok || key == k;
+            fields += (fields.empty() ? "" : ", ") + std::string(k);
+        }
+        if (!ok) SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: " << fields << ")");
     }
     auto str = [&](const char* key) {
         const auto& v = j.at(key);
@@ -82,6 +85,9 @@ emu::Stack load_stack(const std::string& name) {
     if (j.contains("attention_bias")) s.attention_bias = boolean("attention_bias");
     if (j.contains("attention_softmax_f32")) s.attention_softmax_f32 = boolean("attention_softmax_f32");
     if (j.contains("tutel_dispatch")) s.tutel_dispatch = boolean("tutel_dispatch");
+    if (j.contains("activation_f32")) s.activation_f32 = boolean("activation_f32");
+    if (j.contains("expert_activation")) s.expert_activation = boolean("expert_activation");
+    if (j.contains("loss_f32")) s.loss_f32 = boolean("loss_f32");
     if (j.contains("grad_reduce"))
         s.grad_reduce = either("grad_reduce", "overlapped", "after_backward") ? emu::GradReduce::kOverlapped
                                                                                 : emu::GradReduce::kAfterBackward;

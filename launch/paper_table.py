@@ -89,6 +89,8 @@ RUNS = {
                 "--capacity-factor 2.0 --variants top2,scmoe-pos2,top3,scmoe2 --infer-passes 2 --quiet",
         "assumed": "1 sequence of 2048 per GPU (the largest power of two whose training fits 80 GB under the "
                    "paper stack); ScMoE at Pos-2 (the paper's GPT default; Table 4 does not say)",
+        # fairseq's GPT-3 architectures train without dropout (base_gpt3_architecture).
+        "paper_stack": "docs/emu/stack/paper-gpt3.json",
     },
     # Fig. 1 and Fig. 8: a block pair [dense, MoE] of SwinV2-MoE-S's stage 3 (preset of scmoe-bench).
     "blk-a30": {
@@ -178,15 +180,26 @@ def composed_time(parsed, parts, variant, metric):
 # fairseq example passes no a2a_ffn_overlap_degree, whose default is 1: tutel 82af7aa
 # tutel/impls/moe_layer.py, "a2a_ffn_overlap_degree=1"; nor does Swin-Transformer's MoEMlp), so those
 # runs get --chunks 1 under --stack paper; under any other stack scmoe's default, --chunks auto.
+# (The requested stack decides: paper's runs, on whichever of its stacks, run unpipelined.)
 def stack_chunks(stack):
-    return ["--chunks", "1"] if stack in ("paper", "paper-swin") else []
+    return ["--chunks", "1"] if stack == "paper" else []
 
 
 # The paper ran its language models on fairseq and SwinV2-MoE-S on Swin-Transformer's training code
 # (both with Tutel): under --stack paper the Swin runs ("model": "swin") take the built-in paper-swin
 # stack, that code's (scmoe/kernels/emu/stack.cpp); every other stack is passed as it is.
+# A run may name its own paper stack (a stack file under docs/emu/stack/, relative to the repository;
+# printed relative to the working directory): fairseq's GPT-3 runs without dropout.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def run_stack(run, stack):
-    return "paper-swin" if stack == "paper" and RUNS[run].get("model") == "swin" else stack
+    if stack != "paper":
+        return stack
+    if RUNS[run].get("model") == "swin":
+        return "paper-swin"
+    own = RUNS[run].get("paper_stack")
+    return os.path.relpath(os.path.join(ROOT, own)) if own else stack
 
 # --- The rows. kind: speedup (variant over the baseline) or share (percent). ---------------------
 # metric for scmoe-train runs: train | infer; for block runs: train | a2a_share | overlap.
@@ -261,9 +274,8 @@ def command(run, bin_dir, stack, lm_dispatch="capacity"):
     if lm_dispatch == "dropless" and spec["tool"] == TRAIN:
         i = args.index("--capacity-factor")
         args[i:i + 2] = ["--dispatch", "dropless"]
-    stack = run_stack(run, stack)
     if stack:
-        args += ["--stack", stack]
+        args += ["--stack", run_stack(run, stack)]
     if spec.get("chunks", "stack") == "stack":
         args += stack_chunks(stack)
     return [exe] + args

@@ -30,6 +30,9 @@ struct ActivationArgs {
     // Optional, stream memory: rows before *first_row are left alone (a chunk of the experts'
     // rows [*first_row, *num_rows) whose bounds are known only on the device).
     const std::int32_t* first_row = nullptr;
+    // The routed experts' activation (not a dense FFN's or the shared expert's). The kernels ignore
+    // it; the emulator's stacks may cost the two apart (scmoe/kernels/emu/stack.h, expert_activation).
+    bool routed_expert = false;
 };
 void activation_forward(const ActivationArgs& args, Stream& stream);
 
@@ -47,6 +50,7 @@ struct ActivationBackwardArgs {
     void* grad_h = nullptr;          // [rows, activation_input_width] out
     const std::int32_t* num_rows = nullptr;   // optional, as in ActivationArgs
     const std::int32_t* first_row = nullptr;  // optional, as in ActivationArgs
+    bool routed_expert = false;               // as in ActivationArgs
 };
 void activation_backward(const ActivationBackwardArgs& args, Stream& stream);
 

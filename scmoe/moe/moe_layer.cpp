@@ -275,6 +275,7 @@ void MoeLayer::experts_range_at(const void* w1, const void* w2, const ExpertRows
     grouped_gemm(g, stream, provider_);
 
     ActivationArgs act{config_.activation, Re, config_.ffn, config_.dtype, b.h, b.act, expert_rows_in_use(b)};
+    act.routed_expert = true;
     if (!rows.whole) {  // the range's rows: the offsets the GEMMs read
         act.first_row = rows.offsets;
         act.num_rows = rows.offsets + rows.groups;

@@ -130,6 +130,7 @@ void MoeLayer::experts_backward_rows(const MoeParams& params, const MoeGrads& gr
 
     ActivationBackwardArgs act{config_.activation, Re, F, config_.dtype, b.h, b.grad_act, b.grad_h,
                                expert_rows_in_use(b)};
+    act.routed_expert = true;
     if (!rows.whole) {
         act.first_row = rows.offsets;
         act.num_rows = rows.offsets + rows.groups;

@@ -45,10 +45,10 @@ TEST(EmuSwinAttention, TheBiasAndTheFp32SoftmaxAddTheirPassesAndNothingElse) {
     const emu::ScorePasses swin{.bias = true, .softmax_f32 = true};
     const std::vector<emu::StackKernel> plain = emu::unfused_attention_forward(a, {});
     const std::vector<emu::StackKernel> fwd = emu::unfused_attention_forward(a, swin);
-    EXPECT_EQ(names(fwd), (std::vector<std::string>{"attn_q_scale", "attn_qk_bmm", "attn_cpb_fc1", "attn_cpb_relu",
-                                                    "attn_cpb_fc2", "attn_bias_gather", "attn_bias_permute",
-                                                    "attn_bias_add", "attn_softmax", "attn_probs_cast", "attn_pv_bmm",
-                                                    "attn_out_copy"}));
+    EXPECT_EQ(names(fwd),
+              (std::vector<std::string>{"attn_q_scale", "attn_qk_bmm", "attn_cpb_fc1", "attn_cpb_relu", "attn_cpb_fc2",
+                                        "attn_bias_gather", "attn_bias_permute", "attn_bias_add", "attn_softmax",
+                                        "attn_probs_cast", "attn_pv_bmm", "attn_out_copy"}));
     const auto f = by_name(fwd), p = by_name(plain);
     // bias add: reads the bf16 scores and the bias, writes the scores: (2 + 2 + 2) S.
     EXPECT_DOUBLE_EQ(f.at("attn_bias_add").bytes, 6 * kS);
@@ -71,13 +71,12 @@ TEST(EmuSwinAttention, TheBiasAndTheFp32SoftmaxAddTheirPassesAndNothingElse) {
     b.batch = a.batch, b.seq = a.seq, b.heads = a.heads, b.head_dim = a.head_dim, b.dtype = a.dtype;
     const std::vector<emu::StackKernel> bwd = emu::unfused_attention_backward(b, swin);
     EXPECT_EQ(names(bwd),
-              (std::vector<std::string>{"attn_out_copy_backward", "attn_pv_bmm_grad_p", "attn_pv_bmm_grad_v",
-                                        "attn_probs_cast_backward", "attn_softmax_backward", "attn_bias_reduce",
-                                        "attn_bias_permute_backward", "attn_bias_gather_zero",
-                                        "attn_bias_gather_backward", "attn_cpb_fc2_grad_input",
-                                        "attn_cpb_fc2_grad_weight", "attn_cpb_relu_backward",
-                                        "attn_cpb_fc1_grad_weight", "attn_qk_bmm_grad_q", "attn_qk_bmm_grad_k",
-                                        "attn_q_scale_backward"}));
+              (std::vector<std::string>{
+                  "attn_out_copy_backward", "attn_pv_bmm_grad_p", "attn_pv_bmm_grad_v", "attn_probs_cast_backward",
+                  "attn_softmax_backward", "attn_bias_reduce", "attn_bias_permute_backward", "attn_bias_gather_zero",
+                  "attn_bias_gather_backward", "attn_cpb_fc2_grad_input", "attn_cpb_fc2_grad_weight",
+                  "attn_cpb_relu_backward", "attn_cpb_fc1_grad_weight", "attn_qk_bmm_grad_q", "attn_qk_bmm_grad_k",
+                  "attn_q_scale_backward"}));
     const auto g = by_name(bwd), pg = by_name(emu::unfused_attention_backward(b, {}));
     EXPECT_DOUBLE_EQ(g.at("attn_probs_cast_backward").bytes, 6 * kS);  // bf16 dP in, fp32 out
     EXPECT_DOUBLE_EQ(g.at("attn_softmax_backward").bytes, 10 * kS);    // fp32 dP and P in, bf16 dS out
@@ -103,8 +102,8 @@ TEST(EmuSwinAttention, TheStacksForwardIsThePlainOnePlusItsPasses) {
     double added = 0;
     const auto f = emu::unfused_attention_forward(hs.fwd, {.bias = true, .softmax_f32 = true});
     for (const emu::StackKernel& k : f)
-        if (std::string(k.name).find("cpb") != std::string::npos || std::string(k.name).find("bias") != std::string::npos ||
-            std::string(k.name) == "attn_probs_cast")
+        if (std::string(k.name).find("cpb") != std::string::npos ||
+            std::string(k.name).find("bias") != std::string::npos || std::string(k.name) == "attn_probs_cast")
             added += 1.0 + emu::model_kernel(k.cost, spec).work_us;
     // The softmax writes 2 S bytes more: 32.768 us at 1e6 B/us.
     added += 2 * kS / 1e6;

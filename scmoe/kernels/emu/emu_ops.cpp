@@ -105,13 +105,44 @@ void combine_backward(const CombineBackwardArgs& a, Stream& s) {
     launch_all(es, tutel_decode_backward({a.tokens, a.rows, a.hidden, a.top_k, a.dtype}));
 }
 
+// Under a stack with the model code's activations (stack.h): the routed experts' GELU may launch
+// nothing (expert_activation), and a dense FFN's GELU runs in fp32 between two casts (activation_f32).
+namespace {
+bool activation_launches(const Stack& stack, Activation activation, bool routed_expert) {
+    return !routed_expert || stack.expert_activation || activation == Activation::kSwiGLU;
+}
+bool fp32_gelu(const Stack& stack, Activation activation, bool routed_expert) {
+    return stack.activation_f32 && activation == Activation::kGeLU && !routed_expert;
+}
+// The kernels of `kernels(rows)`, each sized when it starts (the rows in use may be known only then).
+template <class Kernels>
+void launch_each_at_start(EmuStream& es, const std::int64_t rows, const std::int32_t* num_rows,
+                          const std::int32_t* first_row, Kernels kernels) {
+    const std::size_t count = kernels(0).size();
+    for (std::size_t i = 0; i < count; ++i)
+        es.launch_sized_at_start(kernels(0)[i].name,
+                                 [=] { return kernels(rows_in_use(rows, num_rows, first_row))[i].cost; });
+}
+}  // namespace
 void activation_forward(const ActivationArgs& a, Stream& s) {
-    as_emu(s).launch_sized_at_start("activation_forward",
-                                    [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
+    EmuStream& es = as_emu(s);
+    const Stack& stack = es.device().stack();
+    if (!activation_launches(stack, a.activation, a.routed_expert)) return;
+    if (fp32_gelu(stack, a.activation, a.routed_expert))
+        return launch_each_at_start(es, a.rows, a.num_rows, a.first_row,
+                                    [a](std::int64_t rows) { return fp32_gelu_forward(rows, a.ffn, a.dtype); });
+    es.launch_sized_at_start("activation_forward",
+                             [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
 }
 void activation_backward(const ActivationBackwardArgs& a, Stream& s) {
-    as_emu(s).launch_sized_at_start("activation_backward",
-                                    [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
+    EmuStream& es = as_emu(s);
+    const Stack& stack = es.device().stack();
+    if (!activation_launches(stack, a.activation, a.routed_expert)) return;
+    if (fp32_gelu(stack, a.activation, a.routed_expert))
+        return launch_each_at_start(es, a.rows, a.num_rows, a.first_row,
+                                    [a](std::int64_t rows) { return fp32_gelu_backward(rows, a.ffn, a.dtype); });
+    es.launch_sized_at_start("activation_backward",
+                             [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
 }
 
 void gated_add(const GatedAddArgs& a, Stream& s) { timed("gated_add", op_cost(a), s); }
@@ -229,6 +260,11 @@ void sum_of_squares(const float*, std::int64_t n, float*, void*, Stream& s) {
 }
 void embedding_forward(const EmbeddingArgs& a, Stream& s) { timed("embedding_forward", op_cost(a), s); }
 void embedding_backward(const EmbeddingBackwardArgs& a, Stream& s) { timed("embedding_backward", op_cost(a), s); }
-void cross_entropy(const CrossEntropyArgs& a, Stream& s) { timed("cross_entropy", op_cost(a), s); }
+void cross_entropy(const CrossEntropyArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    if (!es.device().stack().loss_f32) return timed("cross_entropy", op_cost(a), s);
+    for (const StackKernel& k : fp32_loss(a.tokens, a.vocab, a.dtype, a.grad_logits != nullptr))
+        es.launch(k.name, k.cost);
+}
 
 }  // namespace scmoe::emu

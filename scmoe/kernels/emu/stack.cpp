@@ -53,6 +53,21 @@ Stack paper_stack() {
     // then ".to(original_dtype)", logits_dtype float32 (the gate runs with autocast off): the encode
     // and decode run in fp32 between casts (tutel_encode_forward below gives the kernels).
     s.tutel_dispatch = true;
+    // fairseq b5e7b250 fairseq/modules/gelu.py: "def gelu(x: torch.Tensor) -> torch.Tensor: return
+    // torch.nn.functional.gelu(x.float()).type_as(x)", which utils.get_activation_fn("gelu") returns
+    // and the GPT architectures select ("args.activation_fn = safe_getattr(args, \"activation_fn\",
+    // \"gelu\")", transformer_lm.py).
+    s.activation_f32 = true;
+    // Tutel's fairseq patch (tutel/examples/fairseq_moe/fairseq_patch.diff, 82af7aa) builds the MoE FFN
+    // as "experts={..., 'type': 'ffn', ..., 'activation_fn' : lambda x: self.activation_dropout_module(x)
+    // if self.ffn_layernorm is None else ...}": no GELU between the experts' fc1 and fc2, and the
+    // activation dropout is 0 by default ("activation_dropout: float = field(default=0.0, ...)",
+    // transformer_lm.py), which launches nothing (FairseqDropout returns x when p is 0).
+    s.expert_activation = false;
+    // fairseq b5e7b250 fairseq/criterions/cross_entropy.py: "lprobs = model.get_normalized_probs(
+    // net_output, log_probs=True)", "loss = F.nll_loss(lprobs, target, ...)"; utils.log_softmax:
+    // "return F.log_softmax(x, dim=dim, dtype=torch.float32)" (on CUDA one half-to-float kernel).
+    s.loss_f32 = true;
     // Tutel's fairseq example (tutel/examples/fairseq_moe/README.md): "the current patch only works
     // for `legacy_ddp` backend", and run_fairseq.sh passes "--ddp-backend legacy_ddp" with "--fp16
     // --fp16-init-scale 4 --fp16-no-flatten-grads". fairseq's legacy_distributed_data_parallel.py:
@@ -100,6 +115,12 @@ Stack paper_swin_stack() {
                     "all-reduced during the backward)";
     s.attention_dropout = false;
     s.attention_bias = true;
+    // Swin's MLP is "act_layer=nn.GELU" in the GEMMs' dtype (GELU is on neither autocast list); its
+    // experts are Tutel's ffn with "'activation_fn': lambda x: self._dropout(F.gelu(x))"; its loss is not
+    // an LM's (and block runs have none).
+    s.activation_f32 = false;
+    s.expert_activation = true;
+    s.loss_f32 = false;
     s.attention_softmax_f32 = true;
     // main_moe.py: PyTorch DDP (buckets all-reduced as the backward makes them) over fp32 parameters
     // (autocast keeps the parameters and their gradients fp32).
@@ -145,7 +166,8 @@ const Stack& builtin_stack(std::string_view name) {
     const std::string n = lower(name);
     for (const Stack& s : builtin_stacks())
         if (s.name == n) return s;
-    SCMOE_FAIL("--stack " << name << ": no such stack; built in: scmoe, paper, paper-swin (or a stack JSON file, docs/emu.md)");
+    SCMOE_FAIL("--stack " << name
+                          << ": no such stack; built in: scmoe, paper, paper-swin (or a stack JSON file, docs/emu.md)");
 }
 
 void check_stack(const Stack& s) {
@@ -179,7 +201,9 @@ std::string describe(const Stack& s) {
        << (s.attention == AttentionImpl::kUnfused && s.attention_bias ? " (position bias)" : "")
        << (s.attention == AttentionImpl::kUnfused && s.attention_softmax_f32 ? " (fp32 softmax)" : "") << ", framework "
        << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency
-       << (s.tutel_dispatch ? ", Tutel fp32 encode/decode" : "") << ", small-GEMM curve "
+       << (s.tutel_dispatch ? ", Tutel fp32 encode/decode" : "") << (s.activation_f32 ? ", fp32 GELU" : "")
+       << (s.expert_activation ? "" : ", no expert activation") << (s.loss_f32 ? ", fp32 loss" : "")
+       << ", small-GEMM curve "
        << (s.small_gemm.empty() ? std::string("none") : std::to_string(s.small_gemm.size()) + " points")
        << ", gradient all-reduce " << (s.grad_reduce == GradReduce::kOverlapped ? "overlapped" : "after the backward")
        << " in " << dtype_name(s.grad_reduce_dtype);
@@ -418,6 +442,44 @@ std::vector<StackKernel> tutel_encode_backward(const DispatchShape& d) {
         if (j > 0) k.push_back({"tutel_add", tutel_add(th)});
     }
     k.push_back({"tutel_cast_in_backward", convert_cost(DType::kF32, d.dtype, th)});
+    return k;
+}
+
+
+// fairseq's gelu (Stack::activation_f32) on rows x ffn elements of dtype e: forward "x.float()" (reads
+// e, writes 4), the GELU in fp32 (reads and writes 4; scmoe's 8 FLOPs an element), ".type_as(x)" (reads
+// 4, writes e). Backward in autograd's order: type_as's (e -> 4), the GELU's (reads the gradient and its
+// saved fp32 input, writes 4; 12 FLOPs an element), float()'s (4 -> e).
+std::vector<StackKernel> fp32_gelu_forward(std::int64_t rows, std::int64_t ffn, DType dtype) {
+    const std::int64_t n = rows * ffn;
+    return {{"activation_cast_in", convert_cost(dtype, DType::kF32, n)},
+            {"activation_forward", elementwise_cost(n, n, DType::kF32, 8.0)},
+            {"activation_cast_out", convert_cost(DType::kF32, dtype, n)}};
+}
+std::vector<StackKernel> fp32_gelu_backward(std::int64_t rows, std::int64_t ffn, DType dtype) {
+    const std::int64_t n = rows * ffn;
+    return {{"activation_backward_cast_in", convert_cost(dtype, DType::kF32, n)},
+            {"activation_backward", elementwise_cost(2 * n, n, DType::kF32, 12.0)},
+            {"activation_backward_cast_out", convert_cost(DType::kF32, dtype, n)}};
+}
+
+// fairseq's LM loss (Stack::loss_f32) over tokens x vocab logits of dtype e: log_softmax to fp32 (reads
+// e, writes 4; scmoe's 4 FLOPs an element) and nll_loss (gathers one per token); with the backward,
+// nll_loss's (a zeroed fp32 [tokens, vocab], one scattered per token) and log_softmax's (reads the fp32
+// gradient and output, writes e).
+std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DType dtype, bool backward) {
+    const std::int64_t tv = tokens * vocab;
+    OpCost log_softmax = convert_cost(dtype, DType::kF32, tv);
+    log_softmax.flops = 4.0 * static_cast<double>(tv);
+    std::vector<StackKernel> k = {{"log_softmax", log_softmax},
+                                  {"nll_loss", elementwise_cost(tokens, tokens, DType::kF32)}};
+    if (backward) {
+        k.push_back({"nll_loss_backward_zero", elementwise_cost(0, tv, DType::kF32, 0.0)});
+        k.push_back({"nll_loss_backward", elementwise_cost(tokens, tokens, DType::kF32)});
+        OpCost back = elementwise_cost(2 * tv, 0, DType::kF32, 0.0) + elementwise_cost(0, tv, dtype, 0.0);
+        back.flops = 3.0 * static_cast<double>(tv);
+        k.push_back({"log_softmax_backward", back});
+    }
     return k;
 }
 

@@ -13,6 +13,9 @@
 //  - all_to_all_efficiency: a factor on the link and NIC efficiency of the all-to-all only
 //    (Topology::all_to_all_efficiency, scmoe/comm/topology.h);
 //  - tutel_dispatch: Tutel's fp32 encode/decode in place of scmoe's permute and combine;
+//  - activation_f32, expert_activation, loss_f32: how the model code runs a dense FFN's GELU (fairseq
+//    upcasts it to fp32), whether the routed experts run an activation at all (Tutel's fairseq patch
+//    passes none), and the LM loss (fairseq's log_softmax in fp32, then nll_loss);
 //  - small_gemm: the achieved fraction of the GEMM ceiling versus the GEMM's size (its smallest side,
 //    e.g. the tokens of an expert), a piecewise-linear curve in log2(size), flat beyond its ends;
 //  - grad_reduce, grad_reduce_dtype: how the training loop sums the data-parallel gradients, per
@@ -65,6 +68,18 @@ struct Stack {
     // Tutel's fast_encode / fast_decode in place of scmoe's permute and combine (tutel_encode_forward
     // and the three below): fp32 with casts around them, a zeroed capacity buffer, one kernel per choice.
     bool tutel_dispatch = false;
+    // A dense FFN's (and the shared expert's) GELU as fairseq's gelu runs it: "torch.nn.functional.
+    // gelu(x.float()).type_as(x)", a cast to fp32, the GELU in fp32 and a cast back; the backward the
+    // same in reverse. SwiGLU is left alone.
+    bool activation_f32 = false;
+    // false: the routed experts' GELU launches nothing (Tutel's fairseq patch gives its ffn experts an
+    // activation_fn that is only the activation dropout, p 0 by default). SwiGLU experts (not Tutel's
+    // two-matrix ffn) keep theirs.
+    bool expert_activation = true;
+    // The LM loss as fairseq's cross_entropy criterion runs it: log_softmax(logits, dtype=float32) (fp32
+    // log-probabilities out of the fp16 logits) and nll_loss; in training nll_loss's backward (a zeroed
+    // fp32 [tokens, vocab] and a scatter) and log_softmax's (fp32 in, fp16 out). scmoe's is one fused pass.
+    bool loss_f32 = false;
     GradReduce grad_reduce = GradReduce::kOverlapped;
     DType grad_reduce_dtype = DType::kF32;  // what the gradients travel in: kF32 or kBF16 (half the bytes)
     std::vector<std::string> sources;
@@ -138,5 +153,12 @@ std::vector<StackKernel> tutel_encode_forward(const DispatchShape& shape);
 std::vector<StackKernel> tutel_decode_forward(const DispatchShape& shape);
 std::vector<StackKernel> tutel_decode_backward(const DispatchShape& shape);
 std::vector<StackKernel> tutel_encode_backward(const DispatchShape& shape);
+
+
+// fairseq's fp32 GELU (Stack::activation_f32) and LM loss (Stack::loss_f32) as their kernels, in issue
+// order (stack.cpp gives the formulas).
+std::vector<StackKernel> fp32_gelu_forward(std::int64_t rows, std::int64_t ffn, DType dtype);
+std::vector<StackKernel> fp32_gelu_backward(std::int64_t rows, std::int64_t ffn, DType dtype);
+std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DType dtype, bool backward);
 
 }  // namespace scmoe::emu
