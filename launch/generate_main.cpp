@@ -342,9 +342,12 @@ void run_rank(const Args& a, const Plan& p, int rank, int world, Communicator* e
               << t.step_quantile(0.5) * 1e3 << " ms, p90 " << t.step_quantile(0.9) * 1e3 << " ms over "
               << t.step_s.size() << " steps" << std::defaultfloat << std::endl;
     const models::BlockTimes& mb = decoder.moe_block_times();
-    std::cout << std::fixed << std::setprecision(3) << "# " << (emulated ? "predicted (emu): " : "")
-              << "MoE block latency (its attention, experts and combine; decode steps) mean " << mb.mean_ms()
-              << " ms over " << mb.count << " block passes";
+    std::cout << std::fixed << std::setprecision(3) << "# " << (emulated ? "predicted (emu): " : "");
+    if (mb.count == 0)  // a model without MoE blocks (variant dense): no latency to report
+        std::cout << "MoE block latency: none (the model has no MoE block)";
+    else
+        std::cout << "MoE block latency (its attention, experts and combine; decode steps) mean " << mb.mean_ms()
+                  << " ms over " << mb.count << " block passes";
     if (models::ExpertCache* cache = decoder.expert_cache()) {
         const models::ExpertCacheStats& st = cache->stats();
         std::cout << "; expert copies " << st.copies << " (" << static_cast<double>(st.bytes_copied) / (1024.0 * 1024.0)

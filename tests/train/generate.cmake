@@ -8,6 +8,7 @@
 #  - --experts blocking and prefetch (routed experts in host memory) give the resident text, a
 #    prefetch cache of one expert too, on 1 rank;
 #  - an untrained --preset decodes on emu, and --experts offloading lowers its predicted peak memory;
+#    a dense one reports no MoE block latency;
 #  - errors name the value: a missing or corrupted checkpoint, a prompt beyond seq_len, max-new-tokens
 #    beyond the cache, an expert cache below one expert or outside prefetch, offloading on 2 ranks,
 #    --preset off emu, an empty prompt, an unknown --backend, --device off cuda.
@@ -115,6 +116,14 @@ foreach(mode resident blocking)
 endforeach()
 if(NOT peak_resident OR NOT peak_blocking OR NOT peak_blocking LESS peak_resident)
   message(FATAL_ERROR "predicted peak memory: resident '${peak_resident}' MiB, blocking '${peak_blocking}' MiB")
+endif()
+# A dense model (no MoE block) reports no MoE block latency, rather than a mean over 0 passes.
+gen(preset_dense ${GENERATE} --preset gpt2-moe-small --variant dense --backend emu --gpu a30 --prompt "The "
+    --max-new-tokens 2)
+if(NOT preset_dense_all MATCHES "MoE block latency: none \\(the model has no MoE block\\)" OR
+   preset_dense_all MATCHES "over 0 block passes" OR
+   NOT preset_resident_all MATCHES "MoE block latency \\(its attention, experts and combine; decode steps\\) mean [0-9.]+ ms over [1-9][0-9]* block passes")
+  message(FATAL_ERROR "MoE block latency lines:\n${preset_dense_all}\n${preset_resident_all}")
 endif()
 if(NOT emu_all MATCHES "the times are the emulator's predictions and the text is meaningless" OR
    NOT emu_all MATCHES "predicted \\(emu\\): 6 new tokens")
