@@ -221,17 +221,12 @@ TEST(EmuStack, TheBackbonesBidirectionalAttentionReadsNoMask) {
 // seq 64, bf16: one score-sized tensor is Se = 2*64*64*2 = 16,384 B, the dropout mask S = 8,192 B.
 TEST(EmuStack, UnfusedAttentionsSavedScoresCountAgainstDeviceMemory) {
     const std::uint64_t Se = 16384, S = 8192;
-    AttentionArgs a;
-    a.batch = 1, a.seq = 64, a.heads = 2, a.head_dim = 16, a.dtype = DType::kBF16;
-    AttentionBackwardArgs b;
-    b.batch = 1, b.seq = 64, b.heads = 2, b.head_dim = 16, b.dtype = DType::kBF16;
     for (const bool dropout : {true, false}) {
         auto device = device_with(unfused(dropout));
         emu::EmuDevice& emu_device = emu::as_emu(*device);
-        DeviceBuffer qkv(*device, 3 * 2048 * 2), out(*device, 2048 * 2), grad(*device, 3 * 2048 * 2);
-        std::vector<float> lse(128);
-        a.qkv = qkv.data(), a.out = out.data(), a.lse = lse.data();
-        b.qkv = qkv.data(), b.out = out.data(), b.lse = lse.data(), b.grad_out = out.data(), b.grad_qkv = grad.data();
+        test::SmallAttention attention(*device);
+        AttentionArgs& a = attention.fwd;
+        const AttentionBackwardArgs& b = attention.bwd;
         auto stream = device->create_stream();
         const std::uint64_t base = emu_device.memory().in_use;
         ASSERT_EQ(emu_device.memory().peak, base);
@@ -255,22 +250,20 @@ TEST(EmuStack, UnfusedAttentionsSavedScoresCountAgainstDeviceMemory) {
     // Two layers' forwards keep both (keyed by each layer's output buffer); the fused stack keeps none.
     auto device = device_with(unfused(true));
     emu::EmuDevice& emu_device = emu::as_emu(*device);
-    DeviceBuffer qkv(*device, 3 * 2048 * 2), out1(*device, 2048 * 2), out2(*device, 2048 * 2);
-    std::vector<float> lse(128);
+    test::SmallAttention attention(*device);
+    DeviceBuffer out2(*device, 2048 * 2);
     auto stream = device->create_stream();
     const std::uint64_t base = emu_device.memory().in_use;
-    a.qkv = qkv.data(), a.lse = lse.data();
-    a.out = out1.data();
+    AttentionArgs a = attention.fwd;
     emu::attention_forward(a, *stream);
     a.out = out2.data();
     emu::attention_forward(a, *stream);
     EXPECT_EQ(emu_device.memory().in_use - base, 2 * (2 * Se + S));
     auto fused = device_with(emu::builtin_stack("scmoe"));
-    DeviceBuffer qkv2(*fused, 3 * 2048 * 2), out3(*fused, 2048 * 2);
+    test::SmallAttention fused_attention(*fused);
     const std::uint64_t fused_base = emu::as_emu(*fused).memory().in_use;
-    a.qkv = qkv2.data(), a.out = out3.data();
     auto fused_stream = fused->create_stream();
-    emu::attention_forward(a, *fused_stream);
+    emu::attention_forward(fused_attention.fwd, *fused_stream);
     EXPECT_EQ(emu::as_emu(*fused).memory().peak, fused_base);
     stream->synchronize();
     fused_stream->synchronize();
@@ -542,6 +535,11 @@ TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
         {R"({"small_gemm": [[64, "0.5"], [128, 1]]})", "small_gemm[0][1]"},
         {R"({"small_gemm": [[64, 0.5], [32, 1]]})", "small_gemm[1]"},
         {R"({"tutel_dispatch": 1})", "tutel_dispatch"},
+        {R"({"attention_bias": 1})", "attention_bias"},
+        {R"({"attention_softmax_f32": "yes"})", "attention_softmax_f32"},
+        {R"({"activation_f32": "yes"})", "activation_f32"},
+        {R"({"expert_activation": 0})", "expert_activation"},
+        {R"({"loss_f32": null})", "loss_f32"},
         {R"({"grad_reduce": "later"})", "grad_reduce"},
         {R"({"grad_reduce_dtype": "f16"})", "grad_reduce_dtype"},
         {R"({"sources": "a paper"})", "sources"},

@@ -79,4 +79,21 @@ struct HandAttention {
     }
 };
 
+// A small training attention for the memory tests: batch 1, 2 heads of 16, seq 64, bf16 (one bf16
+// score tensor is 16,384 B), its buffers on `device`, the forward keeping lse (a training forward).
+struct SmallAttention {
+    DeviceBuffer qkv, out, grad_qkv;
+    std::vector<float> lse = std::vector<float>(128);
+    AttentionArgs fwd;
+    AttentionBackwardArgs bwd;
+    explicit SmallAttention(Device& device)
+        : qkv(device, 3 * 2048 * 2), out(device, 2048 * 2), grad_qkv(device, 3 * 2048 * 2) {
+        fwd.batch = 1, fwd.seq = 64, fwd.heads = 2, fwd.head_dim = 16, fwd.dtype = DType::kBF16;
+        fwd.qkv = qkv.data(), fwd.out = out.data(), fwd.lse = lse.data();
+        bwd.batch = 1, bwd.seq = 64, bwd.heads = 2, bwd.head_dim = 16, bwd.dtype = DType::kBF16;
+        bwd.qkv = qkv.data(), bwd.out = out.data(), bwd.lse = lse.data(), bwd.grad_out = out.data(),
+        bwd.grad_qkv = grad_qkv.data();
+    }
+};
+
 }  // namespace scmoe::test
