@@ -121,7 +121,7 @@ Args parse(int argc, char** argv) {
         ("backend", "cpu, cuda (bf16 on a GPU; not yet run on a GPU), emu (an emulated GPU: predicted times, meaningless text) or auto (cuda when a CUDA device answers, else cpu)", cxxopts::value<std::string>()->default_value("cpu"))
         ("device", "--backend cuda: the GPU index (default: the local rank from OMPI_COMM_WORLD_LOCAL_RANK / SLURM_LOCALID / LOCAL_RANK, else 0; in-process ranks share it)", cxxopts::value<int>())
         ("gpu", "the emulated GPU of --backend emu: a30, a800, h100, h200 or a profile JSON", cxxopts::value<std::string>()->default_value("h100"))
-        ("stack", "--backend emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch eager) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>()->default_value("scmoe"))
+        ("stack", "--backend emu: the software stack around the kernels: scmoe (default), paper (fairseq + Tutel on PyTorch eager), paper-swin (Swin-MoE + Tutel under amp) or a stack JSON (docs/emu.md)", cxxopts::value<std::string>()->default_value("scmoe"))
         ("ranks", "in-process expert-parallel ranks", cxxopts::value<int>()->default_value("1"))
         ("h,help", "this help");
     cxxopts::ParseResult r;
