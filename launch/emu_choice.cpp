@@ -330,6 +330,7 @@ std::string emu_choice_flags(const EmuChoice& c) {
     if (c.flags.gpu_link_gbyte_s) os << " --gpu-link-gbyte-s " << number(*c.flags.gpu_link_gbyte_s);
     if (c.flags.nic_gbit_s) os << " --nic-gbit-s " << number(*c.flags.nic_gbit_s);
     if (c.routing != "balanced") os << " --routing " << c.routing;
+    if (c.stack != "scmoe") os << " --stack " << c.stack;  // a replay predicts under the same stack
     return os.str();
 }
 

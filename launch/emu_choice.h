@@ -60,7 +60,8 @@ EmuChoice resolve_emu_choice(std::string gpu, std::string cluster, std::string r
 Topology apply_cluster_flags(const ClusterFlags& flags, const emu::GpuSpec& spec);
 
 // The flags that give this choice again, for a command another tool accepts as is:
-// "--gpu a30 --cluster a800-2x8 --gpus-per-node 4 --nic-gbit-s 200" (routing included when not balanced).
+// "--gpu a30 --cluster a800-2x8 --gpus-per-node 4 --nic-gbit-s 200" (routing included when not balanced,
+// the stack when not scmoe).
 std::string emu_choice_flags(const EmuChoice& choice);
 // Lines to print under a tool's header: each "assumed: ..." of the cluster, and cluster_note.
 std::vector<std::string> cluster_notes(const EmuChoice& choice);

@@ -143,6 +143,10 @@ TEST(EmuCluster, OverridesChangeTheDescriptionAndTheAssumptions) {
     // The flags that give it again.
     EXPECT_EQ(launch::emu_choice_flags(c),
               "--gpu a800 --cluster a800-2x8 --gpus-per-node 4 --fabric pcie --nic-gbit-s 200");
+    launch::EmuChoice paper = c;
+    paper.stack = "paper";
+    EXPECT_EQ(launch::emu_choice_flags(paper),
+              "--gpu a800 --cluster a800-2x8 --gpus-per-node 4 --fabric pcie --nic-gbit-s 200 --stack paper");
     // Only the NIC speed differs: the labels still differ.
     launch::ClusterFlags g;
     g.cluster = "a800-2x8";
