@@ -1,8 +1,12 @@
 #include "launch/emu_stack.h"
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "scmoe/kernels/error.h"
 #include "scmoe/models/data.h"
@@ -33,20 +37,26 @@ emu::Stack load_stack(const std::string& name) {
         SCMOE_FAIL(where << ": not JSON: " << e.what());
     }
     SCMOE_CHECK(j.is_object(), where << ": a stack is a JSON object");
-    static const char* const known[] = {"base", "name", "description", "attention", "attention_dropout",
-                                        "attention_bias", "attention_softmax_f32", "framework_us",
-                                        "all_to_all_efficiency", "tutel_dispatch", "activation_f32",
-                                        "expert_activation", "loss_f32", "small_gemm", "grad_reduce",
-                                        "grad_reduce_dtype", "sources"};
-    for (const auto& [key, value] : j.items()) {
-        bool ok = false;
-        std::string fields;
-        for (const char* k : known) {
-            ok = ok || key == k;
-            fields += (fields.empty() ? "" : ", ") + std::string(k);
+    // The boolean fields, each the Stack member of its name; with the others, every field a file may hold.
+    static const std::pair<const char*, bool emu::Stack::*> flags[] = {
+        {"attention_dropout", &emu::Stack::attention_dropout},
+        {"attention_bias", &emu::Stack::attention_bias},
+        {"attention_softmax_f32", &emu::Stack::attention_softmax_f32},
+        {"tutel_dispatch", &emu::Stack::tutel_dispatch},
+        {"activation_f32", &emu::Stack::activation_f32},
+        {"expert_activation", &emu::Stack::expert_activation},
+        {"loss_f32", &emu::Stack::loss_f32}};
+    static const char* const others[] = {"base", "name", "description", "attention", "framework_us",
+                                         "all_to_all_efficiency", "small_gemm", "grad_reduce", "grad_reduce_dtype",
+                                         "sources"};
+    std::vector<std::string> known(std::begin(others), std::end(others));
+    for (const auto& [key, member] : flags) known.emplace_back(key);
+    for (const auto& [key, value] : j.items())
+        if (std::find(known.begin(), known.end(), key) == known.end()) {
+            std::string fields;
+            for (const std::string& k : known) fields += (fields.empty() ? "" : ", ") + k;
+            SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: " << fields << ")");
         }
-        if (!ok) SCMOE_FAIL(where << ": unknown field '" << key << "' (fields: " << fields << ")");
-    }
     auto str = [&](const char* key) {
         const auto& v = j.at(key);
         SCMOE_CHECK(v.is_string(), where << ": field '" << key << "' must be a string, got " << type_name(v));
@@ -62,7 +72,7 @@ emu::Stack load_stack(const std::string& name) {
         try {
             s = emu::builtin_stack(base);
         } catch (const Error&) {
-            SCMOE_FAIL(where << ": field 'base' is '" << base << "': scmoe, paper or paper-swin");
+            SCMOE_FAIL(where << ": field 'base' is '" << base << "': one of " << emu::builtin_stack_names());
         }
     }
     s.name = j.contains("name") ? str("name") : name;
@@ -81,13 +91,8 @@ emu::Stack load_stack(const std::string& name) {
     };
     if (j.contains("attention"))
         s.attention = either("attention", "fused", "unfused") ? emu::AttentionImpl::kFused : emu::AttentionImpl::kUnfused;
-    if (j.contains("attention_dropout")) s.attention_dropout = boolean("attention_dropout");
-    if (j.contains("attention_bias")) s.attention_bias = boolean("attention_bias");
-    if (j.contains("attention_softmax_f32")) s.attention_softmax_f32 = boolean("attention_softmax_f32");
-    if (j.contains("tutel_dispatch")) s.tutel_dispatch = boolean("tutel_dispatch");
-    if (j.contains("activation_f32")) s.activation_f32 = boolean("activation_f32");
-    if (j.contains("expert_activation")) s.expert_activation = boolean("expert_activation");
-    if (j.contains("loss_f32")) s.loss_f32 = boolean("loss_f32");
+    for (const auto& [key, member] : flags)
+        if (j.contains(key)) s.*member = boolean(key);
     if (j.contains("grad_reduce"))
         s.grad_reduce = either("grad_reduce", "overlapped", "after_backward") ? emu::GradReduce::kOverlapped
                                                                                 : emu::GradReduce::kAfterBackward;

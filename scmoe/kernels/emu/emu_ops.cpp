@@ -118,9 +118,9 @@ bool fp32_gelu(const Stack& stack, Activation activation, bool routed_expert) {
 template <class Kernels>
 void launch_each_at_start(EmuStream& es, const std::int64_t rows, const std::int32_t* num_rows,
                           const std::int32_t* first_row, Kernels kernels) {
-    const std::size_t count = kernels(0).size();
-    for (std::size_t i = 0; i < count; ++i)
-        es.launch_sized_at_start(kernels(0)[i].name,
+    const std::vector<StackKernel> named = kernels(0);  // the names; the costs come when each starts
+    for (std::size_t i = 0; i < named.size(); ++i)
+        es.launch_sized_at_start(named[i].name,
                                  [=] { return kernels(rows_in_use(rows, num_rows, first_row))[i].cost; });
 }
 }  // namespace

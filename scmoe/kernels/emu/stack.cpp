@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "scmoe/kernels/activation.h"
 #include "scmoe/kernels/elementwise.h"
 #include "scmoe/kernels/emu/log2_curve.h"
 #include "scmoe/kernels/error.h"
@@ -162,12 +163,18 @@ const std::vector<Stack>& builtin_stacks() {
     return stacks;
 }
 
+std::string builtin_stack_names() {
+    std::string names;
+    for (const Stack& s : builtin_stacks()) names += (names.empty() ? "" : ", ") + s.name;
+    return names;
+}
+
 const Stack& builtin_stack(std::string_view name) {
     const std::string n = lower(name);
     for (const Stack& s : builtin_stacks())
         if (s.name == n) return s;
-    SCMOE_FAIL("--stack " << name
-                          << ": no such stack; built in: scmoe, paper, paper-swin (or a stack JSON file, docs/emu.md)");
+    SCMOE_FAIL("--stack " << name << ": no such stack; built in: " << builtin_stack_names()
+                          << " (or a stack JSON file, docs/emu.md)");
 }
 
 void check_stack(const Stack& s) {
@@ -196,10 +203,11 @@ void check_stack(const Stack& s) {
 
 std::string describe(const Stack& s) {
     std::ostringstream os;
-    os << s.name << ": " << (s.attention == AttentionImpl::kFused ? "fused" : "unfused") << " attention"
-       << (s.attention == AttentionImpl::kUnfused && s.attention_dropout ? " (dropout)" : "")
-       << (s.attention == AttentionImpl::kUnfused && s.attention_bias ? " (position bias)" : "")
-       << (s.attention == AttentionImpl::kUnfused && s.attention_softmax_f32 ? " (fp32 softmax)" : "") << ", framework "
+    const bool unfused = s.attention == AttentionImpl::kUnfused;  // the score passes apply to it only
+    os << s.name << ": " << (unfused ? "unfused" : "fused") << " attention"
+       << (unfused && s.attention_dropout ? " (dropout)" : "")
+       << (unfused && s.attention_bias ? " (position bias)" : "")
+       << (unfused && s.attention_softmax_f32 ? " (fp32 softmax)" : "") << ", framework "
        << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency
        << (s.tutel_dispatch ? ", Tutel fp32 encode/decode" : "") << (s.activation_f32 ? ", fp32 GELU" : "")
        << (s.expert_activation ? "" : ", no expert activation") << (s.loss_f32 ? ", fp32 loss" : "")
@@ -445,21 +453,20 @@ std::vector<StackKernel> tutel_encode_backward(const DispatchShape& d) {
     return k;
 }
 
-
 // fairseq's gelu (Stack::activation_f32) on rows x ffn elements of dtype e: forward "x.float()" (reads
-// e, writes 4), the GELU in fp32 (reads and writes 4; scmoe's 8 FLOPs an element), ".type_as(x)" (reads
-// 4, writes e). Backward in autograd's order: type_as's (e -> 4), the GELU's (reads the gradient and its
-// saved fp32 input, writes 4; 12 FLOPs an element), float()'s (4 -> e).
+// e, writes 4), the GELU in fp32 (scmoe's GELU kernel's cost in fp32, activation.h), ".type_as(x)"
+// (reads 4, writes e). Backward in autograd's order: type_as's (e -> 4), the GELU's in fp32 (reads the
+// gradient and its saved fp32 input), float()'s (4 -> e).
 std::vector<StackKernel> fp32_gelu_forward(std::int64_t rows, std::int64_t ffn, DType dtype) {
     const std::int64_t n = rows * ffn;
     return {{"activation_cast_in", convert_cost(dtype, DType::kF32, n)},
-            {"activation_forward", elementwise_cost(n, n, DType::kF32, 8.0)},
+            {"activation_forward", op_cost(ActivationArgs{Activation::kGeLU, rows, ffn, DType::kF32}, rows)},
             {"activation_cast_out", convert_cost(DType::kF32, dtype, n)}};
 }
 std::vector<StackKernel> fp32_gelu_backward(std::int64_t rows, std::int64_t ffn, DType dtype) {
     const std::int64_t n = rows * ffn;
     return {{"activation_backward_cast_in", convert_cost(dtype, DType::kF32, n)},
-            {"activation_backward", elementwise_cost(2 * n, n, DType::kF32, 12.0)},
+            {"activation_backward", op_cost(ActivationBackwardArgs{Activation::kGeLU, rows, ffn, DType::kF32}, rows)},
             {"activation_backward_cast_out", convert_cost(DType::kF32, dtype, n)}};
 }
 

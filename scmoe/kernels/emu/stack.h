@@ -87,6 +87,8 @@ struct Stack {
 
 // The built-in stacks: scmoe (the default), paper and paper-swin.
 const std::vector<Stack>& builtin_stacks();
+// Their names, for messages: "scmoe, paper, paper-swin".
+std::string builtin_stack_names();
 // A built-in stack by name; throws Error listing the names otherwise.
 const Stack& builtin_stack(std::string_view name);
 // Throws Error naming the first field out of range (framework_us < 0, all_to_all_efficiency not in
