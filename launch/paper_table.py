@@ -43,26 +43,26 @@ RUNS = {
     # model runs them: 2 + 2 + 18 + 2 blocks, MoE only in stages 3 and 4.
     "swin-s1": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage1 --variants dense -n 3 -w 2 -c 0",
         "assumed": "stage 1 (2 dense blocks): 128 images per GPU; Swin's shifted windows not costed",
     },
     "swin-s2": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage2 --variants dense -n 3 -w 2 -c 0",
         "assumed": "as swin-s1, stage 2",
     },
     "swin-s3": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 "
                 "--variants top2,top1,shared,scmoe-pos1,scmoe-pos2,scmoe-pos3 -n 3 -w 2 -c 0",
         "assumed": "stage 3 (9 [dense, MoE] pairs), where every variant applies: 128 images per GPU",
     },
     "swin-s4": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage4 --variants top2 -n 3 -w 2 -c 0",
         "assumed": "stage 4 (a [dense, MoE] pair) stays top-2 in every variant (the paper applies ScMoE to "
                    "stage 3 only and says nothing of stage 4 for its other variants)",
@@ -95,21 +95,21 @@ RUNS = {
     # Fig. 1 and Fig. 8: a block pair [dense, MoE] of SwinV2-MoE-S's stage 3 (preset of scmoe-bench).
     "blk-a30": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 "
                 "--variants top2,top1,shared,scmoe-pos2 -n 3 -w 2 -c 0",
         "assumed": "ScMoE at Pos-2 in Fig. 8 (not stated); 128 images per GPU; the stack's pipeline",
     },
     "blk-a800": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a800 --ranks 8 --preset swinv2-moe-s-stage3 "
                 "--variants top2,top1,shared,scmoe-pos2 -n 3 -w 2 -c 0",
         "assumed": "as blk-a30",
     },
     "blk-2node": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 "
                 "--experts 16 --variants top2,top1,shared,scmoe-pos2 -n 3 -w 2 -c 0",
         "assumed": "the 2-node network is the a800-2x8 preset's (the paper says only 'Ethernet'); 16 experts",
@@ -119,7 +119,7 @@ RUNS = {
     # a2a_ffn_overlap_degree does); "Top1+SE1", the shared expert, carries no P (--chunks 1).
     "blk-a30-piped": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants top2,top1 "
                 "--chunks auto -n 3 -w 2 -c 0",
         "assumed": "Top2P/Top1P pipelined at the count scmoe's scheduler picks (Tutel's degree is not stated)",
@@ -127,7 +127,7 @@ RUNS = {
     },
     "blk-a30-whole": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a30 --ranks 8 --preset swinv2-moe-s-stage3 --variants shared "
                 "--chunks 1 -n 3 -w 2 -c 0",
         "assumed": "the shared-expert baseline unpipelined (Fig. 8's Top1+SE1 has no P)",
@@ -135,7 +135,7 @@ RUNS = {
     },
     "blk-2node-piped": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 "
                 "--experts 16 --variants top2,top1 --chunks auto -n 3 -w 2 -c 0",
         "assumed": "as blk-a30-piped",
@@ -143,7 +143,7 @@ RUNS = {
     },
     "blk-2node-whole": {
         "tool": BLOCK,
-        "model": "swin",
+        "paper_stack": "paper-swin",
         "args": "block --backend emu --gpu a800 --cluster a800-2x8 --ranks 16 --preset swinv2-moe-s-stage3 "
                 "--experts 16 --variants shared --chunks 1 -n 3 -w 2 -c 0",
         "assumed": "as blk-a30-whole",
@@ -186,20 +186,18 @@ def stack_chunks(stack):
 
 
 # The paper ran its language models on fairseq and SwinV2-MoE-S on Swin-Transformer's training code
-# (both with Tutel): under --stack paper the Swin runs ("model": "swin") take the built-in paper-swin
-# stack, that code's (scmoe/kernels/emu/stack.cpp); every other stack is passed as it is.
-# A run may name its own paper stack (a stack file under docs/emu/stack/, relative to the repository;
-# printed relative to the working directory): fairseq's GPT-3 runs without dropout.
+# (both with Tutel): under --stack paper a run with a "paper_stack" takes that one instead, a built-in
+# name (the Swin runs: paper-swin, that code's, scmoe/kernels/emu/stack.cpp) or a stack file under
+# docs/emu/stack/ (relative to the repository, printed relative to the working directory; fairseq's
+# GPT-3 runs without dropout). Every other stack is passed as it is.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_stack(run, stack):
-    if stack != "paper":
+    own = RUNS[run].get("paper_stack") if stack == "paper" else None
+    if not own:
         return stack
-    if RUNS[run].get("model") == "swin":
-        return "paper-swin"
-    own = RUNS[run].get("paper_stack")
-    return os.path.relpath(os.path.join(ROOT, own)) if own else stack
+    return os.path.relpath(os.path.join(ROOT, own)) if own.endswith(".json") else own
 
 # --- The rows. kind: speedup (variant over the baseline) or share (percent). ---------------------
 # metric for scmoe-train runs: train | infer; for block runs: train | a2a_share | overlap.
