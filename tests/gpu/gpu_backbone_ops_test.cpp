@@ -89,7 +89,10 @@ TEST(GpuBackboneRmsNorm, ForwardBackwardMatchCpu) {
             check_rmsnorm(b, dt, 256, 512, accumulate, seed += 5);
             check_rmsnorm(b, dt, 3, 4096, accumulate, seed += 5);
             check_rmsnorm(b, dt, 1000, 96, accumulate, seed += 5);  // many tokens per grad_weight column
+            check_rmsnorm(b, dt, 4099, 768, accumulate, seed += 5);  // grad_weight in 32 chunks, the last short
         }
+        // grad_weight's chunks limited by the stream's scratch (16 rows of 16384 partials)
+        check_rmsnorm(b, dt, 2600, 16384, false, seed += 5);
     }
 }
 
