@@ -52,6 +52,7 @@ import math
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -338,7 +339,8 @@ def run_worker(a):
         timed = slice(1, None)  # the steps after the first, as scmoe-train's summary
         tail = max(1, a.steps // 10)  # the final loss: the mean over the last tenth of the steps
         row.update(status="ok", steps=a.steps, tokens_per_s=sum(rates[timed]) / len(rates[timed]),
-                   step_ms=1000 * sum(times[timed]) / len(times[timed]), first_loss=losses[0],
+                   step_ms=1000 * sum(times[timed]) / len(times[timed]),
+                   median_step_ms=1000 * statistics.median(times[timed]), first_loss=losses[0],
                    final_loss=sum(losses[-tail:]) / tail)
         if device.type == "cuda":
             row["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30

@@ -314,7 +314,21 @@ def check_complete_report(rep, md, j, raw, fmt):
             str(row),
         )
         check(fmt(row["tokens_per_s"]) in md, f"train {v}: tokens/s in report.md")
+        steps = sorted(m["step_ms"] for m in ms[1:])
+        median = (steps[(len(steps) - 1) // 2] + steps[len(steps) // 2]) / 2
+        check(row["median_step_ms"] == median, f"train {v}: the median step after step 1", str(row))
     check("989 TFLOP/s dense bf16, built-in spec 'h100'" in md, "the MFU's peak and its source are stated")
+
+    # Against a PyTorch row: the mean ratio and the median one (a compile still running in its second
+    # and third steps moves the first, not the second).
+    mod = load_report_module()
+    ours = {"rows": [{"variant": "top2", "tokens_per_s": 200.0, "median_step_ms": 40.0}]}
+    peer = {"result": {"rows": [{"variant": "top2", "mode": "compile", "tokens_per_s": 250.0, "median_step_ms": 25.0},
+                                {"variant": "top2", "mode": "eager", "tokens_per_s": 100.0}]}}
+    cmp = mod.train_comparison({"train": ours, "train_torch": peer})
+    check(cmp[1]["scmoe_over_peer"] == 0.8 and cmp[1]["scmoe_over_peer_median"] == 25.0 / 40.0,
+          "train vs PyTorch: mean and median ratios", str(cmp))
+    check("scmoe_over_peer_median" not in cmp[2], "train vs PyTorch: no median ratio without the peer's median")
 
 
 def case_report():

@@ -178,8 +178,8 @@ def torch_gpt2_moe(python, d):
                 for v, moe in (("scmoe-pos2", moe_top1), ("top2", moe_top2))}
     ok = True
     for x in [x for x in rows if x["status"] == "ok"]:
-        ok &= (positive_finite(x, ["tokens_per_s", "step_ms", "first_loss", "final_loss", "flops_per_token",
-                                   "model_tflops_per_gpu", "mfu_pct", "first_step_s", "params"])
+        ok &= (positive_finite(x, ["tokens_per_s", "step_ms", "median_step_ms", "first_loss", "final_loss",
+                                   "flops_per_token", "model_tflops_per_gpu", "mfu_pct", "first_step_s", "params"])
                and x["steps"] == steps and x["batch"] == B and x["seq"] == S and x["peak_tflops"] == peak
                and x["flops_per_token"] == expected[x["variant"]]
                and close(x["model_tflops_per_gpu"], x["tokens_per_s"] * x["flops_per_token"] / 1e12)
