@@ -48,14 +48,20 @@ TEST(EmuFusedAttention, TheSpecsMeasuredFractionsSetTheFusedKernelsRate) {
     EXPECT_NEAR(elapsed_us(*other, [&](Stream& s) { emu::attention_forward(a, s); }), 1 + 41.94304 / 0.8, 1e-3);
 }
 
-// The built-in H200's points reproduce the measurements they come from (scmoe-bench attention, cuDNN,
-// b8 s1024 h12, docs/results/gpu-h200-2026-11-26: forward 47.92 / 64.98 us, backward 175.88 / 230.20 us
-// at head_dim 64 / 128), to the rounding of the fractions (3 digits) plus the kernel gap.
-TEST(EmuFusedAttention, TheBuiltInH200ReproducesItsMeasurement) {
-    emu::GpuSpec spec = emu::builtin_gpu_spec("h200");
+// The built-in H200's and H100's points reproduce the measurements they come from (scmoe-bench
+// attention, cuDNN, b8 s1024 h12: docs/results/gpu-h200-2026-11-26 and gpu-h100-2026-11-27, forward
+// and backward at head_dim 64 / 128), to the rounding of the fractions (3 digits) plus the kernel gap.
+struct MeasuredAttention {
+    const char* gpu;
+    double us[2][2];  // [head_dim 64, 128][forward, backward]
+};
+
+class EmuFusedAttentionMeasured : public ::testing::TestWithParam<MeasuredAttention> {};
+
+TEST_P(EmuFusedAttentionMeasured, TheBuiltInSpecReproducesItsMeasurement) {
+    emu::GpuSpec spec = emu::builtin_gpu_spec(GetParam().gpu);
     spec.launch_us = 0;
     auto device = device_with(emu::builtin_stack("scmoe"), spec);
-    const double measured[2][2] = {{47.918, 175.877}, {64.981, 230.203}};
     for (int i = 0; i < 2; ++i) {
         const std::int64_t d = i == 0 ? 64 : 128;
         const std::size_t q = 8 * 1024 * 12 * static_cast<std::size_t>(d);
@@ -70,10 +76,15 @@ TEST(EmuFusedAttention, TheBuiltInH200ReproducesItsMeasurement) {
         b.grad_qkv = grad_qkv.data();
         const double fwd = elapsed_us(*device, [&](Stream& s) { emu::attention_forward(a, s); }) - spec.kernel_gap_us;
         const double bwd = elapsed_us(*device, [&](Stream& s) { emu::attention_backward(b, s); }) - spec.kernel_gap_us;
-        EXPECT_NEAR(fwd / measured[i][0], 1.0, 0.005) << "head_dim " << d;
-        EXPECT_NEAR(bwd / measured[i][1], 1.0, 0.005) << "head_dim " << d;
+        EXPECT_NEAR(fwd / GetParam().us[i][0], 1.0, 0.005) << "head_dim " << d;
+        EXPECT_NEAR(bwd / GetParam().us[i][1], 1.0, 0.005) << "head_dim " << d;
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Gh100, EmuFusedAttentionMeasured,
+                         ::testing::Values(MeasuredAttention{"h200", {{47.918, 175.877}, {64.981, 230.203}}},
+                                           MeasuredAttention{"h100", {{47.819, 193.613}, {65.192, 251.669}}}),
+                         [](const ::testing::TestParamInfo<MeasuredAttention>& p) { return std::string(p.param.gpu); });
 
 }  // namespace
 }  // namespace scmoe

@@ -79,20 +79,28 @@ GpuSpec with_link_efficiency(GpuSpec s, double achieved_gbps, const char* source
     return s;
 }
 
-// cuDNN's fused causal attention (SDPA) measured on one H200 by this project's acceptance run
-// (docs/results/gpu-h200-2026-11-26/raw/attention_b8_s1024_h12_d{64,128}.json: scmoe-bench attention
-// --provider auto, cuDNN 9 through its frontend, bf16, batch 8, seq 1024, 12 heads): head_dim 64
-// forward 268.9 and backward 183.2 TFLOP/s, head_dim 128 396.6 and 279.9, against 959.0 = the 989
-// TFLOP/s peak after wave quantization at that shape (768 tiles / (6 waves x 132 SMs)): forward 0.280
-// and 0.414, backward 0.191 and 0.292 (a large GEMM reaches 0.80). The H100 SXM5 has the same GH100
-// SMs and clocks (attention at this size is bound by the SMs, not HBM): ASSUMED equal there.
-GpuSpec with_gh100_fused_attention(GpuSpec s, bool measured_here) {
-    s.fused_attention = {{64, 0.280, 0.191}, {128, 0.414, 0.292}};
-    s.sources.push_back(measured_here
-                            ? "fused_attention: cuDNN SDPA measured on this H200 (docs/results/gpu-h200-2026-11-26, "
-                              "scmoe-bench attention, b8 s1024 h12, head_dim 64 and 128)"
-                            : "fused_attention: ASSUMED the H200's measurement (same GH100 SMs and clocks; "
-                              "docs/results/gpu-h200-2026-11-26)");
+// cuDNN's fused causal attention (SDPA) measured by this project's acceptance runs (scmoe-bench
+// attention --provider auto, cuDNN 9.19 through its frontend, bf16, batch 8, seq 1024, 12 heads),
+// against 959.0 = the 989 TFLOP/s peak after wave quantization at that shape (768 tiles / (6 waves x
+// 132 SMs)); a large GEMM reaches 0.80:
+//   H200 (docs/results/gpu-h200-2026-11-26/raw/attention_b8_s1024_h12_d{64,128}.json): head_dim 64
+//   forward 268.9 and backward 183.2 TFLOP/s, head_dim 128 396.6 and 279.9: forward 0.280 and 0.414,
+//   backward 0.191 and 0.292.
+//   H100 SXM (docs/results/gpu-h100-2026-11-27/acceptance/raw/, the same files): head_dim 64 269.5 and
+//   166.4, head_dim 128 395.3 and 256.0: forward 0.281 and 0.412, backward 0.173 and 0.267.
+// The forwards agree (the same GH100 SMs and clocks); the H100's backwards are 9% slower (its HBM
+// moves 3.35 TB/s to the H200's 4.8). Until the H100 was measured it was ASSUMED to be the H200;
+// that assumption was off by +3.1% / +1.6% forward and -8.5% / -8.1% backward.
+GpuSpec with_gh100_fused_attention(GpuSpec s, bool h200) {
+    if (h200) {
+        s.fused_attention = {{64, 0.280, 0.191}, {128, 0.414, 0.292}};
+        s.sources.push_back("fused_attention: cuDNN SDPA measured on this H200 (docs/results/gpu-h200-2026-11-26, "
+                            "scmoe-bench attention, b8 s1024 h12, head_dim 64 and 128)");
+    } else {
+        s.fused_attention = {{64, 0.281, 0.173}, {128, 0.412, 0.267}};
+        s.sources.push_back("fused_attention: cuDNN SDPA measured on this H100 SXM (docs/results/gpu-h100-2026-11-27, "
+                            "scmoe-bench attention, b8 s1024 h12, head_dim 64 and 128)");
+    }
     return s;
 }
 
