@@ -14,7 +14,8 @@
 #              (--quick: one expert per rank, so a chunked run slices its rows)
 #   train      scmoe-train --preset gpt2-moe-small on the GPU: tokens/s and MFU (the peak from scmoe's
 #              built-in GPU specs, scmoe/kernels/emu/gpu_spec.cpp, or --peak-tflops), vs the same model in
-#              PyTorch, eager and torch.compile'd within a budget (launch/gpt2_moe_torch.py)
+#              PyTorch, eager and torch.compile'd within a budget (launch/gpt2_moe_torch.py); the last
+#              step's trace (raw/train_trace*.rank0.json), op by op beside the emulator's trace of it
 #   emu        the emulator's prediction of the gemm, attention, layer and train steps: for this GPU's
 #              built-in spec, and for a profile made from this run's layer step (launch/make_profile.py)
 # A failing benchmark is recorded in the report and makes the exit status 1; the others still run.
@@ -356,7 +357,7 @@ else
     peak_args=()
 fi
 run_step train "" - "$train" --preset gpt2-moe-small --backend "$backend" "${train_args[@]}" \
-    ${peak_args[@]+"${peak_args[@]}"} --metrics "$raw/train.metrics.jsonl"
+    ${peak_args[@]+"${peak_args[@]}"} --metrics "$raw/train.metrics.jsonl" --trace "$raw/train_trace"
 
 # ---- The emulator next to every measurement ----------------------------------------------------
 # The same commands on an emulated GPU (modeled times, nothing computed): this GPU's built-in spec, and a
@@ -402,7 +403,8 @@ for kind in spec profile; do
     run_step "emu_${kind}_layer" "$raw/emu_${kind}_layer.json" - "$bench" layer --backend emu --gpu "$gpu" \
         --dispatch capacity,dropless --activation swiglu "${layer_args[@]}" -J "$raw/emu_${kind}_layer.json"
     run_step "emu_${kind}_train" "" - "$train" --preset gpt2-moe-small --backend emu --gpu "$gpu" \
-        --cluster "$emu_cluster" "${train_args[@]}" ${peak_args[@]+"${peak_args[@]}"} --metrics "$raw/emu_${kind}_train.metrics.jsonl"
+        --cluster "$emu_cluster" "${train_args[@]}" ${peak_args[@]+"${peak_args[@]}"} --metrics "$raw/emu_${kind}_train.metrics.jsonl" \
+        --trace "$raw/emu_${kind}_train_trace"
 done
 
 # The training peer last: torch.compile is the longest step and the least needed.

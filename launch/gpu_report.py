@@ -277,6 +277,89 @@ def emulator_comparison(benchmarks):
     return out
 
 
+# ---- where the train step's time goes: the last step's trace, measured and emulated -------------------
+
+TRACE_NUMBER = re.compile(r"\d+")
+
+
+def trace_ops(path):
+    """A trace written by scmoe-train --trace (scmoe/moe/trace.h's JSON), its ops summed by name with the
+    block and layer numbers taken out ("attn_bwd11" -> "attn_bwd#", "experts[moe3]" -> "experts[moe#]"),
+    per lane: ({(op, lane): [count, total_us]}, span_us), or None when the file is missing or unreadable."""
+    j = read_json(path)
+    if not isinstance(j, dict) or not isinstance(j.get("traceEvents"), list):
+        return None
+    lanes = {e.get("tid"): e.get("args", {}).get("name", "?") for e in j["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    ops, first, last = {}, None, None
+    for e in j["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        key = (TRACE_NUMBER.sub("#", e["name"]), lanes.get(e.get("tid"), str(e.get("tid"))))
+        agg = ops.setdefault(key, [0, 0.0])
+        agg[0] += 1
+        agg[1] += e["dur"]
+        first = e["ts"] if first is None else min(first, e["ts"])
+        last = e["ts"] + e["dur"] if last is None else max(last, e["ts"] + e["dur"])
+    return (ops, (last - first) if ops else 0.0) if ops else None
+
+
+def trace_paths(raw, stem, variants):
+    """{variant: path} of STEM.rank0.json (one variant) or STEM.<variant>.rank0.json (several)."""
+    if len(variants) == 1:
+        return {variants[0]: os.path.join(raw, f"{stem}.rank0.json")}
+    return {v: os.path.join(raw, f"{stem}.{v}.rank0.json") for v in variants}
+
+
+def step_breakdown(raw, benchmarks, min_share_pct=1.0):
+    """Per variant of the train step: each op of the measured trace (raw/train_trace...) with its count,
+    total time and share of the traced span, beside the emulator's total for the same op (the spec's and
+    the profile's traces, raw/emu_{spec,profile}_train_trace...) and its error; ops under min_share_pct of
+    the span are summed into one "other" row. Rows ordered by measured time."""
+    variants = [r["variant"] for r in (benchmarks.get("train") or {}).get("rows", [])]
+    if not variants:
+        return []
+    measured = trace_paths(raw, "train_trace", variants)
+    predicted = {k: trace_paths(raw, f"emu_{k}_train_trace", variants) for k in ("spec", "profile")}
+    rows = []
+    for v in variants:
+        m = trace_ops(measured[v])
+        if not m:
+            continue
+        ops, span = m
+        emu = {k: trace_ops(predicted[k][v]) for k in predicted}
+        head = {"variant": v, "op": "(the traced step)", "lane": "", "count": sum(c for c, _ in ops.values()),
+                "measured_ms": span / 1000.0, "share_pct": 100.0}
+        body, other = [], None
+        for (op, lane), (count, us) in sorted(ops.items(), key=lambda kv: -kv[1][1]):
+            row = {"variant": v, "op": op, "lane": lane, "count": count, "measured_ms": us / 1000.0,
+                   "share_pct": 100.0 * us / span if span > 0 else 0.0}
+            for k, e in emu.items():
+                if e and (op, lane) in e[0]:
+                    row[f"{k}_ms"] = e[0][(op, lane)][1] / 1000.0
+            if row["share_pct"] >= min_share_pct:
+                body.append(row)
+            else:
+                if other is None:
+                    other = {"variant": v, "op": "(other ops)", "lane": "", "count": 0, "measured_ms": 0.0,
+                             "share_pct": 0.0}
+                other["count"] += count
+                other["measured_ms"] += row["measured_ms"]
+                other["share_pct"] += row["share_pct"]
+                for k in emu:
+                    if f"{k}_ms" in row:
+                        other[f"{k}_ms"] = other.get(f"{k}_ms", 0.0) + row[f"{k}_ms"]
+        for k, e in emu.items():
+            if e:
+                head[f"{k}_ms"] = e[1] / 1000.0
+        for row in [head] + body + ([other] if other else []):
+            for k in emu:
+                if isinstance(row.get(f"{k}_ms"), float) and row["measured_ms"] > 0:
+                    row[f"{k}_error_pct"] = 100.0 * (row[f"{k}_ms"] - row["measured_ms"]) / row["measured_ms"]
+            rows.append(row)
+    return rows
+
+
 def read_json(path):
     try:
         with open(path) as f:
@@ -478,6 +561,7 @@ def collect(raw, context):
     rep["layer_vs_torch"] = layer_comparison(rep["benchmarks"])
     rep["train_vs_torch"] = train_comparison(rep["benchmarks"])
     rep["emulator"] = emulator_comparison(rep["benchmarks"])
+    rep["step_breakdown"] = step_breakdown(raw, rep["benchmarks"])
     rep["ok"] = not rep["failures"]
     return rep
 
@@ -720,6 +804,22 @@ def render_md(rep):
             ("step_ms", "ms/step"), ("median_step_ms", "median ms/step"), ("mfu_pct", "MFU %"),
             ("first_step_s", "first step s"), ("scmoe_over_peer", "scmoe/peer tokens/s"),
             ("scmoe_over_peer_median", "scmoe/peer, median steps"), ("note", "note")])
+
+    out += "\n## Where the train step's time goes (the last step's trace)\n\n"
+    if rep.get("step_breakdown"):
+        out += (
+            "`scmoe-train --trace` of the train step's last step: each op's device time (events on its stream; "
+            "block and layer numbers taken out, so `attn_bwd#` sums every block's), its share of the traced span "
+            "(lanes run side by side, so shares can sum past 100%), and the emulator's time for the same op "
+            "in its trace of the same command (`spec`, `profile`: as in the next section). Ops under 1% of the "
+            "span are summed as \"(other ops)\".\n\n"
+        )
+        out += md_table(rep["step_breakdown"], [
+            ("variant", "variant"), ("op", "op"), ("lane", "lane"), ("count", "count"),
+            ("measured_ms", "measured ms"), ("share_pct", "% of span"), ("spec_ms", "spec ms"),
+            ("spec_error_pct", "spec error %"), ("profile_ms", "profile ms"), ("profile_error_pct", "profile error %")])
+    else:
+        out += "No trace (the train step wrote none, or did not run).\n"
 
     out += "\n## The emulator next to the measurements\n\n"
     if rep["emulator"]:

@@ -213,7 +213,7 @@ Args parse(int argc, const char* const* argv) {
         ("metrics", "JSON lines, one per step: step, loss, lr, tokens_per_s, step_ms, exposed_comm_pct, "
                     "dropped_tokens, ...", cxxopts::value<std::string>())
         ("log-every", "Progress line every N steps (default: steps / 20)", cxxopts::value<std::int64_t>())
-        ("trace", "Chrome/Perfetto trace of the last step, FILE.rank<r>.json per rank", cxxopts::value<std::string>())
+        ("trace", "Chrome/Perfetto trace of the last step, FILE.rank<r>.json per rank (FILE.<variant>.rank<r>.json with several --variants)", cxxopts::value<std::string>())
         ("checkpoint-dir", "Checkpoint root directory", cxxopts::value<std::string>())
         ("checkpoint-every", "Save every N steps (0: only at the end)", cxxopts::value<std::int64_t>()->default_value("0"))
         ("keep", "Checkpoints to keep (0: every one)", cxxopts::value<int>()->default_value("2"))

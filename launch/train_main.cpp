@@ -251,7 +251,10 @@ RunSummary train_variant(models::Trainer& trainer, const Args& args, const std::
             }
         }
     }
-    if (tracer) tracer->write(args.trace + ".rank" + std::to_string(layout.rank) + ".json");
+    if (tracer) {  // FILE.rank<r>.json; FILE.<variant>.rank<r>.json when the run trains several variants
+        const std::string stem = args.variants.size() > 1 ? args.trace + "." + variant : args.trace;
+        tracer->write(stem + ".rank" + std::to_string(layout.rank) + ".json");
+    }
     if (args.infer_passes > 0 && !g_stopped_by) sum.forward_ms = trainer.time_forward(args.infer_passes);
     sum.steps = trainer.steps_done();
     if (tail_steps > 0) sum.final_loss = tail_loss_sum / static_cast<double>(tail_steps);

@@ -221,8 +221,22 @@ def run_benchmarks(raw, bench, train):
     )
     j["metrics"] = os.path.join(raw, "train.metrics.jsonl")
     small = "--preset tiny --backend cpu --layers 2 --steps 3 --batch 2 --variants top2,scmoe-pos2".split()
-    run_step(raw, "train", [train] + small + ["--peak-tflops", "989", "--metrics", j["metrics"]])
+    run_step(raw, "train", [train] + small + ["--peak-tflops", "989", "--metrics", j["metrics"],
+                                               "--trace", os.path.join(raw, "train_trace")])
+    emu = "--backend emu --gpu h100 --cluster h100-nvlink-8".split()
+    run_step(raw, "emu_spec_train", [train] + small[:2] + emu + small[4:] + [
+        "--peak-tflops", "989", "--metrics", os.path.join(raw, "emu_spec_train.metrics.jsonl"),
+        "--trace", os.path.join(raw, "emu_spec_train_trace")])
     return j
+
+
+def trace_totals(path):
+    """(span in ms, the sum of every op's time in ms, the ops' names) of a scmoe-train --trace file,
+    read here independently of gpu_report.py."""
+    events = [e for e in read_json(path)["traceEvents"] if e.get("ph") == "X"]
+    start = min(e["ts"] for e in events)
+    end = max(e["ts"] + e["dur"] for e in events)
+    return (end - start) / 1000.0, sum(e["dur"] for e in events) / 1000.0, {e["name"] for e in events}
 
 
 SECTIONS = (
@@ -318,6 +332,26 @@ def check_complete_report(rep, md, j, raw, fmt):
         median = (steps[(len(steps) - 1) // 2] + steps[len(steps) // 2]) / 2
         check(row["median_step_ms"] == median, f"train {v}: the median step after step 1", str(row))
     check("989 TFLOP/s dense bf16, built-in spec 'h100'" in md, "the MFU's peak and its source are stated")
+
+    # The step breakdown: per variant, the traced span and every op's time (digits taken out of the names;
+    # small ops summed as "(other ops)"), beside the emulator's trace of the same command.
+    rows = rep["step_breakdown"]
+    for v in ("top2", "scmoe-pos2"):
+        mine = [r for r in rows if r["variant"] == v]
+        span, total, names = trace_totals(os.path.join(raw, f"train_trace.{v}.rank0.json"))
+        emu_span, _, _ = trace_totals(os.path.join(raw, f"emu_spec_train_trace.{v}.rank0.json"))
+        head = mine[0] if mine else {}
+        check(head.get("op") == "(the traced step)" and abs(head["measured_ms"] - span) < 1e-9
+              and abs(head["spec_ms"] - emu_span) < 1e-9, f"breakdown {v}: the traced spans", json.dumps(head))
+        ops = mine[1:]
+        check(abs(sum(r["measured_ms"] for r in ops) - total) < 1e-6, f"breakdown {v}: the ops sum to the trace's",
+              json.dumps(ops)[:1000])
+        collapsed = {re.sub(r"\d+", "#", n) for n in names}
+        check({r["op"] for r in ops} - {"(other ops)"} <= collapsed and "attn_bwd#" in {r["op"] for r in ops},
+              f"breakdown {v}: op names with their numbers taken out", str(sorted(collapsed)))
+        check(all(isinstance(r.get("spec_ms"), float) for r in ops if r["op"] == "attn_bwd#"),
+              f"breakdown {v}: the emulator's time beside the measured one")
+    check("## Where the train step's time goes" in md and "attn_bwd#" in md, "the breakdown is in report.md")
 
     # Against a PyTorch row: the mean ratio and the median one (a compile still running in its second
     # and third steps moves the first, not the second).
