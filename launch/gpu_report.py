@@ -797,7 +797,8 @@ def render_md(rep):
         out += (
             "\nlaunch/gpt2_moe_torch.py: the same model, FLOP count and MFU formula; eager and torch.compile "
             "(a compile that does not finish within its budget is reported, not waited for). scmoe/peer > 1: "
-            "scmoe is faster.\n\n"
+            "scmoe is faster. tokens/s and ms/step: means over the steps after the first; the median columns: "
+            "the median of those steps (a compiled model's first steps after the first may still compile).\n\n"
         )
         out += md_table(rep["train_vs_torch"], [
             ("source", "source"), ("variant", "variant"), ("status", "status"), ("tokens_per_s", "tokens/s"),
