@@ -218,6 +218,13 @@ echo "fake ctest: 3 tests"
         check(all(rep["benchmarks"][f"emu_{k}_{n}"]["status"] == "ok" for k in ("spec", "profile")
                   for n in ("gemm", "layer", "train")), "every emulated step ran")
         check("## The emulator next to the measurements" in md, "report.md has the emulator's table")
+        # The train step's trace, op by op beside the spec's and the profile's traces of it.
+        steps = rep["step_breakdown"]
+        check(bool(steps) and steps[0]["op"] == "(the traced step)"
+              and all(isinstance(steps[0].get(f"{k}_ms"), float) for k in ("spec", "profile"))
+              and any(r["op"] == "attn_bwd#" and isinstance(r.get("spec_ms"), float) for r in steps),
+              "the train step's breakdown, measured and emulated", json.dumps(steps)[:1500])
+        check("## Where the train step's time goes" in md, "report.md has the breakdown")
         check(re.search(r"\[\d+/\d+\] gemm: ok", text) is not None, "progress lines per step", text[-2000:])
         for f in (
             "gemm.json",
@@ -225,6 +232,8 @@ echo "fake ctest: 3 tests"
             "block.json",
             "train.log",
             "train.metrics.jsonl",
+            "train_trace.rank0.json",
+            "emu_spec_train_trace.rank0.json",
             "tests.json",
             "steps.jsonl",
         ):
