@@ -234,7 +234,7 @@ TEST(GpuRouting, LayoutMatchesCpuExactly) {
     SCMOE_REQUIRE_GPU();
     Backends b;
     const int E = 8;
-    for (std::int64_t T : {std::int64_t{1}, std::int64_t{37}, std::int64_t{1000}}) {
+    for (std::int64_t T : {std::int64_t{1}, std::int64_t{37}, std::int64_t{1000}, std::int64_t{5000}}) {
         for (int K : {1, 2, 3, E}) {
             for (float cf : {0.0f, 1.0f, 1.25f}) {  // 0 = dropless
                 const std::int64_t C = cf > 0.0f ? expert_capacity(T, E, K, cf) : 0;

@@ -11,6 +11,7 @@ namespace scmoe::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kItems = 16;  // layout_assign_kernel: consecutive positions per thread in one chunk
 
 __device__ __forceinline__ bool valid_expert(std::int32_t e, int num_experts) { return e >= 0 && e < num_experts; }
 
@@ -71,31 +72,42 @@ __global__ void layout_assign_kernel(LayoutArgs a, const std::int32_t* invalid) 
         for (long long r = n - num_invalid + threadIdx.x; r < n; r += kThreads) a.choice_of_row[r] = -1;
     }
 
+    // Chunks of kThreads * kItems positions; thread i holds kItems consecutive ones, so one block scan
+    // per chunk orders them (a scan per kThreads positions left the block waiting on one load and one
+    // scan after another: 64 rounds for 8192 tokens x top-2).
     long long filled = 0;  // assignments of expert e seen so far, kept or not
-    for (long long base = 0; base < n; base += kThreads) {
-        const long long pos = base + threadIdx.x;  // position in (j, t) order
-        long long choice = -1;
-        std::int32_t x = -1;
-        if (pos < n) {
-            const long long j = pos / T, t = pos % T;
-            choice = t * K + j;
-            x = a.expert_index[choice];
+    for (long long base = 0; base < n; base += static_cast<long long>(kThreads) * kItems) {
+        const long long first = base + static_cast<long long>(threadIdx.x) * kItems;  // position in (j, t) order
+        std::int32_t x[kItems];
+        int mine = 0;
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) {
+            const long long pos = first + i;
+            x[i] = -1;
+            if (pos < n) x[i] = a.expert_index[(pos % T) * K + pos / T];
+            mine += pos < n && x[i] == e ? 1 : 0;
         }
-        const int mine = pos < n && x == e ? 1 : 0;
         int before = 0, chunk_total = 0;
         Scan(temp).ExclusiveSum(mine, before, chunk_total);
         __syncthreads();  // temp is reused by the next chunk
-        if (mine) {
-            const long long p = filled + before;
-            if (C > 0 && p >= C) {
+        long long p = filled + before;
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) {
+            const long long pos = first + i;
+            if (pos >= n) break;
+            const long long choice = (pos % T) * K + pos / T;
+            if (x[i] == e) {
+                if (C > 0 && p >= C) {
+                    a.slot_of_choice[choice] = -1;
+                } else {
+                    const long long row = offset + p;
+                    a.slot_of_choice[choice] = static_cast<std::int32_t>(row);
+                    a.choice_of_row[row] = static_cast<std::int32_t>(choice);
+                }
+                ++p;
+            } else if (e == 0 && !valid_expert(x[i], E)) {
                 a.slot_of_choice[choice] = -1;
-            } else {
-                const long long row = offset + p;
-                a.slot_of_choice[choice] = static_cast<std::int32_t>(row);
-                a.choice_of_row[row] = static_cast<std::int32_t>(choice);
             }
-        } else if (e == 0 && pos < n && !valid_expert(x, E)) {
-            a.slot_of_choice[choice] = -1;
         }
         filled += chunk_total;
     }
