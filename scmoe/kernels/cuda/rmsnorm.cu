@@ -96,7 +96,8 @@ __global__ void rmsnorm_grad_weight_partials_kernel(RmsNormBackwardArgs a, long 
 }
 
 // grad_weight, pass 2: each column's chunk partials summed in chunk order.
-__global__ void rmsnorm_grad_weight_sum_kernel(const float* partials, int chunks, long long hidden, float* grad_weight) {
+__global__ void rmsnorm_grad_weight_sum_kernel(const float* partials, int chunks, long long hidden,
+                                               float* grad_weight) {
     const long long h = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
     if (h >= hidden) return;
     float sum = 0.0f;
