@@ -45,6 +45,7 @@ constexpr ProfileKey kProfileKeys[] = {
     {"compute_capability", Kind::kCount}, {"registers_per_sm", Kind::kCount},
     {"shared_bytes_per_sm", Kind::kCount}, {"shared_bytes_reserved_per_block", Kind::kCount},
     {"blocks_per_sm", Kind::kCount},  {"fused_attention", Kind::kPoints},
+    {"grouped_gemm_efficiency", Kind::kNumber},
 };
 
 const char* kind_name(Kind k) {
@@ -154,6 +155,7 @@ emu::GpuSpec load_gpu(const std::string& name) {
     num("host_link_gbps", s.host_link_gbps);
     num("host_link_efficiency", s.host_link_efficiency);
     num("gemm_efficiency", s.gemm_efficiency);
+    num("grouped_gemm_efficiency", s.grouped_gemm_efficiency);
     num("bandwidth_efficiency", s.bandwidth_efficiency);
     num("launch_us", s.launch_us);
     num("kernel_gap_us", s.kernel_gap_us);
@@ -174,13 +176,14 @@ emu::GpuSpec load_gpu(const std::string& name) {
     }
     if (j.contains("sources"))
         for (const auto& v : j.at("sources")) s.sources.push_back(v.get<std::string>());
-    for (const char* key : {"gemm_efficiency", "bandwidth_efficiency", "host_link_efficiency"})
+    for (const char* key : {"gemm_efficiency", "grouped_gemm_efficiency", "bandwidth_efficiency", "host_link_efficiency"})
         if (j.contains(key))
             SCMOE_CHECK(j.at(key).get<double>() <= 1.0,
                         "--gpu " << name << ": field \"" << key << "\" " << j.at(key).get<double>()
                                  << " is a fraction of the peak: at most 1");
     SCMOE_CHECK(!s.name.empty() && s.sms > 0 && s.bf16_tflops > 0 && s.fp32_tflops > 0 && s.hbm_gbps > 0 &&
-                    s.memory_bytes > 0 && s.host_link_gbps > 0 && s.gemm_efficiency > 0 && s.bandwidth_efficiency > 0,
+                    s.memory_bytes > 0 && s.host_link_gbps > 0 && s.gemm_efficiency > 0 && s.bandwidth_efficiency > 0 &&
+                    s.grouped_gemm_efficiency > 0,
                 "--gpu " << name << ": the profile needs name, sms, bf16_tflops, fp32_tflops, hbm_gbps, memory_gib, "
                          << "host_link_gbps, gemm_efficiency and bandwidth_efficiency > 0 (or a \"base\" GPU)");
     if (s.description.empty()) s.description = s.name;

@@ -6,6 +6,9 @@ turns measured op times into its profiles.
 The measured GEMM rate: with a layer report, the rate the layer's own expert GEMMs reach (routed and
 shared experts, forward and backward, FLOPs over their stages' time, all rows of all layer reports
 together), which is what a model runs; with gemm reports only, the best dense TFLOP/s measured.
+A GPU profile's grouped_gemm_efficiency (the grouped GEMM's rate over the dense one's): with a layer
+report 1, the rate already being the grouped GEMMs'; with gemm reports only, the best grouped TFLOP/s
+of the provider the report lists first (the one auto picks) over the best dense.
 
   GPU:  python3 launch/make_profile.py --base h100 --name h100-ours layer.json > h100-ours.json
         the base's datasheet numbers, with gemm_efficiency = the measured rate / the base's bf16 peak.
@@ -23,15 +26,18 @@ LAYER_GEMM_STAGES = [("experts_tflops", "experts_us"), ("experts_bwd_tflops", "e
 
 
 def measured_gemm_tflops(paths):
-    """Returns (TFLOP/s, what it is, sources)."""
-    best_dense, layer_flops, layer_us, sources = 0.0, 0.0, 0.0, []
+    """Returns (TFLOP/s, what it is, sources, grouped over dense)."""
+    best_dense, best_grouped, layer_flops, layer_us, sources = 0.0, 0.0, 0.0, 0.0, []
     for path in paths:
         with open(path) as f:
             report = json.load(f)
         kind = report.get("benchmark")
         if kind == "gemm":
+            first = report["rows"][0].get("provider") if report["rows"] else None
             for row in report["rows"]:
                 best_dense = max(best_dense, row.get("dense_tflops", 0.0))
+                if row.get("provider") == first:
+                    best_grouped = max(best_grouped, row.get("grouped_tflops", 0.0))
         elif kind == "layer":
             for row in report["rows"]:
                 for rate, stage in LAYER_GEMM_STAGES:
@@ -43,9 +49,10 @@ def measured_gemm_tflops(paths):
         sources.append("%s: %s (%s, %s)" % (path, report.get("command", "?"), report.get("device", "?"),
                                              report.get("date", "?")))
     if layer_us > 0:
-        return layer_flops / (layer_us * 1e6), "the layer's expert GEMMs, forward and backward", sources
+        return layer_flops / (layer_us * 1e6), "the layer's expert GEMMs, forward and backward", sources, 1.0
     if best_dense > 0:
-        return best_dense, "the best dense GEMM measured by scmoe-bench gemm", sources
+        grouped = min(1.0, best_grouped / best_dense) if best_grouped > 0 else 1.0
+        return best_dense, "the best dense GEMM measured by scmoe-bench gemm", sources, grouped
     sys.exit("make_profile.py: no GEMM rate in the reports (layer: exp_TF/s columns; gemm: dense_tflops)")
 
 
@@ -63,7 +70,7 @@ def main():
                    help="CPU: the share of the measured throughput one emulated device gets, e.g. 0.5 for each of "
                         "4 ranks on 2 cores measured single-threaded (default 1)")
     a = p.parse_args()
-    best, what, sources = measured_gemm_tflops(a.reports)
+    best, what, sources, grouped = measured_gemm_tflops(a.reports)
     if a.cpu == bool(a.base):
         sys.exit("make_profile.py: give --base GPU or --cpu")
     if a.base:
@@ -72,7 +79,7 @@ def main():
         if not peak:
             sys.exit("make_profile.py: unknown --base %s" % a.base)
         profile = {"base": a.base, "name": a.name, "description": "%s (measured GEMM efficiency)" % a.name,
-                   "gemm_efficiency": best / peak}
+                   "gemm_efficiency": best / peak, "grouped_gemm_efficiency": grouped}
     else:
         if not a.memcpy_gbps:
             sys.exit("make_profile.py: --cpu needs --memcpy-gbps")

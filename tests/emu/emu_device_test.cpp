@@ -140,6 +140,43 @@ TEST(EmuDevice, AStreamsSmBudgetLimitsTheGroupedGemmsEnqueuedWhileItIsSet) {
     EXPECT_THROW(stream->set_sm_budget(-1), Error);
 }
 
+// GpuSpec::grouped_gemm_efficiency (cutlass-grouped over dense, measured): a grouped GEMM's compute runs
+// at that fraction of the dense model's rate; a dense GEMM is untouched. The built-in GH100 specs carry
+// their measurements.
+TEST(EmuDevice, AGroupedGemmRunsAtTheSpecsGroupedFractionOfTheDenseRate) {
+    emu::GpuSpec spec = test::round_spec();
+    spec.grouped_gemm_efficiency = 0.5;
+    emu::EmuOptions options;
+    options.spec = spec;
+    auto device = emu::make_device(std::move(options));
+    auto stream = device->create_stream();
+    const std::int64_t m = 1280, n = 1280, k = 4096;
+    DeviceBuffer a(*device, 2 * m * k * 2), b(*device, 2 * k * n * 2), c(*device, 2 * m * n * 2);
+    auto timed = [&](const std::function<void()>& op) {
+        auto start = device->create_event(), end = device->create_event();
+        start->record(*stream);
+        op();
+        end->record(*stream);
+        end->synchronize();
+        return end->elapsed_ms_since(*start) * 1000.0;
+    };
+    GroupedGemmArgs gg;
+    gg.num_groups = 2, gg.k = k, gg.n = n, gg.max_rows = 2 * m, gg.rows_per_group = m;
+    gg.a = a.data(), gg.b = b.data(), gg.c = c.data();
+    gg.ab_dtype = gg.c_dtype = DType::kBF16;
+    OpCost cost = op_cost(gg, 2 * m, 2);
+    const double dense_rate = emu::model_kernel(cost, spec).work_us;
+    cost.efficiency = 0.5;
+    const double grouped = emu::model_kernel(cost, spec).work_us;
+    EXPECT_NEAR(grouped, 2 * dense_rate, 1e-6 * grouped) << "compute-bound at this shape";
+    EXPECT_NEAR(timed([&] { grouped_gemm(gg, *stream); }), 3.0 + grouped, 1e-3);
+    const GemmArgs g = bf16_gemm(m, n, k, a, b, c);
+    EXPECT_NEAR(timed([&] { gemm(g, *stream); }), 3.0 + emu::model_kernel(op_cost(g), spec).work_us, 1e-3);
+    EXPECT_DOUBLE_EQ(emu::builtin_gpu_spec("h100").grouped_gemm_efficiency, 0.783);
+    EXPECT_DOUBLE_EQ(emu::builtin_gpu_spec("h200").grouped_gemm_efficiency, 0.785);
+    EXPECT_DOUBLE_EQ(emu::builtin_gpu_spec("a800").grouped_gemm_efficiency, 1.0);
+}
+
 TEST(EmuDevice, AGemmHoldsItsStreamForItsModeledTimeAndComputesNothing) {
     auto device = round_device();
     auto stream = device->create_stream();

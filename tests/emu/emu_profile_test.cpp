@@ -27,6 +27,7 @@ TEST(EmuProfile, ABaseWithMeasuredOverrides) {
     EXPECT_EQ(s.name, "h100-ours");
     EXPECT_DOUBLE_EQ(s.gemm_efficiency, 0.61);
     EXPECT_DOUBLE_EQ(s.bf16_tflops, emu::builtin_gpu_spec("h100").bf16_tflops);  // kept from the base
+    EXPECT_DOUBLE_EQ(s.grouped_gemm_efficiency, emu::builtin_gpu_spec("h100").grouped_gemm_efficiency);
     EXPECT_EQ(s.sms, 132);
     EXPECT_NE(std::find(s.sources.begin(), s.sources.end(), "scmoe-bench gemm on our H100"), s.sources.end());
     // The documented name heads the description (the output's header), not the base's model.
@@ -76,6 +77,9 @@ TEST(EmuProfile, UnknownKeysAndWrongTypesNameTheField) {
     EXPECT_NE(error_of("eff.json", R"({"base": "a800", "name": "a", "gemm_efficiency": 1.5})")
                   .find("field \"gemm_efficiency\""),
               std::string::npos);
+    EXPECT_NE(error_of("geff.json", R"({"base": "a800", "name": "a", "grouped_gemm_efficiency": 1.2})")
+                  .find("field \"grouped_gemm_efficiency\""),
+              std::string::npos);
     // Every documented field is accepted.
     EXPECT_EQ(error_of("all.json", R"({"base": "a800", "name": "a", "description": "d", "sms": 84, "bf16_tflops": 150,
         "fp32_tflops": 38, "hbm_gbps": 768, "memory_gib": 48, "host_link_gbps": 32, "gemm_efficiency": 0.8,
@@ -83,7 +87,7 @@ TEST(EmuProfile, UnknownKeysAndWrongTypesNameTheField) {
         "host_task_us": 26, "sync_us": 3, "compute_dtype": "bf16", "compute_capability": 86,
         "registers_per_sm": 65536, "shared_bytes_per_sm": 102400, "shared_bytes_reserved_per_block": 1024,
         "blocks_per_sm": 16, "fused_attention": [{"head_dim": 64, "forward": 0.3, "backward": 0.2}],
-        "sources": ["x"]})"),
+        "grouped_gemm_efficiency": 0.7, "sources": ["x"]})"),
               "(accepted)");
     // fused_attention: a list of {head_dim, forward, backward} points, fractions of the peak, head dims
     // increasing.

@@ -44,14 +44,23 @@ KernelShape grouped_gemm_shape(const GroupedGemmArgs& a, const GpuSpec& spec) {
     return shape;
 }
 
+// Its rate: the dense GEMM model's times GpuSpec::grouped_gemm_efficiency (measured on the GPUs that
+// ran scmoe's gemm benchmark; 1 elsewhere). Under a paper stack it also stands for Tutel's experts
+// (batched matmuls), which no GPU measured here; the factor is 1 on the GPUs the paper ran.
 void grouped_gemm(const GroupedGemmArgs& a, Stream& s) {
     EmuStream& es = as_emu(s);
-    es.launch_shaped_at_start("grouped_gemm", [a] {
-        if (a.rows_per_group > 0 || !a.group_offsets)
-            return op_cost(a, a.rows_per_group > 0 ? a.rows_per_group * a.num_groups : a.max_rows, a.num_groups);
-        int nonempty = 0;
-        for (int g = 0; g < a.num_groups; ++g) nonempty += a.group_offsets[g + 1] > a.group_offsets[g];
-        return op_cost(a, a.group_offsets[a.num_groups] - a.group_offsets[0], nonempty);
+    const double efficiency = es.device().spec().grouped_gemm_efficiency;
+    es.launch_shaped_at_start("grouped_gemm", [a, efficiency] {
+        OpCost c;
+        if (a.rows_per_group > 0 || !a.group_offsets) {
+            c = op_cost(a, a.rows_per_group > 0 ? a.rows_per_group * a.num_groups : a.max_rows, a.num_groups);
+        } else {
+            int nonempty = 0;
+            for (int g = 0; g < a.num_groups; ++g) nonempty += a.group_offsets[g + 1] > a.group_offsets[g];
+            c = op_cost(a, a.group_offsets[a.num_groups] - a.group_offsets[0], nonempty);
+        }
+        c.efficiency *= efficiency;
+        return c;
     }, grouped_gemm_shape(a, es.device().spec()));
 }
 

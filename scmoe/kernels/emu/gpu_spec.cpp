@@ -104,6 +104,18 @@ GpuSpec with_gh100_fused_attention(GpuSpec s, bool h200) {
     return s;
 }
 
+// scmoe's grouped GEMM (cutlass-grouped) against cuBLAS's dense GEMM of the same FLOPs, measured by
+// this project's acceptance runs (scmoe-bench gemm --provider cutlass-grouped,...: A [16384, 768] x W
+// [8 experts, 768, 3072], 2048 rows per expert, against one [16384, 768] x [768, 3072]; raw/gemm.json,
+// the balanced load): H100 SXM 514.2 / 656.5 TFLOP/s = 0.783 (docs/results/gpu-h100-2026-11-27/
+// acceptance; the rerun there 0.790), H200 556.0 / 708.3 = 0.785 (docs/results/gpu-h200-2026-11-26).
+// Not measured on the A100's SM (sm_80: another CUTLASS kernel): 1 there.
+GpuSpec with_grouped_gemm_efficiency(GpuSpec s, double efficiency, const char* source) {
+    s.grouped_gemm_efficiency = efficiency;
+    s.sources.push_back(source);
+    return s;
+}
+
 // cuDNN's fused causal attention on the A100 (GA100; the A800 and A30 have its SM): the only published
 // per-configuration figure found is a forward. NVIDIA/cudnn-frontend 51a3de7,
 // benchmark/attention_inference/results/prefill_sweep/a100/prefill_sweep_20260928_140355.csv: "NVIDIA
@@ -154,15 +166,19 @@ std::vector<GpuSpec> make_specs() {
               "to 400 GB/s (Reuters, 2022-11-08; docs/emu-sources.md)",
               "108 SMs: NVIDIA A100 Tensor Core GPU Architecture whitepaper"}), 80), true),
         // gemm_efficiency: the best measured large bf16 matmul on H100 SXM, 80.3% of peak.
-        with_gh100_fused_attention(with_sm_limits(spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
+        with_grouped_gemm_efficiency(with_gh100_fused_attention(with_sm_limits(spec("h100", "NVIDIA H100 SXM5 80GB", 989, 67, 3350, 80 * kGiB, 132, 64, 0.80,
              {"NVIDIA H100 Tensor Core GPU datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, FP32 67 "
               "TFLOPS, 80GB, 3.35TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
               "132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5)"}), 90), false),
+            0.783, "grouped_gemm_efficiency: cutlass-grouped 514.2 / cuBLAS dense 656.5 TFLOP/s at equal FLOPs, "
+                   "measured on this H100 (docs/results/gpu-h100-2026-11-27, scmoe-bench gemm)"),
         // gemm_efficiency as the H100 (the same compute, measured the same).
-        with_gh100_fused_attention(with_sm_limits(spec("h200", "NVIDIA H200 SXM 141GB", 989, 67, 4800, 141ull * 1000 * 1000 * 1000, 132, 64, 0.80,
+        with_grouped_gemm_efficiency(with_gh100_fused_attention(with_sm_limits(spec("h200", "NVIDIA H200 SXM 141GB", 989, 67, 4800, 141ull * 1000 * 1000 * 1000, 132, 64, 0.80,
              {"NVIDIA H200 Tensor Core GPU product page/datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, "
               "FP32 67 TFLOPS, 141GB HBM3e, 4.8TB/s, NVLink 900GB/s, PCIe Gen5 128GB/s)",
               "132 SMs: the H200 is the GH100 of the H100 SXM5 with HBM3e (docs/emu-sources.md)"}), 90), true),
+            0.785, "grouped_gemm_efficiency: cutlass-grouped 556.0 / cuBLAS dense 708.3 TFLOP/s at equal FLOPs, "
+                   "measured on this H200 (docs/results/gpu-h200-2026-11-26, scmoe-bench gemm)"),
     };
 }
 

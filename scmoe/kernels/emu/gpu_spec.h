@@ -49,6 +49,9 @@ struct GpuSpec {
     // piecewise linear in log2(head_dim), flat beyond the ends. Empty: gemm_efficiency (as fast as a
     // large GEMM: what the emulator assumed before any was measured).
     std::vector<AttentionEfficiency> fused_attention;
+    // scmoe's grouped GEMM (cutlass-grouped, what the emulated grouped GEMM stands for) over a dense
+    // GEMM of the same FLOPs, measured: the factor on its rate. 1: as fast as dense (not measured).
+    double grouped_gemm_efficiency = 1;
 
     // Fixed costs, in microseconds.
     double launch_us = 0;     // host time one kernel launch (cudaLaunchKernel) costs the issuing thread
