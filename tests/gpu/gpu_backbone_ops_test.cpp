@@ -88,7 +88,8 @@ TEST(GpuBackboneRmsNorm, ForwardBackwardMatchCpu) {
             check_rmsnorm(b, dt, 37, 600, accumulate, seed += 5);  // hidden not a multiple of 32
             check_rmsnorm(b, dt, 256, 512, accumulate, seed += 5);
             check_rmsnorm(b, dt, 3, 4096, accumulate, seed += 5);
-            check_rmsnorm(b, dt, 1000, 96, accumulate, seed += 5);  // many tokens per grad_weight column
+            check_rmsnorm(b, dt, 1000, 96, accumulate, seed += 5);   // grad_weight in 7 chunks of 143 tokens
+            check_rmsnorm(b, dt, 1000, 600, accumulate, seed += 5);  // 7 chunks, hidden not a multiple of 32
             check_rmsnorm(b, dt, 4099, 768, accumulate, seed += 5);  // grad_weight in 32 chunks, the last short
         }
         // grad_weight's chunks limited by the stream's scratch (16 rows of 16384 partials)

@@ -78,24 +78,30 @@ __global__ void layout_assign_kernel(LayoutArgs a, const std::int32_t* invalid) 
     long long filled = 0;  // assignments of expert e seen so far, kept or not
     for (long long base = 0; base < n; base += static_cast<long long>(kThreads) * kItems) {
         const long long first = base + static_cast<long long>(threadIdx.x) * kItems;  // position in (j, t) order
+        // (j, t) of `first`, stepped with a wrap instead of a 64-bit division per position.
+        const long long first_j = first / T, first_t = first % T;
         std::int32_t x[kItems];
         int mine = 0;
+        long long j = first_j, t = first_t;
 #pragma unroll
         for (int i = 0; i < kItems; ++i) {
             const long long pos = first + i;
             x[i] = -1;
-            if (pos < n) x[i] = a.expert_index[(pos % T) * K + pos / T];
+            if (pos < n) x[i] = a.expert_index[t * K + j];
             mine += pos < n && x[i] == e ? 1 : 0;
+            if (++t == T) t = 0, ++j;
         }
         int before = 0, chunk_total = 0;
         Scan(temp).ExclusiveSum(mine, before, chunk_total);
         __syncthreads();  // temp is reused by the next chunk
         long long p = filled + before;
+        j = first_j, t = first_t;
 #pragma unroll
         for (int i = 0; i < kItems; ++i) {
             const long long pos = first + i;
             if (pos >= n) break;
-            const long long choice = (pos % T) * K + pos / T;
+            const long long choice = t * K + j;
+            if (++t == T) t = 0, ++j;
             if (x[i] == e) {
                 if (C > 0 && p >= C) {
                     a.slot_of_choice[choice] = -1;

@@ -143,6 +143,7 @@ void rmsnorm_backward(const RmsNormBackwardArgs& a, void* stream) {
             const unsigned int column_blocks = static_cast<unsigned int>((a.hidden + kColumnTile - 1) / kColumnTile);
             const long long chunks = grad_weight_chunks(a.tokens, a.hidden);
             const long long tokens_per_chunk = (a.tokens + chunks - 1) / chunks;
+            // Several chunks: their partials in the stream's scratch (its resources looked up only then).
             float* partials = chunks == 1 ? a.grad_weight : static_cast<float*>(stream_resources(s).scratch);
             rmsnorm_grad_weight_partials_kernel<T>
                 <<<dim3(column_blocks, static_cast<unsigned int>(chunks)), dim3(kColumnTile, kTokenLanes), 0, s>>>(
