@@ -301,7 +301,7 @@ def trace_ops(path):
         agg[1] += e["dur"]
         first = e["ts"] if first is None else min(first, e["ts"])
         last = e["ts"] + e["dur"] if last is None else max(last, e["ts"] + e["dur"])
-    return (ops, (last - first) if ops else 0.0) if ops else None
+    return (ops, last - first) if ops else None
 
 
 def trace_paths(raw, stem, variants):

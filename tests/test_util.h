@@ -14,6 +14,7 @@
 
 #include "scmoe/kernels/device.h"
 #include "scmoe/kernels/error.h"
+#include "scmoe/kernels/math.h"
 #include "scmoe/moe/moe_layer.h"
 #include "scmoe/moe/params.h"
 
@@ -27,6 +28,23 @@ inline std::string gtest_name(std::string s) {
 
 // An element count or index as a std::vector subscript.
 inline std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+// The values bf16 storage holds: what a CPU f32 reference of a bf16 run must see.
+inline std::vector<float> round_bf16(std::vector<float> v) {
+    for (float& x : v) x = math::round_to_bf16(x);
+    return v;
+}
+
+// ||got - want||_2 / ||want||_2 (want's norm taken as at least 1e-12), in double; sizes must match.
+inline double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+    double diff = 0.0, ref = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const double d = static_cast<double>(got[i]) - want[i];
+        diff += d * d;
+        ref += static_cast<double>(want[i]) * want[i];
+    }
+    return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-12);
+}
 
 inline void fill_uniform(float* p, std::int64_t n, float scale, std::uint64_t seed) {
     std::mt19937_64 rng(seed);

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "block_test_util.h"
-#include "scmoe/kernels/math.h"
+#include "test_util.h"
 
 namespace scmoe::testing {
 
@@ -61,11 +61,6 @@ inline BlockStackConfig bf16_case_config(std::string variant, DType dtype) {
     m.ffn = 96;
     m.dtype = dtype;
     return block_variant(variant, s, m, true, 3);
-}
-
-inline std::vector<float> round_bf16(std::vector<float> v) {
-    for (float& x : v) x = math::round_to_bf16(x);
-    return v;
 }
 
 // Rounds every parameter of a CPU stack to bf16 in place; returns them, one flat vector per store

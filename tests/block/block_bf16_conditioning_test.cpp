@@ -15,16 +15,6 @@
 namespace scmoe {
 namespace {
 
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
-    double diff = 0.0, ref = 0.0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        const double d = static_cast<double>(got[i]) - want[i];
-        diff += d * d;
-        ref += static_cast<double>(want[i]) * want[i];
-    }
-    return std::sqrt(diff / std::max(ref, 1e-24));
-}
-
 void perturb(void* data, std::int64_t n, std::mt19937& rng) {
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     auto* p = static_cast<float*>(data);
@@ -49,11 +39,11 @@ TEST_P(Bf16BlockCase, ReferenceIsWellConditioned) {
         for (const auto& m : c.stack.moe_params()) perturb(m->data(), m->numel(), rng);
         const testing::StackResult got = testing::run_stack(c.stack, c.x, c.gy, false);
         EXPECT_EQ(testing::routing_diff(testing::expert_choices(c.stack), want_routing, top_k), "");
-        worst_out = std::max(worst_out, relative_l2(got.out, want.out));
-        worst_grad = std::max(
-            {worst_grad, relative_l2(got.grad_in, want.grad_in), relative_l2(got.backbone_grads, want.backbone_grads)});
+        worst_out = std::max(worst_out, testing::relative_l2(got.out, want.out));
+        worst_grad = std::max({worst_grad, testing::relative_l2(got.grad_in, want.grad_in),
+                               testing::relative_l2(got.backbone_grads, want.backbone_grads)});
         for (std::size_t m = 0; m < want.moe_grads.size(); ++m)
-            worst_grad = std::max(worst_grad, relative_l2(got.moe_grads[m], want.moe_grads[m]));
+            worst_grad = std::max(worst_grad, testing::relative_l2(got.moe_grads[m], want.moe_grads[m]));
     }
     std::printf("%s: largest relative L2 change: output %.4f, gradients %.4f\n", GetParam().c_str(), worst_out,
                 worst_grad);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu_presence.h"
+#include "test_util.h"
 #include "scmoe/kernels/attention.h"
 #include "scmoe/kernels/device.h"
 #include "scmoe/kernels/math.h"
@@ -44,11 +45,7 @@ inline F random_uniform(std::int64_t n, float scale, std::uint64_t seed) {
     return v;
 }
 
-// The values bf16 storage holds: what the CPU f32 reference must see.
-inline F round_bf16(F v) {
-    for (float& x : v) x = math::round_to_bf16(x);
-    return v;
-}
+using testing::round_bf16;
 
 struct Backends {
     std::unique_ptr<Device> cpu = make_device("cpu");
@@ -116,13 +113,7 @@ inline void expect_close(const F& got, const F& want, float tol, const char* wha
 // ||got - want||_2 <= tol * ||want||_2 (for results with many bf16 rounding stages).
 inline void expect_rel_l2(const F& got, const F& want, double tol, const char* what) {
     ASSERT_EQ(got.size(), want.size()) << what;
-    double diff = 0.0, ref = 0.0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        const double d = static_cast<double>(got[i]) - want[i];
-        diff += d * d;
-        ref += static_cast<double>(want[i]) * want[i];
-    }
-    EXPECT_LE(std::sqrt(diff), tol * std::max(std::sqrt(ref), 1e-12)) << what << ": relative L2 error";
+    EXPECT_LE(testing::relative_l2(got, want), tol) << what << ": relative L2 error";
 }
 
 inline void expect_bitwise_equal(const F& a, const F& b, const char* what) {
