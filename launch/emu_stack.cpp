@@ -45,7 +45,8 @@ emu::Stack load_stack(const std::string& name) {
         {"tutel_dispatch", &emu::Stack::tutel_dispatch},
         {"activation_f32", &emu::Stack::activation_f32},
         {"expert_activation", &emu::Stack::expert_activation},
-        {"loss_f32", &emu::Stack::loss_f32}};
+        {"loss_f32", &emu::Stack::loss_f32},
+        {"fairseq_optimizer", &emu::Stack::fairseq_optimizer}};
     static const char* const others[] = {"base", "name", "description", "attention", "framework_us",
                                          "all_to_all_efficiency", "small_gemm", "grad_reduce", "grad_reduce_dtype",
                                          "sources"};

@@ -5,7 +5,7 @@
 // "description": string, "attention": "fused"|"unfused", "attention_dropout": bool, "attention_bias":
 // bool, "attention_softmax_f32": bool, "framework_us": number,
 // "all_to_all_efficiency": number, "tutel_dispatch": bool, "activation_f32": bool, "expert_activation":
-// bool, "loss_f32": bool, "small_gemm": [[size, fraction], ...],
+// bool, "loss_f32": bool, "fairseq_optimizer": bool, "small_gemm": [[size, fraction], ...],
 // "grad_reduce": "overlapped"|"after_backward", "grad_reduce_dtype": "f32"|"bf16", "sources": [string, ...]};
 // every field optional, overriding the base's. An unknown key, a wrong type or a value out of range
 // throws scmoe::Error naming the field.

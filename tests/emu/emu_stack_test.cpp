@@ -540,6 +540,7 @@ TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
         {R"({"activation_f32": "yes"})", "activation_f32"},
         {R"({"expert_activation": 0})", "expert_activation"},
         {R"({"loss_f32": null})", "loss_f32"},
+        {R"({"fairseq_optimizer": "yes"})", "fairseq_optimizer"},
         {R"({"grad_reduce": "later"})", "grad_reduce"},
         {R"({"grad_reduce_dtype": "f16"})", "grad_reduce_dtype"},
         {R"({"sources": "a paper"})", "sources"},

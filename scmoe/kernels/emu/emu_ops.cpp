@@ -263,7 +263,13 @@ void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
 }
 void kv_cache_append(const KvCacheAppendArgs& a, Stream& s) { timed("kv_cache_append", op_cost(a), s); }
 void attention_decode(const AttentionDecodeArgs& a, Stream& s) { timed("attention_decode", op_cost(a), s); }
-void adamw_step(const AdamWArgs& a, Stream& s) { timed("adamw_step", op_cost(a), s); }
+// With the stack's fairseq optimizer (stack.h), fairseq's FP16Optimizer and Adam passes in place of
+// scmoe's fused kernel (the arguments are checked by the caller, AdamW::step, as on every backend).
+void adamw_step(const AdamWArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    if (!es.device().stack().fairseq_optimizer) return timed("adamw_step", op_cost(a), s);
+    for (const StackKernel& k : fairseq_adam_step(a.n, a.param_dtype)) es.launch(k.name, k.cost);
+}
 void sum_of_squares(const float*, std::int64_t n, float*, void*, Stream& s) {
     timed("sum_of_squares", sum_of_squares_cost(n), s);
 }

@@ -79,6 +79,13 @@ Stack paper_stack() {
     // bytes each, costed as bf16, the copies in and out as the two conversions around the sum.
     s.grad_reduce = GradReduce::kAfterBackward;
     s.grad_reduce_dtype = DType::kBF16;
+    // The same flags select the optimizer: "--optimizer adam" under "--fp16 --fp16-no-flatten-grads"
+    // (run_fairseq.sh) is fairseq's FP16Optimizer with one fp32 copy per parameter tensor
+    // (fp16_optimizer.py, build_optimizer: "flatten = not getattr(cfg.common, \"fp16_no_flatten_grads\",
+    // False)") around FairseqAdam, which takes apex's FusedAdam only if it imports (adam.py:
+    // "fused_adam_cls = get_fused_adam_class()") and else fairseq's own Adam; Tutel's README installs
+    // fairseq and omegaconf/hydra-core, not apex. fairseq_adam_step below gives the kernels.
+    s.fairseq_optimizer = true;
     // No published sweep of achieved GEMM efficiency versus size was read (docs/emu-sources.md,
     // "Stacks"): no fall-off beyond the base model's wave and tile quantization and roofline.
     s.small_gemm = {};
@@ -87,7 +94,9 @@ Stack paper_stack() {
                  "pytorch/pytorch PR #32194 operator micro-benchmark (eager op host time)",
                  "microsoft/tutel 82af7aa tutel/impls/communicate.py, moe_layer.py, fast_dispatch.py, "
                  "examples/fairseq_moe (README.md, run_fairseq.sh: --ddp-backend legacy_ddp, --fp16)",
-                 "fairseq fairseq/distributed/legacy_distributed_data_parallel.py (all-reduce after the backward)"};
+                 "fairseq fairseq/distributed/legacy_distributed_data_parallel.py (all-reduce after the backward)",
+                 "fairseq b5e7b250 fairseq/optim/fp16_optimizer.py, adam.py, fairseq_optimizer.py, trainer.py "
+                 "(FP16Optimizer around fairseq's Adam)"};
     return s;
 }
 
@@ -127,6 +136,9 @@ Stack paper_swin_stack() {
     // (autocast keeps the parameters and their gradients fp32).
     s.grad_reduce = GradReduce::kOverlapped;
     s.grad_reduce_dtype = DType::kF32;
+    // main_moe.py's optimizer is PyTorch's (build_optimizer: optim.AdamW over fp32 parameters), not
+    // fairseq's; the Swin rows are block runs, which take no optimizer step.
+    s.fairseq_optimizer = false;
     s.sources = {"microsoft/Swin-Transformer f82860b main_moe.py (autocast, DDP), config.py (AMP_ENABLE True), "
                  "models/swin_transformer_moe.py WindowAttention, models/build.py",
                  "PyTorch aten/src/ATen/autocast_mode.cpp (softmax fp32_set_opt_dtype, matmul lower_precision_fp), "
@@ -211,6 +223,7 @@ std::string describe(const Stack& s) {
        << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency
        << (s.tutel_dispatch ? ", Tutel fp32 encode/decode" : "") << (s.activation_f32 ? ", fp32 GELU" : "")
        << (s.expert_activation ? "" : ", no expert activation") << (s.loss_f32 ? ", fp32 loss" : "")
+       << (s.fairseq_optimizer ? ", fairseq FP16Optimizer + Adam" : "")
        << ", small-GEMM curve "
        << (s.small_gemm.empty() ? std::string("none") : std::to_string(s.small_gemm.size()) + " points")
        << ", gradient all-reduce " << (s.grad_reduce == GradReduce::kOverlapped ? "overlapped" : "after the backward")
@@ -488,6 +501,45 @@ std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DTyp
         k.push_back({"log_softmax_backward", back});
     }
     return k;
+}
+
+// fairseq b5e7b250's optimizer step under --fp16 --fp16-no-flatten-grads with its own Adam
+// (Stack::fairseq_optimizer), on n parameters: the model's in e bytes (param_dtype), fp32 copies (p32),
+// their fp32 gradients and Adam's two fp32 moments. trainer.py's train_step multiplies the gradients
+// lazily ("self.optimizer.multiply_grads(numer / (sample_size or 1.0))"), then clip_grad_norm, then the
+// step, then zero_grad; fp16_optimizer.py and adam.py run, per tensor:
+//   fp16_grads_to_fp32  _sync_fp16_grads_to_fp32: "p32.grad.data.copy_(p.grad.data)"     reads e, writes 4
+//   unscale_grads       _unscale_grads (fairseq's Adam has no step with scale, so the factor, never 1
+//                       with a loss scale, is applied): "p.grad.data.mul_(c)"            reads 4, writes 4
+//   adam_exp_avg_mul    "exp_avg.mul_(beta1)"                                            reads 4, writes 4
+//   adam_exp_avg_add    ".add_(grad, alpha=1 - beta1)"                                   reads 8, writes 4
+//   adam_exp_avg_sq_mul "exp_avg_sq.mul_(beta2)"                                         reads 4, writes 4
+//   adam_exp_avg_sq_addcmul ".addcmul_(grad, grad, value=1 - beta2)" (grad read once)    reads 8, writes 4
+//   adam_denom_sqrt     "denom = exp_avg_sq.sqrt()"                                      reads 4, writes 4
+//   adam_denom_add_eps  ".add_(group["eps"])"                                          reads 4, writes 4
+//   adam_param_addcdiv  "p_data_fp32.addcdiv_(exp_avg, denom, value=-step_size)"         reads 12, writes 4
+//   fp32_params_to_fp16 _sync_fp32_params_to_fp16: "p.data.copy_(p32.data)"              reads 4, writes e
+//   zero_fp32_grads     zero_grad: "p32.grad.zero_()"                                    writes 4
+// 92 + 2e bytes a parameter (scmoe's fused AdamW: 28 + e). Weight decay adds no pass: FairseqAdamConfig's
+// "weight_decay: float = field(default=0.0" and run_fairseq.sh passes none. Not here: the norm
+// (clip_grad_norm's per-tensor "torch.norm(g, p=2, dtype=torch.float32)", one fp32 read, for which the
+// trainer's own sum of squares stands), the fp16 gradients' memory beside the fp32 ones, and the
+// framework time of running each pass once per tensor (charged once per pass: the passes are whole
+// buffers here).
+std::vector<StackKernel> fairseq_adam_step(std::int64_t n, DType param_dtype) {
+    SCMOE_CHECK(n >= 0, "fairseq_adam_step: n = " << n << ", expected >= 0");
+    const DType f = DType::kF32;
+    return {{"fp16_grads_to_fp32", convert_cost(param_dtype, f, n)},
+            {"unscale_grads", elementwise_cost(n, n, f)},
+            {"adam_exp_avg_mul", elementwise_cost(n, n, f)},
+            {"adam_exp_avg_add", elementwise_cost(2 * n, n, f, 2.0)},
+            {"adam_exp_avg_sq_mul", elementwise_cost(n, n, f)},
+            {"adam_exp_avg_sq_addcmul", elementwise_cost(2 * n, n, f, 3.0)},
+            {"adam_denom_sqrt", elementwise_cost(n, n, f)},
+            {"adam_denom_add_eps", elementwise_cost(n, n, f)},
+            {"adam_param_addcdiv", elementwise_cost(3 * n, n, f, 3.0)},
+            {"fp32_params_to_fp16", convert_cost(f, param_dtype, n)},
+            {"zero_fp32_grads", elementwise_cost(0, n, f, 0.0)}};
 }
 
 }  // namespace scmoe::emu

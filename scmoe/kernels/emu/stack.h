@@ -18,6 +18,9 @@
 //    passes none), and the LM loss (fairseq's log_softmax in fp32, then nll_loss);
 //  - small_gemm: the achieved fraction of the GEMM ceiling versus the GEMM's size (its smallest side,
 //    e.g. the tokens of an expert), a piecewise-linear curve in log2(size), flat beyond its ends;
+//  - fairseq_optimizer: the optimizer step as fairseq's FP16Optimizer runs its Adam (fp32 copies of the
+//    gradients and parameters beside the fp16 model, one eager pass per tensor operation) in place of
+//    scmoe's fused AdamW kernel;
 //  - grad_reduce, grad_reduce_dtype: how the training loop sums the data-parallel gradients, per
 //    block during the backward or all after it, and in which dtype (scmoe-train and scmoe-plan take
 //    them for an emulated run unless their flags say otherwise: launch/emu_stack.h).
@@ -80,6 +83,11 @@ struct Stack {
     // log-probabilities out of the fp16 logits) and nll_loss; in training nll_loss's backward (a zeroed
     // fp32 [tokens, vocab] and a scatter) and log_softmax's (fp32 in, fp16 out). scmoe's is one fused pass.
     bool loss_f32 = false;
+    // The optimizer step as fairseq's FP16Optimizer (--fp16 --fp16-no-flatten-grads) runs fairseq's own
+    // Adam (no apex): the fp16 gradients copied to fp32, unscaled, Adam as seven eager passes, the fp32
+    // parameters copied back to fp16, the fp32 gradients zeroed (fairseq_adam_step gives the kernels).
+    // false: scmoe's one fused AdamW kernel (adamw.h).
+    bool fairseq_optimizer = false;
     GradReduce grad_reduce = GradReduce::kOverlapped;
     DType grad_reduce_dtype = DType::kF32;  // what the gradients travel in: kF32 or kBF16 (half the bytes)
     std::vector<std::string> sources;
@@ -162,5 +170,10 @@ std::vector<StackKernel> tutel_encode_backward(const DispatchShape& shape);
 std::vector<StackKernel> fp32_gelu_forward(std::int64_t rows, std::int64_t ffn, DType dtype);
 std::vector<StackKernel> fp32_gelu_backward(std::int64_t rows, std::int64_t ffn, DType dtype);
 std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DType dtype, bool backward);
+
+// fairseq's optimizer step (Stack::fairseq_optimizer) over n parameters whose model copy is of
+// param_dtype, as whole-buffer passes in issue order (stack.cpp gives the sources and formulas); the
+// gradient norm is not among them (the trainer's own sum of squares stands for fairseq's).
+std::vector<StackKernel> fairseq_adam_step(std::int64_t n, DType param_dtype);
 
 }  // namespace scmoe::emu
