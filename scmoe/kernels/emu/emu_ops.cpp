@@ -132,26 +132,27 @@ void launch_each_at_start(EmuStream& es, const std::int64_t rows, const std::int
         es.launch_sized_at_start(named[i].name,
                                  [=] { return kernels(rows_in_use(rows, num_rows, first_row))[i].cost; });
 }
+// One direction of the activation (Args: ActivationArgs or ActivationBackwardArgs): where the stack
+// runs the GELU in fp32, the kernels of `fp32_gelu_kernels` (fp32_gelu_forward or _backward); else
+// the op's own kernel, `name`. Each is sized when it starts.
+using Fp32GeluKernels = std::vector<StackKernel> (*)(std::int64_t rows, std::int64_t ffn, DType dtype);
+template <class Args>
+void launch_activation(const char* name, const Args& a, Fp32GeluKernels fp32_gelu_kernels, Stream& s) {
+    EmuStream& es = as_emu(s);
+    const Stack& stack = es.device().stack();
+    if (!activation_launches(stack, a.activation, a.routed_expert)) return;
+    if (fp32_gelu(stack, a.activation, a.routed_expert))
+        return launch_each_at_start(es, a.rows, a.num_rows, a.first_row, [a, fp32_gelu_kernels](std::int64_t rows) {
+            return fp32_gelu_kernels(rows, a.ffn, a.dtype);
+        });
+    es.launch_sized_at_start(name, [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
+}
 }  // namespace
 void activation_forward(const ActivationArgs& a, Stream& s) {
-    EmuStream& es = as_emu(s);
-    const Stack& stack = es.device().stack();
-    if (!activation_launches(stack, a.activation, a.routed_expert)) return;
-    if (fp32_gelu(stack, a.activation, a.routed_expert))
-        return launch_each_at_start(es, a.rows, a.num_rows, a.first_row,
-                                    [a](std::int64_t rows) { return fp32_gelu_forward(rows, a.ffn, a.dtype); });
-    es.launch_sized_at_start("activation_forward",
-                             [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
+    launch_activation("activation_forward", a, fp32_gelu_forward, s);
 }
 void activation_backward(const ActivationBackwardArgs& a, Stream& s) {
-    EmuStream& es = as_emu(s);
-    const Stack& stack = es.device().stack();
-    if (!activation_launches(stack, a.activation, a.routed_expert)) return;
-    if (fp32_gelu(stack, a.activation, a.routed_expert))
-        return launch_each_at_start(es, a.rows, a.num_rows, a.first_row,
-                                    [a](std::int64_t rows) { return fp32_gelu_backward(rows, a.ffn, a.dtype); });
-    es.launch_sized_at_start("activation_backward",
-                             [a] { return op_cost(a, rows_in_use(a.rows, a.num_rows, a.first_row)); });
+    launch_activation("activation_backward", a, fp32_gelu_backward, s);
 }
 
 void gated_add(const GatedAddArgs& a, Stream& s) { timed("gated_add", op_cost(a), s); }

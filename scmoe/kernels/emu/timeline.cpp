@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "scmoe/kernels/emu/detail/world.h"
 #include "scmoe/kernels/env.h"
 #include "scmoe/kernels/error.h"
 
@@ -27,101 +28,6 @@ double stall_limit_s() {
 }
 
 }  // namespace
-
-// ---- World: every timeline of the process, one lock ---------------------------------------------
-
-class World {
-public:
-    static World& get() {
-        static World world;
-        return world;
-    }
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<Timeline*> timelines;
-    std::uint64_t progress = 0;  // bumped whenever some timeline moved
-
-    // Under mu: advances every timeline until none can move. When every host waits and nothing
-    // moves, hosts that wait for peers may let their GPU run ahead of their clock (relaxed), since
-    // no Work can come from them before the meeting ends.
-    void pump() {
-        bool moved = true, any = false;
-        while (moved) {
-            moved = false;
-            for (Timeline* t : timelines) moved |= t->advance();
-            if (!moved) {
-                bool all_wait = true;
-                for (Timeline* t : timelines) all_wait &= t->host_state_ != Timeline::HostState::kRunning;
-                if (all_wait) {
-                    for (Timeline* t : timelines) {
-                        if (t->host_state_ == Timeline::HostState::kWaitingPeers && !t->relaxed_) {
-                            t->relaxed_ = true;
-                            moved = true;
-                        }
-                    }
-                }
-            }
-            any |= moved;
-        }
-        if (any) {
-            ++progress;
-            cv.notify_all();
-        }
-    }
-    std::string describe() const {
-        std::ostringstream os;
-        for (std::size_t i = 0; i < timelines.size(); ++i)
-            os << "\n  emulated GPU " << i << ": " << timelines[i]->describe_state();
-        return os.str();
-    }
-};
-
-// ---- Rendezvous, HostMeeting --------------------------------------------------------------------
-
-Rendezvous::Rendezvous(std::vector<double> durations_us)
-    : durations_(std::move(durations_us)),
-      members_(static_cast<int>(durations_.size())),
-      here_(durations_.size(), false) {
-    SCMOE_CHECK(!durations_.empty(), "emu Rendezvous: no members");
-}
-
-std::shared_ptr<Rendezvous> Rendezvous::deferred(int members) {
-    SCMOE_CHECK(members >= 1, "emu Rendezvous: " << members << " members");
-    auto r = std::make_shared<Rendezvous>(std::vector<double>(static_cast<std::size_t>(members), 0.0));
-    r->known_.store(false, std::memory_order_relaxed);
-    return r;
-}
-
-void Rendezvous::set_durations(std::vector<double> durations_us) {
-    SCMOE_CHECK(!known_.load(std::memory_order_acquire) && static_cast<int>(durations_us.size()) == members_,
-                "emu Rendezvous: durations set twice, or " << durations_us.size() << " for " << members_ << " members");
-    durations_ = std::move(durations_us);
-    known_.store(true, std::memory_order_release);
-}
-
-void Rendezvous::arrive(int member, double time_us) {
-    SCMOE_CHECK(member >= 0 && member < members() && !here_[static_cast<std::size_t>(member)],
-                "emu Rendezvous: member " << member << " arrived twice or is out of range");
-    here_[static_cast<std::size_t>(member)] = true;
-    latest_ = arrived_ == 0 ? time_us : std::max(latest_, time_us);
-    ++arrived_;
-}
-
-void Rendezvous::fail(const std::string& why) {
-    World& w = World::get();
-    std::scoped_lock lock(w.mu);
-    if (!failure_.empty() || arrived_ == members()) return;
-    failure_ = why.empty() ? "failed" : why;
-    w.pump();
-    ++w.progress;
-    w.cv.notify_all();
-}
-
-HostMeeting::HostMeeting(int members, double latency_us) : members_(members), latency_us_(latency_us) {
-    SCMOE_CHECK(members >= 1 && latency_us >= 0, "emu HostMeeting: members " << members << ", latency " << latency_us);
-}
-
-// ---- Timeline -----------------------------------------------------------------------------------
 
 Timeline::Timeline(GpuSpec spec) : spec_(std::move(spec)) {
     stall_limit_s();  // a malformed SCMOE_EMU_STALL_S fails here, not at the first stall (or never)
