@@ -3,7 +3,8 @@
 //
 // A stack JSON: {"base": "scmoe"|"paper"|"paper-swin" (optional; default scmoe), "name": string,
 // "description": string, "attention": "fused"|"unfused", "attention_dropout": bool, "attention_bias":
-// bool, "attention_softmax_f32": bool, "framework_us": number,
+// bool, "attention_softmax_f32": bool, "attention_scale_scores": bool, "attention_mask_add": bool,
+// "attention_softmax_cast_in": bool, "norm_f32": bool, "framework_us": number,
 // "all_to_all_efficiency": number, "tutel_dispatch": bool, "activation_f32": bool, "expert_activation":
 // bool, "loss_f32": bool, "fairseq_optimizer": bool, "small_gemm": [[size, fraction], ...],
 // "grad_reduce": "overlapped"|"after_backward", "grad_reduce_dtype": "f32"|"bf16", "sources": [string, ...]};

@@ -81,7 +81,10 @@ RUNS = {
                 "--infer-passes 2 --quiet",
         "assumed": "2 sequences of 2048 per GPU (the paper gives no batch: the largest power of two whose "
                    "training fits 80 GB under the paper stack, whose unfused attention keeps its scores); SwiGLU "
-                   "intermediate size from LLaMA's rule (the paper gives none)",
+                   "intermediate size from LLaMA's rule (the paper gives none); under the paper stack, LLaMA-2's "
+                   "reference model code in fairseq's loop (fairseq defines no LLaMA)",
+        # LLaMA-2's reference attention and RMSNorm (meta-llama/llama llama/model.py) in fairseq's loop.
+        "paper_stack": "docs/emu/stack/paper-llama.json",
     },
     "t4": {
         "tool": TRAIN,
@@ -189,7 +192,7 @@ def stack_chunks(stack):
 # (both with Tutel): under --stack paper a run with a "paper_stack" takes that one instead, a built-in
 # name (the Swin runs: paper-swin, that code's, scmoe/kernels/emu/stack.cpp) or a stack file under
 # docs/emu/stack/ (relative to the repository, printed relative to the working directory; fairseq's
-# GPT-3 runs without dropout). Every other stack is passed as it is.
+# GPT-3 runs without dropout, LLaMA-2 runs its reference model code). Every other stack is passed as it is.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -171,11 +171,12 @@ def main():
         for run in ("swin-s1", "swin-s3", "blk-a30", "blk-2node-piped"):
             want = "--stack paper-swin" if stack == "paper" else "--stack scmoe"
             assert want in lines[run] and lines[run].count("--stack") == 1, lines[run]
-        for run in ("t2-gpt2", "t2-llama"):
-            assert f"--stack {stack}" in lines[run] and "paper-swin" not in lines[run], lines[run]
-        # fairseq's GPT-3 trains without dropout: its own stack file under paper.
-        want = "paper-gpt3.json --chunks 1" if stack == "paper" else "--stack scmoe"
-        assert want in lines["t4"], lines["t4"]
+        assert f"--stack {stack}" in lines["t2-gpt2"] and "paper-swin" not in lines["t2-gpt2"], lines["t2-gpt2"]
+        # fairseq's GPT-3 trains without dropout, LLaMA-2 runs its reference model code: their own stack
+        # files under paper.
+        for run, own in (("t4", "paper-gpt3.json"), ("t2-llama", "paper-llama.json")):
+            want = f"{own} --chunks 1" if stack == "paper" else "--stack scmoe"
+            assert want in lines[run] and lines[run].count("--stack") == 1, lines[run]
     # --lm-dispatch dropless (a sensitivity) swaps the LM rows' capacity factor for dropless dispatch
     # and leaves the block runs alone.
     p = subprocess.run([sys.executable, script, "--dry-run", "--stack", "paper", "--lm-dispatch", "dropless"],

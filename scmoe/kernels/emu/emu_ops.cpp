@@ -180,8 +180,20 @@ void copy_row_segments(const RowSegmentsArgs& a, Stream& s) {
     as_emu(s).launch_sized_at_start("copy_row_segments", [a] { return op_cost(a, sum(a.counts, a.num_segments)); });
 }
 
-void rmsnorm_forward(const RmsNormArgs& a, Stream& s) { timed("rmsnorm_forward", op_cost(a), s); }
-void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) { timed("rmsnorm_backward", op_cost(a), s); }
+// With the stack's fp32 RMSNorm (stack.h: LLaMA's reference code), its eager passes in place of
+// scmoe's fused kernels. Not counted: the fp32 tensors autograd saves for them.
+void rmsnorm_forward(const RmsNormArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    if (!es.device().stack().norm_f32) return timed("rmsnorm_forward", op_cost(a), s);
+    for (const StackKernel& k : fp32_rmsnorm_forward(a.tokens, a.hidden, a.dtype)) es.launch(k.name, k.cost);
+}
+void rmsnorm_backward(const RmsNormBackwardArgs& a, Stream& s) {
+    EmuStream& es = as_emu(s);
+    if (!es.device().stack().norm_f32) return timed("rmsnorm_backward", op_cost(a), s);
+    for (const StackKernel& k :
+         fp32_rmsnorm_backward(a.tokens, a.hidden, a.dtype, a.accumulate, a.grad_weight != nullptr))
+        es.launch(k.name, k.cost);
+}
 // The stack's attention (stack.h): scmoe's fused kernel (at the GPU's measured fused-attention rate,
 // GpuSpec::fused_attention), or the unfused kernels a framework runs.
 // A forward that keeps its statistics for a backward (lse set) is a training forward: only it runs
@@ -202,12 +214,16 @@ void attention_forward(const AttentionArgs& a, Stream& s) {
     const bool training = a.lse != nullptr;
     const ScorePasses passes = score_passes(stack, training);
     const UnfusedAttentionMemory m = unfused_attention_memory(a.batch, a.heads, a.seq, a.dtype, passes.softmax_f32);
-    void* scores = device.allocate(m.scores);  // QK^T (then, with the bias, the biased scores): the softmax's input
-    if (passes.bias) {
-        void* biased = device.allocate(m.scores);
+    void* scores = device.allocate(m.scores);  // QK^T, then each pass's new scores: the softmax's input
+    auto next_scores = [&](std::size_t bytes) {
+        void* next = device.allocate(bytes);
         device.deallocate(scores);
-        scores = biased;
-    }
+        scores = next;
+    };
+    if (passes.scale_scores) next_scores(m.scores);
+    if (passes.mask_add && a.causal) next_scores(m.scores);
+    if (passes.bias) next_scores(m.scores);
+    if (passes.softmax_cast_in) next_scores(m.probs);  // fp32 scores
     void* probs = nullptr;
     if (training)
         device.hold(a.out, kSavedProbs, m.probs);  // softmax's output: softmax's backward reads it
@@ -256,10 +272,11 @@ void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
         device.release(a.out, kSavedMask);
     }
     if (passes.dropout || passes.softmax_f32) device.release(a.out, kSavedDropped);
-    void* grad_scores = device.allocate(m.scores);  // softmax's backward
-    device.deallocate(grad_p);
+    next_grad(passes.softmax_cast_in ? m.probs : m.scores);  // softmax's backward: dS
     device.release(a.out, kSavedProbs);
-    device.deallocate(grad_scores);  // after dQ and dK (host order: the caching allocator reuses it later)
+    if (passes.softmax_cast_in) next_grad(m.scores);  // the cast's backward
+    if (passes.scale_scores) next_grad(m.scores);     // the division's backward
+    device.deallocate(grad_p);  // after dQ and dK (host order: the caching allocator reuses it later)
     for (const StackKernel& k : unfused_attention_backward(a, passes)) es.launch(k.name, k.cost);
 }
 void kv_cache_append(const KvCacheAppendArgs& a, Stream& s) { timed("kv_cache_append", op_cost(a), s); }

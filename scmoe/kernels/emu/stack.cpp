@@ -209,6 +209,8 @@ void check_stack(const Stack& s) {
     }
     SCMOE_CHECK(s.grad_reduce_dtype == DType::kF32 || s.grad_reduce_dtype == DType::kBF16,
                 "stack " << s.name << ": grad_reduce_dtype " << dtype_name(s.grad_reduce_dtype) << ": f32 or bf16");
+    SCMOE_CHECK(!s.attention_softmax_cast_in || s.attention_softmax_f32,
+                "stack " << s.name << ": attention_softmax_cast_in needs attention_softmax_f32 (an fp32 softmax)");
     SCMOE_CHECK(s.small_gemm.empty() || s.small_gemm.back().fraction == 1.0,
                 "stack " << s.name << ": small_gemm: the last point's fraction must be 1 (the ceiling at large sizes)");
 }
@@ -219,12 +221,15 @@ std::string describe(const Stack& s) {
     os << s.name << ": " << (unfused ? "unfused" : "fused") << " attention"
        << (unfused && s.attention_dropout ? " (dropout)" : "")
        << (unfused && s.attention_bias ? " (position bias)" : "")
-       << (unfused && s.attention_softmax_f32 ? " (fp32 softmax)" : "") << ", framework "
-       << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency
+       << (unfused && s.attention_softmax_f32
+               ? (s.attention_softmax_cast_in ? " (fp32 softmax of fp32 scores)" : " (fp32 softmax)")
+               : "")
+       << (unfused && s.attention_scale_scores ? " (scores scaled)" : "")
+       << (unfused && s.attention_mask_add ? " (mask added)" : "") << (s.norm_f32 ? ", fp32 RMSNorm" : "")
+       << ", framework " << s.framework_us << " us/op, all-to-all efficiency x" << s.all_to_all_efficiency
        << (s.tutel_dispatch ? ", Tutel fp32 encode/decode" : "") << (s.activation_f32 ? ", fp32 GELU" : "")
        << (s.expert_activation ? "" : ", no expert activation") << (s.loss_f32 ? ", fp32 loss" : "")
-       << (s.fairseq_optimizer ? ", fairseq FP16Optimizer + Adam" : "")
-       << ", small-GEMM curve "
+       << (s.fairseq_optimizer ? ", fairseq FP16Optimizer + Adam" : "") << ", small-GEMM curve "
        << (s.small_gemm.empty() ? std::string("none") : std::to_string(s.small_gemm.size()) + " points")
        << ", gradient all-reduce " << (s.grad_reduce == GradReduce::kOverlapped ? "overlapped" : "after the backward")
        << " in " << dtype_name(s.grad_reduce_dtype);
@@ -245,7 +250,14 @@ double small_gemm_fraction(const Stack& s, const OpCost& c) {
 }
 
 ScorePasses score_passes(const Stack& stack, bool training) {
-    return {training && stack.attention_dropout, stack.attention_bias, stack.attention_softmax_f32};
+    ScorePasses p;
+    p.dropout = training && stack.attention_dropout;
+    p.bias = stack.attention_bias;
+    p.softmax_f32 = stack.attention_softmax_f32;
+    p.scale_scores = stack.attention_scale_scores;
+    p.mask_add = stack.attention_mask_add;
+    p.softmax_cast_in = stack.attention_softmax_cast_in;
+    return p;
 }
 
 UnfusedAttentionMemory unfused_attention_memory(std::int64_t batch, std::int64_t heads, std::int64_t seq,
@@ -261,12 +273,18 @@ UnfusedAttentionMemory unfused_attention_memory(std::int64_t batch, std::int64_t
 // matrices: the batched GEMMs compute every score and, causal, the mask sets the upper triangle to
 // -inf. Without causal (AttentionArgs::causal false) there is no attn_mask: PyTorch runs bmm(q, k^T)
 // instead of baddbmm and reads no mask. Each kernel reads and writes its operands once (op_cost.h):
-//   attn_q_scale    q / sqrt(d): reads and writes Q
+//   attn_q_scale    q / sqrt(d): reads and writes Q                        (without scale_scores)
+//   attn_repeat_kv  GQA (kv_heads < heads): k and v repeated to every query head, as an eager GQA must
+//                   before bmm (LLaMA's reference: repeat_kv, "expand(...).reshape(...)", a copy);
+//                   reads 2 KV, writes 2Q (KV: the elements of k at kv_heads)
 //   attn_qk_bmm     baddbmm(mask, q, k^T): 2*S*d FLOPs; reads q, k (2Q) and the mask as C (S), writes S
-//                   (non-causal: bmm(q, k^T), reads 2Q only)
+//                   (non-causal, or with mask_add: bmm(q, k^T), reads 2Q only)
+//   attn_scores_scale  scores / sqrt(d): reads S, writes S                 (with scale_scores)
+//   attn_mask_add   scores + mask: reads S and the mask (s*s, broadcast), writes S  (causal, with mask_add)
 //   (with bias)     the bias table's kernels (bias_table_forward), then
 //   attn_bias_add   reads S and the bias (h*s*s), writes S
-//   attn_softmax    reads S (e), writes S (p)
+//   attn_scores_cast  scores.float(): reads S (e), writes S (4)            (with softmax_cast_in)
+//   attn_softmax    reads S (e, or 4 after the cast), writes S (p)
 //   attn_dropout    reads S, writes S (p) and its mask (S bytes)            (with dropout)
 //   attn_probs_cast reads S (4), writes S (e): autocast's cast for PV       (with softmax_f32)
 //   attn_pv_bmm     bmm(p, v): 2*S*d FLOPs; reads S and Q, writes Q
@@ -327,16 +345,26 @@ std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, const
     const double e = static_cast<double>(dtype_size(a.dtype)), S = d(B) * d(a.seq) * d(a.seq), Q = d(q);
     const double p = passes.softmax_f32 ? 4.0 : e;
     std::vector<StackKernel> k;
-    k.push_back({"attn_q_scale", elementwise_cost(q, q, a.dtype)});
-    const double mask = a.causal ? S : 0.0;  // the additive mask, baddbmm's C operand
+    if (!passes.scale_scores) k.push_back({"attn_q_scale", elementwise_cost(q, q, a.dtype)});
+    const std::int64_t kv = a.batch * a.seq * attention_kv_heads(a.heads, a.kv_heads) * a.head_dim;
+    if (kv < q) k.push_back({"attn_repeat_kv", elementwise_cost(2 * kv, 2 * q, a.dtype, 0.0)});
+    const bool mask_add = a.causal && passes.mask_add;
+    const double mask = a.causal && !mask_add ? S : 0.0;  // the additive mask, baddbmm's C operand
     k.push_back({"attn_qk_bmm", batched_gemm(B, a.seq, a.seq, a.head_dim, e * (2 * Q + mask), e * S)});
+    if (passes.scale_scores) k.push_back({"attn_scores_scale", score_pass(S, e, e, 1)});
+    if (mask_add) {
+        OpCost add = score_pass(S, e, e, 1);
+        add.bytes += e * d(a.seq * a.seq);  // the [s, s] mask, broadcast over batch and heads
+        k.push_back({"attn_mask_add", add});
+    }
     if (passes.bias) {
         for (const StackKernel& t : bias_table_forward(a.heads, a.seq, a.dtype)) k.push_back(t);
         OpCost add = score_pass(S, e, e, 1);
         add.bytes += e * d(a.heads * a.seq * a.seq);  // the bias, broadcast over the batch
         k.push_back({"attn_bias_add", add});
     }
-    k.push_back({"attn_softmax", score_pass(S, e, p, 5)});
+    if (passes.softmax_cast_in) k.push_back({"attn_scores_cast", score_pass(S, e, 4, 0)});
+    k.push_back({"attn_softmax", score_pass(S, passes.softmax_cast_in ? 4 : e, p, 5)});
     if (passes.dropout) {
         OpCost drop = score_pass(S, p, p, 1);
         drop.bytes += S;
@@ -354,14 +382,17 @@ std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, const
 //   attn_pv_bmm_grad_v       dV = P^T dO: 2*S*d FLOPs; reads S and Q, writes Q
 //   attn_probs_cast_backward reads S (e), writes S (4)                           (with softmax_f32)
 //   attn_dropout_backward    dP * mask * scale: reads S (p) and the mask (S bytes), writes S (p)  (with dropout)
-//   attn_softmax_backward    reads dP and P (2 S of p), writes dS (e)
+//   attn_softmax_backward    reads dP and P (2 S of p), writes dS (e, or 4 with softmax_cast_in)
+//   attn_scores_cast_backward  reads dS (4), writes dS (e)                        (with softmax_cast_in)
 //   (with bias)              attn_bias_reduce: the bias gradient, dS summed over the batch: reads
 //                            S, writes h*s*s; then the bias table's backward (bias_table_backward)
+//   attn_scores_scale_backward  dS / sqrt(d): reads S, writes S                   (with scale_scores)
 //   attn_qk_bmm_grad_q       dQ = dS k: 2*S*d FLOPs; reads S and Q, writes Q
 //   attn_qk_bmm_grad_k       dK = dS^T q: 2*S*d FLOPs; reads S and Q, writes Q
-//   attn_q_scale_backward    reads and writes Q
+//   attn_q_scale_backward    reads and writes Q                                 (without scale_scores)
+//   attn_repeat_kv_backward  GQA: dK and dV summed over each group's heads: reads 2Q, writes 2 KV
 // The additive mask's (and the bias add's) gradient for the scores is the incoming one (autograd
-// passes it through: no kernel); without causal there is no mask and the same kernels run (bmm's
+// passes it through: no kernel, with mask_add too); without causal there is no mask and the same kernels run (bmm's
 // backward is baddbmm's without C).
 std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs& a, const ScorePasses& passes) {
     const std::int64_t B = a.batch * a.heads, q = a.batch * a.seq * a.heads * a.head_dim;
@@ -378,16 +409,20 @@ std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs&
         drop.bytes += S;
         k.push_back({"attn_dropout_backward", drop});
     }
-    k.push_back({"attn_softmax_backward", score_pass(S, 2 * p, e, 3)});
+    k.push_back({"attn_softmax_backward", score_pass(S, 2 * p, passes.softmax_cast_in ? 4 : e, 3)});
+    if (passes.softmax_cast_in) k.push_back({"attn_scores_cast_backward", score_pass(S, 4, e, 0)});
     if (passes.bias) {
         OpCost reduce = score_pass(S, e, 0, 1);
         reduce.bytes += e * d(a.heads * a.seq * a.seq);
         k.push_back({"attn_bias_reduce", reduce});
         for (const StackKernel& t : bias_table_backward(a.heads, a.seq, a.dtype)) k.push_back(t);
     }
+    if (passes.scale_scores) k.push_back({"attn_scores_scale_backward", score_pass(S, e, e, 1)});
     k.push_back({"attn_qk_bmm_grad_q", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
     k.push_back({"attn_qk_bmm_grad_k", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
-    k.push_back({"attn_q_scale_backward", elementwise_cost(q, q, a.dtype)});
+    if (!passes.scale_scores) k.push_back({"attn_q_scale_backward", elementwise_cost(q, q, a.dtype)});
+    const std::int64_t kv = a.batch * a.seq * attention_kv_heads(a.heads, a.kv_heads) * a.head_dim;
+    if (kv < q) k.push_back({"attn_repeat_kv_backward", elementwise_cost(2 * q, 2 * kv, a.dtype)});
     return k;
 }
 
@@ -500,6 +535,68 @@ std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DTyp
         back.flops = 3.0 * static_cast<double>(tv);
         k.push_back({"log_softmax_backward", back});
     }
+    return k;
+}
+
+// LLaMA's reference RMSNorm (Stack::norm_f32; meta-llama/llama llama/model.py, RMSNorm: "output =
+// self._norm(x.float()).type_as(x)", "return output * self.weight", "_norm: x * torch.rsqrt(x.pow(2).
+// mean(-1, keepdim=True) + self.eps)") over n = T*H elements of e bytes (T tokens, H hidden), each op
+// one eager kernel:
+//   rmsnorm_cast_in      x.float(): reads e, writes 4
+//   rmsnorm_pow          x.pow(2): reads 4, writes 4
+//   rmsnorm_mean         .mean(-1): reads n 4, writes T 4
+//   rmsnorm_add_eps      + eps: reads and writes T 4
+//   rmsnorm_rsqrt        torch.rsqrt: reads and writes T 4
+//   rmsnorm_mul          x * rsqrt: reads n 4 and T 4, writes n 4
+//   rmsnorm_cast_out     .type_as(x): reads 4, writes e
+//   rmsnorm_weight_mul   * self.weight: reads n e and H e, writes n e
+// 28 + 4e bytes an element (scmoe's fused kernel: 2e). The backward, in autograd's order (60 + 8e bytes an
+// element with the weight's gradient; scmoe's fused kernel: 3e):
+//   rmsnorm_weight_mul_backward  grad * weight: reads n e and H e, writes n e
+//   rmsnorm_weight_grad_mul      (with the weight's gradient) grad * normalized: reads 2n e, writes n e
+//   rmsnorm_weight_grad_sum      its sum over the tokens: reads n e, writes H e
+//   rmsnorm_cast_out_backward    reads e, writes 4
+//   rmsnorm_mul_backward_x       grad * rsqrt: reads n 4 and T 4, writes n 4
+//   rmsnorm_mul_backward_r       (grad * x).sum(-1): a product (reads 2n 4, writes n 4), then its sum
+//   rmsnorm_mul_backward_r_sum   reads n 4, writes T 4
+//   rmsnorm_rsqrt_backward       reads 2T 4, writes T 4 (add's gradient passes through)
+//   rmsnorm_mean_backward        the gradient expanded over H and divided: reads T 4, writes n 4
+//   rmsnorm_pow_backward         grad * 2 * x: reads 2n 4, writes n 4
+//   rmsnorm_grad_add             the two gradients of x.float() summed: reads 2n 4, writes n 4
+//   rmsnorm_cast_in_backward     reads 4, writes e
+//   rmsnorm_grad_accumulate      (residual paths) into the incoming gradient: reads 2n e, writes n e
+std::vector<StackKernel> fp32_rmsnorm_forward(std::int64_t tokens, std::int64_t hidden, DType dtype) {
+    const std::int64_t n = tokens * hidden;
+    const DType f = DType::kF32;
+    return {{"rmsnorm_cast_in", convert_cost(dtype, f, n)},
+            {"rmsnorm_pow", elementwise_cost(n, n, f)},
+            {"rmsnorm_mean", elementwise_cost(n, tokens, f)},
+            {"rmsnorm_add_eps", elementwise_cost(tokens, tokens, f)},
+            {"rmsnorm_rsqrt", elementwise_cost(tokens, tokens, f)},
+            {"rmsnorm_mul", elementwise_cost(n + tokens, n, f)},
+            {"rmsnorm_cast_out", convert_cost(f, dtype, n)},
+            {"rmsnorm_weight_mul", elementwise_cost(n + hidden, n, dtype)}};
+}
+std::vector<StackKernel> fp32_rmsnorm_backward(std::int64_t tokens, std::int64_t hidden, DType dtype, bool accumulate,
+                                               bool grad_weight) {
+    const std::int64_t n = tokens * hidden;
+    const DType f = DType::kF32;
+    std::vector<StackKernel> k = {{"rmsnorm_weight_mul_backward", elementwise_cost(n + hidden, n, dtype)}};
+    if (grad_weight) {
+        k.push_back({"rmsnorm_weight_grad_mul", elementwise_cost(2 * n, n, dtype)});
+        k.push_back({"rmsnorm_weight_grad_sum", elementwise_cost(n, hidden, dtype)});
+    }
+    const std::vector<StackKernel> fp32_part = {{"rmsnorm_cast_out_backward", convert_cost(dtype, f, n)},
+                                                {"rmsnorm_mul_backward_x", elementwise_cost(n + tokens, n, f)},
+                                                {"rmsnorm_mul_backward_r", elementwise_cost(2 * n, n, f)},
+                                                {"rmsnorm_mul_backward_r_sum", elementwise_cost(n, tokens, f)},
+                                                {"rmsnorm_rsqrt_backward", elementwise_cost(2 * tokens, tokens, f)},
+                                                {"rmsnorm_mean_backward", elementwise_cost(tokens, n, f)},
+                                                {"rmsnorm_pow_backward", elementwise_cost(2 * n, n, f)},
+                                                {"rmsnorm_grad_add", elementwise_cost(2 * n, n, f)},
+                                                {"rmsnorm_cast_in_backward", convert_cost(f, dtype, n)}};
+    k.insert(k.end(), fp32_part.begin(), fp32_part.end());
+    if (accumulate) k.push_back({"rmsnorm_grad_accumulate", elementwise_cost(2 * n, n, dtype)});
     return k;
 }
 

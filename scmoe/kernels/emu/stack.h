@@ -5,8 +5,12 @@
 //    1.x's F.multi_head_attention_forward runs it (scores [b*h, s, s] materialised: the q scaling,
 //    QK^T as a batched GEMM with the causal mask read as its C operand, softmax, dropout, PV, the
 //    output transpose; and their backward), each kernel costed through the same roofline; with
-//    attention_bias, an additive position bias over the scores (Swin's), and with
-//    attention_softmax_f32, the softmax as torch.cuda.amp runs it (fp32 out, a cast back for PV);
+//    attention_bias, an additive position bias over the scores (Swin's), with
+//    attention_softmax_f32, the softmax as torch.cuda.amp runs it (fp32 out, a cast back for PV), and
+//    with attention_scale_scores, attention_mask_add and attention_softmax_cast_in the passes of
+//    LLaMA's reference attention (the scores divided after QK^T, the mask added in a pass of its own,
+//    the scores cast to fp32 before the softmax);
+//  - norm_f32: RMSNorm as LLaMA's reference code runs it, in fp32 eager passes;
 //  - framework_us: host time the framework spends before each op's launch (Python, eager dispatch),
 //    on top of GpuSpec::launch_us; it delays the issuing host thread (emu_device.cpp, and the
 //    communicator's launches);
@@ -65,6 +69,21 @@ struct Stack {
     // fp32 policy for softmax), cast back to fp16 for PV (autocast's fp16 policy for matmul); in the
     // backward the cast's and the softmax's, in fp32.
     bool attention_softmax_f32 = false;
+    // unfused: the scores divided by sqrt(head_dim) after QK^T, a pass over the scores (and one over
+    // their gradient), in place of PyTorch 1.x MHA's scaling of q (LLaMA's reference: "scores =
+    // torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)").
+    bool attention_scale_scores = false;
+    // unfused, causal: the mask added in a pass of its own ("scores = scores + mask"; its gradient
+    // passes through) in place of baddbmm's C operand.
+    bool attention_mask_add = false;
+    // unfused, with attention_softmax_f32: the scores cast to fp32 before an fp32 softmax ("F.softmax(
+    // scores.float(), dim=-1).type_as(xq)"), where autocast's softmax reads them in their dtype; its
+    // backward writes fp32 and casts back.
+    bool attention_softmax_cast_in = false;
+    // RMSNorm as LLaMA's reference code runs it ("self._norm(x.float()).type_as(x) * self.weight",
+    // "_norm: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)"): fp32 eager passes and their
+    // autograd backward (fp32_rmsnorm_forward / _backward give the kernels) in place of scmoe's fused one.
+    bool norm_f32 = false;
     double framework_us = 0;             // host time per op before its launch, us
     double all_to_all_efficiency = 1.0;  // factor on the all-to-all's link and NIC efficiency, (0, 1]
     std::vector<GemmEfficiencyPoint> small_gemm;  // sizes increasing, fractions non-decreasing; empty: 1
@@ -114,9 +133,12 @@ double small_gemm_fraction(const Stack& stack, const OpCost& cost);
 // What an unfused attention runs over its [b*h, s, s] scores besides the two batched GEMMs and the
 // softmax: the stack's passes (dropout only in a training forward and its backward).
 struct ScorePasses {
-    bool dropout = false;      // a dropout pass and its 1-byte mask
-    bool bias = false;         // Stack::attention_bias
-    bool softmax_f32 = false;  // Stack::attention_softmax_f32
+    bool dropout = false;          // a dropout pass and its 1-byte mask
+    bool bias = false;             // Stack::attention_bias
+    bool softmax_f32 = false;      // Stack::attention_softmax_f32
+    bool scale_scores = false;     // Stack::attention_scale_scores
+    bool mask_add = false;         // Stack::attention_mask_add (causal attention only)
+    bool softmax_cast_in = false;  // Stack::attention_softmax_cast_in (with softmax_f32)
 };
 ScorePasses score_passes(const Stack& stack, bool training);
 
@@ -126,9 +148,10 @@ ScorePasses score_passes(const Stack& stack, bool training);
 // dropout keeps a bool mask). What autograd keeps from a training forward to its backward: the
 // softmax's output (its backward reads it) and PV's input when it is another tensor (dropout's
 // output, or the fp16 cast of the fp32 probabilities), with dropout also the mask. Transient, in host
-// order: the scores (and the biased scores) until the softmax has run; with softmax_f32 and dropout
-// the fp32 dropped probabilities until their cast; in the backward dP, the dP of each pass before the
-// softmax's, and dS, each freed once the next exists (emu_ops.cpp). Not counted: the scaled q that
+// order: the scores (and each pass's new scores before the softmax: scaled, masked, biased, cast to
+// fp32) until the softmax has run; with softmax_f32 and dropout the fp32 dropped probabilities until
+// their cast; in the backward dP, the dP of each pass before the softmax's, and dS (and the gradient
+// of each pass before it), each freed once the next exists (emu_ops.cpp). Not counted: the scaled q that
 // baddbmm saves (b*s*h*d elements, d/s of the scores), and the bias [h, s, s] (1/b of the scores).
 struct UnfusedAttentionMemory {
     std::size_t scores = 0, probs = 0, mask = 0;
@@ -170,6 +193,12 @@ std::vector<StackKernel> tutel_encode_backward(const DispatchShape& shape);
 std::vector<StackKernel> fp32_gelu_forward(std::int64_t rows, std::int64_t ffn, DType dtype);
 std::vector<StackKernel> fp32_gelu_backward(std::int64_t rows, std::int64_t ffn, DType dtype);
 std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DType dtype, bool backward);
+
+// LLaMA's reference RMSNorm (Stack::norm_f32) over tokens x hidden of dtype: its eager forward passes
+// and their autograd backward, in issue order (stack.cpp gives the sources and formulas).
+std::vector<StackKernel> fp32_rmsnorm_forward(std::int64_t tokens, std::int64_t hidden, DType dtype);
+std::vector<StackKernel> fp32_rmsnorm_backward(std::int64_t tokens, std::int64_t hidden, DType dtype, bool accumulate,
+                                               bool grad_weight);
 
 // fairseq's optimizer step (Stack::fairseq_optimizer) over n parameters whose model copy is of
 // param_dtype, as whole-buffer passes in issue order (stack.cpp gives the sources and formulas); the
