@@ -26,12 +26,7 @@ namespace {
 
 using test::device_with;
 using test::elapsed_us;
-
-emu::GpuSpec spec_without_launch() {
-    emu::GpuSpec spec = test::round_spec();
-    spec.launch_us = 0;
-    return spec;
-}
+using test::round_spec_without_launch;
 
 emu::Stack with(bool activation_f32, bool expert_activation, bool loss_f32) {
     emu::Stack s;
@@ -50,8 +45,8 @@ emu::Stack with(bool activation_f32, bool expert_activation, bool loss_f32) {
 TEST(EmuFairseqStack, ADenseGeluRunsInFp32BetweenTwoCasts) {
     ActivationArgs a{Activation::kGeLU, 1000, 1000, DType::kBF16};
     ActivationBackwardArgs b{Activation::kGeLU, 1000, 1000, DType::kBF16};
-    auto plain = device_with(with(false, true, false), spec_without_launch());
-    auto fairseq = device_with(with(true, true, false), spec_without_launch());
+    auto plain = device_with(with(false, true, false), round_spec_without_launch());
+    auto fairseq = device_with(with(true, true, false), round_spec_without_launch());
     EXPECT_NEAR(elapsed_us(*plain, [&](Stream& s) { emu::activation_forward(a, s); }), 5.0, 1e-6);
     EXPECT_NEAR(elapsed_us(*fairseq, [&](Stream& s) { emu::activation_forward(a, s); }), 23.0, 1e-6);
     EXPECT_NEAR(elapsed_us(*plain, [&](Stream& s) { emu::activation_backward(b, s); }), 7.0, 1e-6);
@@ -68,7 +63,7 @@ TEST(EmuFairseqStack, ADenseGeluRunsInFp32BetweenTwoCasts) {
 // expert_activation false: a routed expert's GELU launches nothing, forward or backward; a routed
 // SwiGLU and a non-routed GELU (the shared expert's, a dense FFN's) still run.
 TEST(EmuFairseqStack, TutelsFairseqExpertsRunNoActivation) {
-    auto device = device_with(with(false, false, false), spec_without_launch());
+    auto device = device_with(with(false, false, false), round_spec_without_launch());
     ActivationArgs a{Activation::kGeLU, 1000, 1000, DType::kBF16};
     ActivationBackwardArgs b{Activation::kGeLU, 1000, 1000, DType::kBF16};
     a.routed_expert = b.routed_expert = true;
@@ -88,7 +83,7 @@ TEST(EmuFairseqStack, TutelsFairseqExpertsRunNoActivation) {
 TEST(EmuFairseqStack, TheMoeLayerMarksOnlyItsRoutedExpertsActivation) {
     double experts_us[2], shared_us[2];
     for (const bool expert_activation : {true, false}) {
-        auto device = device_with(with(false, expert_activation, false), spec_without_launch());
+        auto device = device_with(with(false, expert_activation, false), round_spec_without_launch());
         MoeConfig c;
         c.hidden = 128, c.ffn = 256, c.num_experts = 8, c.top_k = 2;
         c.activation = Activation::kGeLU, c.dtype = DType::kBF16;
@@ -127,8 +122,8 @@ TEST(EmuFairseqStack, TheMoeLayerMarksOnlyItsRoutedExpertsActivation) {
 TEST(EmuFairseqStack, TheLossIsFairseqsFp32LogSoftmaxAndNllLoss) {
     CrossEntropyArgs a;
     a.tokens = 100, a.vocab = 10000, a.dtype = DType::kBF16;
-    auto plain = device_with(with(false, true, false), spec_without_launch());
-    auto fairseq = device_with(with(false, true, true), spec_without_launch());
+    auto plain = device_with(with(false, true, false), round_spec_without_launch());
+    auto fairseq = device_with(with(false, true, true), round_spec_without_launch());
     EXPECT_NEAR(elapsed_us(*fairseq, [&](Stream& s) { emu::cross_entropy(a, s); }), 8.0008, 1e-6);
     EXPECT_NEAR(elapsed_us(*plain, [&](Stream& s) { emu::cross_entropy(a, s); }), 3.0008, 1e-6);
     DeviceBuffer grad(*fairseq, 100 * 10000 * 2);
@@ -143,10 +138,10 @@ TEST(EmuFairseqStack, TheLossIsFairseqsFp32LogSoftmaxAndNllLoss) {
 // master and the two moments (16 B) and writing the three (12 B) and the bf16 parameter (2 B): 30 us and
 // a gap. With an fp32 model (e = 4) fairseq's two copies weigh 4 B more each: 100 bytes a parameter.
 TEST(EmuFairseqStack, TheOptimizerStepIsFairseqsFp16OptimizerAroundItsAdam) {
-    auto plain = device_with(with(false, true, false), spec_without_launch());
+    auto plain = device_with(with(false, true, false), round_spec_without_launch());
     emu::Stack fairseq_stack = with(false, true, false);
     fairseq_stack.fairseq_optimizer = true;
-    auto fairseq = device_with(fairseq_stack, spec_without_launch());
+    auto fairseq = device_with(fairseq_stack, round_spec_without_launch());
     DeviceBuffer params(*fairseq, 2'000'000);
     AdamWArgs a;
     a.n = 1'000'000;

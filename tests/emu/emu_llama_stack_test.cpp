@@ -24,12 +24,7 @@ namespace {
 
 using test::device_with;
 using test::elapsed_us;
-
-emu::GpuSpec spec_without_launch() {
-    emu::GpuSpec spec = test::round_spec();
-    spec.launch_us = 0;
-    return spec;
-}
+using test::round_spec_without_launch;
 
 emu::Stack llama_attention() {
     emu::Stack s;
@@ -56,7 +51,7 @@ emu::Stack llama_attention() {
 // dP and P in fp32 and writes dS in fp32: 12S -> 196.608; dS cast back 6S -> 98.304; dS / sqrt(d) 4S ->
 // 65.536; dQ, dK 41.94304 each. 9 kernels: 633.07776 + 9 = 642.07776.
 TEST(EmuLlamaStack, TheReferenceAttentionCostsItsScorePasses) {
-    const emu::GpuSpec spec = spec_without_launch();
+    const emu::GpuSpec spec = round_spec_without_launch();
     const emu::ScorePasses passes = emu::score_passes(llama_attention(), true);
     EXPECT_FALSE(passes.dropout);
     const std::vector<emu::StackKernel> fwd = emu::unfused_attention_forward(test::hand_attention_shape(), passes);
@@ -97,7 +92,7 @@ TEST(EmuLlamaStack, TheReferenceAttentionCostsItsScorePasses) {
 // shape's 10: KV = 1280 * 2 * 128 = 327,680 elements; the copy reads 2 KV and writes 2Q bf16
 // (1,310,720 + 6,553,600 B) -> 7.86432 us, its backward the reverse. Multi-head attention has neither.
 TEST(EmuLlamaStack, GroupedQueryAttentionRepeatsKeysAndValues) {
-    const emu::GpuSpec spec = spec_without_launch();
+    const emu::GpuSpec spec = round_spec_without_launch();
     const emu::ScorePasses passes = emu::score_passes(llama_attention(), true);
     AttentionArgs mha = test::hand_attention_shape();
     AttentionArgs gqa = mha;
@@ -165,7 +160,7 @@ TEST(EmuLlamaStack, TheFp32RmsNormRunsItsEagerPasses) {
     EXPECT_STREQ(bwd_acc.back().name, "rmsnorm_grad_accumulate");
     EXPECT_EQ(emu::fp32_rmsnorm_backward(T, H, DType::kBF16, false, false).size(), 10u);
 
-    const emu::GpuSpec spec = spec_without_launch();
+    const emu::GpuSpec spec = round_spec_without_launch();
     auto expected_us = [&](const std::vector<emu::StackKernel>& ks) {
         double us = 0;
         for (const emu::StackKernel& k : ks) us += 1.0 + emu::model_kernel(k.cost, spec).work_us;

@@ -34,6 +34,13 @@ inline emu::GpuSpec round_spec() {
     return s;
 }
 
+// round_spec() with no launch cost: each kernel is its 1 us gap and its work.
+inline emu::GpuSpec round_spec_without_launch() {
+    emu::GpuSpec s = round_spec();
+    s.launch_us = 0;
+    return s;
+}
+
 // An emulated device on `spec` running `stack`.
 inline std::unique_ptr<Device> device_with(emu::Stack stack, emu::GpuSpec spec = round_spec()) {
     emu::EmuOptions options;
