@@ -79,6 +79,16 @@ TEST(EmuLlamaStack, TheReferenceAttentionCostsItsScorePasses) {
     }
     EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::attention_backward(h.bwd, s); }), 642.07776, 1e-4);
 
+    // An fp32 model casts nothing: no scores cast and no probabilities cast, forward or backward.
+    AttentionArgs f32 = test::hand_attention_shape();
+    f32.dtype = DType::kF32;
+    const std::vector<emu::StackKernel> f32_fwd = emu::unfused_attention_forward(f32, passes);
+    ASSERT_EQ(f32_fwd.size(), 6u);
+    for (const emu::StackKernel& k : f32_fwd) EXPECT_EQ(std::string(k.name).find("cast"), std::string::npos) << k.name;
+    AttentionBackwardArgs f32_bwd = h.bwd;
+    f32_bwd.dtype = DType::kF32;
+    EXPECT_EQ(emu::unfused_attention_backward(f32_bwd, passes).size(), 7u);
+
     // Bidirectional: no mask to add (the pass is the causal mask's), everything else the same.
     AttentionArgs bidir = test::hand_attention_shape();
     bidir.causal = false;
@@ -118,9 +128,11 @@ TEST(EmuLlamaStack, GroupedQueryAttentionRepeatsKeysAndValues) {
 // The small training attention (2 heads, seq 64: S = 8192 scores, Se = 16384 bytes of them in bf16).
 // Forward: QK^T (Se), scaled (Se, the first freed), masked (Se), cast to fp32 (2Se) while the masked
 // ones live: 3Se; then the fp32 probabilities (2Se, kept) beside the fp32 scores: 4Se, the peak; then
-// their bf16 cast for PV (Se, kept). Saved: 3Se. Backward: dP (Se), its fp32 cast (2Se) while dP lives,
-// then PV's saved input goes; the softmax's fp32 dS (2Se) beside the fp32 dP and the saved fp32
-// probabilities: 6Se, the peak; then the probabilities go, dS cast back (Se), dS scaled (Se); all freed.
+// their bf16 cast for PV (Se, kept). Saved: 3Se. Backward: dP (Se), its fp32 cast (2Se) while dP and
+// the saved 3Se live: 6Se (the model frees PV's saved input after the cast, autograd before it); then
+// dP and PV's saved input go; the softmax's fp32 dS (2Se) beside the fp32 dP and the saved fp32
+// probabilities: 6Se again, the peak either way; then the probabilities go, dS cast back (Se), dS
+// scaled (Se); all freed.
 TEST(EmuLlamaStack, ItsScoreTensorsCountAgainstDeviceMemory) {
     const std::uint64_t Se = 16384;
     auto device = device_with(llama_attention());
@@ -137,11 +149,14 @@ TEST(EmuLlamaStack, ItsScoreTensorsCountAgainstDeviceMemory) {
     stream->synchronize();
 }
 
-// LLaMA's reference RMSNorm over n = T*H elements (T = 1000 tokens, H = 1000, bf16): forward 36 bytes an
-// element (28 + 4e) plus 24 T and 2 H bytes (the per-token statistics, the weight); backward with the
-// weight's gradient 76 (60 + 8e) plus 24 T and 4 H, and 6 more an element accumulating into the
-// residual's gradient. On the device: each kernel back to back with its gap, against scmoe's one fused
-// kernel: (2n + 2H reads and writes, 4T of rstd) = 4.006 us and a gap.
+// LLaMA's reference RMSNorm over n = T*H elements (T = 1000 tokens, H = 1000, bf16): forward 8 kernels,
+// 36 bytes an element (28 + 4e) plus 24 T and 2 H bytes (the per-token statistics, the weight); backward
+// with the weight's gradient 16 kernels, 92 bytes an element (76 + 8e) plus 40 T and 4 H, and one more
+// kernel of 6 bytes an element accumulating into the residual's gradient; without the weight's gradient
+// two kernels fewer. An fp32 model casts nothing: 6 and 14 kernels. Every kernel here is memory-bound on
+// round_spec (1e6 B/us against at most 3 FLOPs an element at 1e7 FLOP/us), so on the device each takes
+// its bytes / 1e6 us after a 1 us gap. scmoe's fused forward reads n + H and writes n bf16 elements
+// (4n + 2H bytes) and writes 4T bytes of rstd: 4.006 us and a gap.
 TEST(EmuLlamaStack, TheFp32RmsNormRunsItsEagerPasses) {
     const std::int64_t T = 1000, H = 1000, n = T * H;
     auto bytes = [](const std::vector<emu::StackKernel>& ks) {
@@ -149,38 +164,37 @@ TEST(EmuLlamaStack, TheFp32RmsNormRunsItsEagerPasses) {
         for (const emu::StackKernel& k : ks) b += k.cost.bytes;
         return b;
     };
+    const double fwd_bytes = 36.0 * n + 24.0 * T + 2.0 * H, bwd_bytes = 92.0 * n + 40.0 * T + 4.0 * H;
     const auto fwd = emu::fp32_rmsnorm_forward(T, H, DType::kBF16);
     EXPECT_EQ(fwd.size(), 8u);
-    EXPECT_DOUBLE_EQ(bytes(fwd), 36.0 * n + 24.0 * T + 2.0 * H);
+    EXPECT_DOUBLE_EQ(bytes(fwd), fwd_bytes);
     const auto bwd = emu::fp32_rmsnorm_backward(T, H, DType::kBF16, false, true);
-    EXPECT_EQ(bwd.size(), 12u);
-    EXPECT_DOUBLE_EQ(bytes(bwd), 76.0 * n + 24.0 * T + 4.0 * H);
+    EXPECT_EQ(bwd.size(), 16u);
+    EXPECT_DOUBLE_EQ(bytes(bwd), bwd_bytes);
     const auto bwd_acc = emu::fp32_rmsnorm_backward(T, H, DType::kBF16, true, true);
-    EXPECT_DOUBLE_EQ(bytes(bwd_acc), bytes(bwd) + 6.0 * n);
+    EXPECT_EQ(bwd_acc.size(), 17u);
+    EXPECT_DOUBLE_EQ(bytes(bwd_acc), bwd_bytes + 6.0 * n);
     EXPECT_STREQ(bwd_acc.back().name, "rmsnorm_grad_accumulate");
-    EXPECT_EQ(emu::fp32_rmsnorm_backward(T, H, DType::kBF16, false, false).size(), 10u);
+    EXPECT_EQ(emu::fp32_rmsnorm_backward(T, H, DType::kBF16, false, false).size(), 14u);
+    EXPECT_EQ(emu::fp32_rmsnorm_forward(T, H, DType::kF32).size(), 6u);
+    EXPECT_EQ(emu::fp32_rmsnorm_backward(T, H, DType::kF32, false, true).size(), 14u);
 
-    const emu::GpuSpec spec = round_spec_without_launch();
-    auto expected_us = [&](const std::vector<emu::StackKernel>& ks) {
-        double us = 0;
-        for (const emu::StackKernel& k : ks) us += 1.0 + emu::model_kernel(k.cost, spec).work_us;
-        return us;
-    };
     emu::Stack f32 = emu::builtin_stack("scmoe");
     f32.norm_f32 = true;
-    auto device = device_with(f32, spec);
-    auto fused = device_with(emu::builtin_stack("scmoe"), spec);
+    auto device = device_with(f32, round_spec_without_launch());
+    auto fused = device_with(emu::builtin_stack("scmoe"), round_spec_without_launch());
     DeviceBuffer x(*device, 2 * n), y(*device, 2 * n), w(*device, 2 * H), g(*device, 2 * n), gx(*device, 2 * n);
     std::vector<float> rstd(T), gw(H);
     RmsNormArgs a;
     a.tokens = T, a.hidden = H, a.dtype = DType::kBF16, a.x = x.data(), a.weight = w.data(), a.y = y.data();
     a.rstd = rstd.data();
-    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::rmsnorm_forward(a, s); }), expected_us(fwd), 1e-4);
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::rmsnorm_forward(a, s); }), 8 + fwd_bytes / 1e6, 1e-4);
     EXPECT_NEAR(elapsed_us(*fused, [&](Stream& s) { emu::rmsnorm_forward(a, s); }), 5.006, 1e-4);
     RmsNormBackwardArgs b;
     b.tokens = T, b.hidden = H, b.dtype = DType::kBF16, b.x = x.data(), b.weight = w.data(), b.rstd = rstd.data();
     b.grad_y = g.data(), b.grad_x = gx.data(), b.accumulate = true, b.grad_weight = gw.data();
-    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::rmsnorm_backward(b, s); }), expected_us(bwd_acc), 1e-4);
+    EXPECT_NEAR(elapsed_us(*device, [&](Stream& s) { emu::rmsnorm_backward(b, s); }), 17 + (bwd_bytes + 6.0 * n) / 1e6,
+                1e-4);
 }
 
 // docs/emu/stack/paper-llama.json: the paper stack with the reference model's attention and norm; a

@@ -522,10 +522,10 @@ TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
         const char* json;
         const char* names;
     } cases[] = {
-        {R"({"framwork_us": 3})", "framwork_us"},                 // an unknown key (a typo)
-        {R"({"framework_us": "3"})", "framework_us"},             // a wrong type
-        {R"({"framework_us": -1})", "framework_us"},              // out of range
-        {R"({"attention": "flash"})", "attention"},               // not fused or unfused
+        {R"({"framwork_us": 3})", "framwork_us"},      // an unknown key (a typo)
+        {R"({"framework_us": "3"})", "framework_us"},  // a wrong type
+        {R"({"framework_us": -1})", "framework_us"},   // out of range
+        {R"({"attention": "flash"})", "attention"},    // not fused or unfused
         {R"({"attention": 1})", "attention"},
         {R"({"attention_dropout": "yes"})", "attention_dropout"},
         {R"({"all_to_all_efficiency": 1.5})", "all_to_all_efficiency"},
@@ -541,6 +541,10 @@ TEST(EmuStack, BadStackFilesAreRefusedNamingTheField) {
         {R"({"expert_activation": 0})", "expert_activation"},
         {R"({"loss_f32": null})", "loss_f32"},
         {R"({"fairseq_optimizer": "yes"})", "fairseq_optimizer"},
+        {R"({"attention_scale_scores": 1})", "attention_scale_scores"},
+        {R"({"attention_mask_add": "yes"})", "attention_mask_add"},
+        {R"({"attention_softmax_cast_in": null})", "attention_softmax_cast_in"},
+        {R"({"norm_f32": 0})", "norm_f32"},
         {R"({"grad_reduce": "later"})", "grad_reduce"},
         {R"({"grad_reduce_dtype": "f16"})", "grad_reduce_dtype"},
         {R"({"sources": "a paper"})", "sources"},

@@ -223,7 +223,7 @@ void attention_forward(const AttentionArgs& a, Stream& s) {
     if (passes.scale_scores) next_scores(m.scores);
     if (passes.mask_add && a.causal) next_scores(m.scores);
     if (passes.bias) next_scores(m.scores);
-    if (passes.softmax_cast_in) next_scores(m.probs);  // fp32 scores
+    if (passes.softmax_cast_in && a.dtype != DType::kF32) next_scores(m.probs);  // fp32 scores (fp32: no cast)
     void* probs = nullptr;
     if (training)
         device.hold(a.out, kSavedProbs, m.probs);  // softmax's output: softmax's backward reads it
@@ -274,7 +274,7 @@ void attention_backward(const AttentionBackwardArgs& a, Stream& s) {
     if (passes.dropout || passes.softmax_f32) device.release(a.out, kSavedDropped);
     next_grad(passes.softmax_cast_in ? m.probs : m.scores);  // softmax's backward: dS
     device.release(a.out, kSavedProbs);
-    if (passes.softmax_cast_in) next_grad(m.scores);  // the cast's backward
+    if (passes.softmax_cast_in && a.dtype != DType::kF32) next_grad(m.scores);  // the cast's backward
     if (passes.scale_scores) next_grad(m.scores);     // the division's backward
     device.deallocate(grad_p);  // after dQ and dK (host order: the caching allocator reuses it later)
     for (const StackKernel& k : unfused_attention_backward(a, passes)) es.launch(k.name, k.cost);

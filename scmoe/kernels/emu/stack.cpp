@@ -331,6 +331,12 @@ std::vector<StackKernel> bias_table_backward(std::int64_t heads, std::int64_t se
                                                       e * d(2 * kCpbHidden))}};
 }
 
+// A cast as PyTorch runs it: one kernel, or none where the dtypes agree (".float()" and "type_as" of a
+// tensor already in the dtype, and "x.to(dtype)", return the tensor itself: an fp32 model casts nothing).
+void push_cast(std::vector<StackKernel>& k, const char* name, DType from, DType to, std::int64_t n) {
+    if (from != to) k.push_back({name, convert_cost(from, to, n)});
+}
+
 // One pass over the S scores: reads `read` and writes `written` bytes per score.
 OpCost score_pass(double S, double read, double written, double flops) {
     OpCost c = elementwise_cost(0, 0, DType::kF32);
@@ -363,14 +369,14 @@ std::vector<StackKernel> unfused_attention_forward(const AttentionArgs& a, const
         add.bytes += e * d(a.heads * a.seq * a.seq);  // the bias, broadcast over the batch
         k.push_back({"attn_bias_add", add});
     }
-    if (passes.softmax_cast_in) k.push_back({"attn_scores_cast", score_pass(S, e, 4, 0)});
+    if (passes.softmax_cast_in) push_cast(k, "attn_scores_cast", a.dtype, DType::kF32, B * a.seq * a.seq);
     k.push_back({"attn_softmax", score_pass(S, passes.softmax_cast_in ? 4 : e, p, 5)});
     if (passes.dropout) {
         OpCost drop = score_pass(S, p, p, 1);
         drop.bytes += S;
         k.push_back({"attn_dropout", drop});
     }
-    if (passes.softmax_f32) k.push_back({"attn_probs_cast", convert_cost(DType::kF32, a.dtype, B * a.seq * a.seq)});
+    if (passes.softmax_f32) push_cast(k, "attn_probs_cast", DType::kF32, a.dtype, B * a.seq * a.seq);
     k.push_back({"attn_pv_bmm", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
     k.push_back({"attn_out_copy", elementwise_cost(q, q, a.dtype, 0.0)});
     return k;
@@ -402,15 +408,14 @@ std::vector<StackKernel> unfused_attention_backward(const AttentionBackwardArgs&
     k.push_back({"attn_out_copy_backward", elementwise_cost(q, q, a.dtype, 0.0)});
     k.push_back({"attn_pv_bmm_grad_p", batched_gemm(B, a.seq, a.seq, a.head_dim, e * 2 * Q, e * S)});
     k.push_back({"attn_pv_bmm_grad_v", batched_gemm(B, a.seq, a.head_dim, a.seq, e * (S + Q), e * Q)});
-    if (passes.softmax_f32)
-        k.push_back({"attn_probs_cast_backward", convert_cost(a.dtype, DType::kF32, B * a.seq * a.seq)});
+    if (passes.softmax_f32) push_cast(k, "attn_probs_cast_backward", a.dtype, DType::kF32, B * a.seq * a.seq);
     if (passes.dropout) {
         OpCost drop = score_pass(S, p, p, 1);
         drop.bytes += S;
         k.push_back({"attn_dropout_backward", drop});
     }
     k.push_back({"attn_softmax_backward", score_pass(S, 2 * p, passes.softmax_cast_in ? 4 : e, 3)});
-    if (passes.softmax_cast_in) k.push_back({"attn_scores_cast_backward", score_pass(S, 4, e, 0)});
+    if (passes.softmax_cast_in) push_cast(k, "attn_scores_cast_backward", DType::kF32, a.dtype, B * a.seq * a.seq);
     if (passes.bias) {
         OpCost reduce = score_pass(S, e, 0, 1);
         reduce.bytes += e * d(a.heads * a.seq * a.seq);
@@ -458,46 +463,50 @@ void check_shape(const DispatchShape& d) {
 std::vector<StackKernel> tutel_encode_forward(const DispatchShape& d) {
     check_shape(d);
     const std::int64_t th = d.tokens * d.hidden, rh = d.rows * d.hidden;
-    std::vector<StackKernel> k = {{"tutel_cast_in", convert_cost(d.dtype, DType::kF32, th)},
-                                  {"tutel_zero_fill", tutel_fill(rh)}};
+    std::vector<StackKernel> k;
+    push_cast(k, "tutel_cast_in", d.dtype, DType::kF32, th);
+    k.push_back({"tutel_zero_fill", tutel_fill(rh)});
     for (int j = 0; j < d.top_k; ++j) k.push_back({"tutel_encode", tutel_rows(th)});
-    k.push_back({"tutel_cast_out", convert_cost(DType::kF32, d.dtype, rh)});
+    push_cast(k, "tutel_cast_out", DType::kF32, d.dtype, rh);
     return k;
 }
 
 std::vector<StackKernel> tutel_decode_forward(const DispatchShape& d) {
     check_shape(d);
     const std::int64_t th = d.tokens * d.hidden, rh = d.rows * d.hidden;
-    std::vector<StackKernel> k = {{"tutel_cast_in", convert_cost(d.dtype, DType::kF32, rh)}};
+    std::vector<StackKernel> k;
+    push_cast(k, "tutel_cast_in", d.dtype, DType::kF32, rh);
     for (int j = 0; j < d.top_k; ++j) {
         k.push_back({"tutel_decode", tutel_rows(th)});
         if (j > 0) k.push_back({"tutel_add", tutel_add(th)});
     }
-    k.push_back({"tutel_cast_out", convert_cost(DType::kF32, d.dtype, th)});
+    push_cast(k, "tutel_cast_out", DType::kF32, d.dtype, th);
     return k;
 }
 
 std::vector<StackKernel> tutel_decode_backward(const DispatchShape& d) {
     check_shape(d);
     const std::int64_t th = d.tokens * d.hidden, rh = d.rows * d.hidden;
-    std::vector<StackKernel> k = {{"tutel_cast_out_backward", convert_cost(d.dtype, DType::kF32, th)},
-                                  {"tutel_zero_fill", tutel_fill(rh)}};
+    std::vector<StackKernel> k;
+    push_cast(k, "tutel_cast_out_backward", d.dtype, DType::kF32, th);
+    k.push_back({"tutel_zero_fill", tutel_fill(rh)});
     for (int j = 0; j < d.top_k; ++j) k.push_back({"tutel_decode_backward", tutel_rows(th)});
     for (int j = 0; j < d.top_k; ++j)
         k.push_back({"tutel_gate_backward", elementwise_cost(2 * th, d.tokens, DType::kF32)});
-    k.push_back({"tutel_cast_in_backward", convert_cost(DType::kF32, d.dtype, rh)});
+    push_cast(k, "tutel_cast_in_backward", DType::kF32, d.dtype, rh);
     return k;
 }
 
 std::vector<StackKernel> tutel_encode_backward(const DispatchShape& d) {
     check_shape(d);
     const std::int64_t th = d.tokens * d.hidden, rh = d.rows * d.hidden;
-    std::vector<StackKernel> k = {{"tutel_cast_out_backward", convert_cost(d.dtype, DType::kF32, rh)}};
+    std::vector<StackKernel> k;
+    push_cast(k, "tutel_cast_out_backward", d.dtype, DType::kF32, rh);
     for (int j = 0; j < d.top_k; ++j) {
         k.push_back({"tutel_encode_backward", tutel_rows(th)});
         if (j > 0) k.push_back({"tutel_add", tutel_add(th)});
     }
-    k.push_back({"tutel_cast_in_backward", convert_cost(DType::kF32, d.dtype, th)});
+    push_cast(k, "tutel_cast_in_backward", DType::kF32, d.dtype, th);
     return k;
 }
 
@@ -507,15 +516,20 @@ std::vector<StackKernel> tutel_encode_backward(const DispatchShape& d) {
 // gradient and its saved fp32 input), float()'s (4 -> e).
 std::vector<StackKernel> fp32_gelu_forward(std::int64_t rows, std::int64_t ffn, DType dtype) {
     const std::int64_t n = rows * ffn;
-    return {{"activation_cast_in", convert_cost(dtype, DType::kF32, n)},
-            {"activation_forward", op_cost(ActivationArgs{Activation::kGeLU, rows, ffn, DType::kF32}, rows)},
-            {"activation_cast_out", convert_cost(DType::kF32, dtype, n)}};
+    std::vector<StackKernel> k;
+    push_cast(k, "activation_cast_in", dtype, DType::kF32, n);
+    k.push_back({"activation_forward", op_cost(ActivationArgs{Activation::kGeLU, rows, ffn, DType::kF32}, rows)});
+    push_cast(k, "activation_cast_out", DType::kF32, dtype, n);
+    return k;
 }
 std::vector<StackKernel> fp32_gelu_backward(std::int64_t rows, std::int64_t ffn, DType dtype) {
     const std::int64_t n = rows * ffn;
-    return {{"activation_backward_cast_in", convert_cost(dtype, DType::kF32, n)},
-            {"activation_backward", op_cost(ActivationBackwardArgs{Activation::kGeLU, rows, ffn, DType::kF32}, rows)},
-            {"activation_backward_cast_out", convert_cost(DType::kF32, dtype, n)}};
+    std::vector<StackKernel> k;
+    push_cast(k, "activation_backward_cast_in", dtype, DType::kF32, n);
+    k.push_back(
+        {"activation_backward", op_cost(ActivationBackwardArgs{Activation::kGeLU, rows, ffn, DType::kF32}, rows)});
+    push_cast(k, "activation_backward_cast_out", DType::kF32, dtype, n);
+    return k;
 }
 
 // fairseq's LM loss (Stack::loss_f32) over tokens x vocab logits of dtype e: log_softmax to fp32 (reads
@@ -541,7 +555,7 @@ std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DTyp
 // LLaMA's reference RMSNorm (Stack::norm_f32; meta-llama/llama llama/model.py, RMSNorm: "output =
 // self._norm(x.float()).type_as(x)", "return output * self.weight", "_norm: x * torch.rsqrt(x.pow(2).
 // mean(-1, keepdim=True) + self.eps)") over n = T*H elements of e bytes (T tokens, H hidden), each op
-// one eager kernel:
+// one eager kernel (the casts none in an fp32 model):
 //   rmsnorm_cast_in      x.float(): reads e, writes 4
 //   rmsnorm_pow          x.pow(2): reads 4, writes 4
 //   rmsnorm_mean         .mean(-1): reads n 4, writes T 4
@@ -550,8 +564,9 @@ std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DTyp
 //   rmsnorm_mul          x * rsqrt: reads n 4 and T 4, writes n 4
 //   rmsnorm_cast_out     .type_as(x): reads 4, writes e
 //   rmsnorm_weight_mul   * self.weight: reads n e and H e, writes n e
-// 28 + 4e bytes an element (scmoe's fused kernel: 2e). The backward, in autograd's order (60 + 8e bytes an
-// element with the weight's gradient; scmoe's fused kernel: 3e):
+// 28 + 4e bytes an element (scmoe's fused kernel: 2e). The backward, in autograd's order (PyTorch's
+// tools/autograd/derivatives.yaml and FunctionsManual.cpp), 76 + 8e bytes an element with the weight's
+// gradient (scmoe's fused kernel: 3e):
 //   rmsnorm_weight_mul_backward  grad * weight: reads n e and H e, writes n e
 //   rmsnorm_weight_grad_mul      (with the weight's gradient) grad * normalized: reads 2n e, writes n e
 //   rmsnorm_weight_grad_sum      its sum over the tokens: reads n e, writes H e
@@ -559,23 +574,27 @@ std::vector<StackKernel> fp32_loss(std::int64_t tokens, std::int64_t vocab, DTyp
 //   rmsnorm_mul_backward_x       grad * rsqrt: reads n 4 and T 4, writes n 4
 //   rmsnorm_mul_backward_r       (grad * x).sum(-1): a product (reads 2n 4, writes n 4), then its sum
 //   rmsnorm_mul_backward_r_sum   reads n 4, writes T 4
-//   rmsnorm_rsqrt_backward       reads 2T 4, writes T 4 (add's gradient passes through)
+//   rmsnorm_rsqrt_backward_*     "-0.5 * grad * result.pow(3)": three per-token kernels (a scale, the
+//                                cube, the product; T 4 each in and out, 2T in for the product)
 //   rmsnorm_mean_backward        the gradient expanded over H and divided: reads T 4, writes n 4
-//   rmsnorm_pow_backward         grad * 2 * x: reads 2n 4, writes n 4
+//   rmsnorm_pow_backward_*       pow_backward, "grad * (exp * self.pow(exp - 1))": self.pow(1) (a copy:
+//                                reads 4, writes 4), exp * (reads 4, writes 4), grad * (reads 8, writes 4)
 //   rmsnorm_grad_add             the two gradients of x.float() summed: reads 2n 4, writes n 4
 //   rmsnorm_cast_in_backward     reads 4, writes e
 //   rmsnorm_grad_accumulate      (residual paths) into the incoming gradient: reads 2n e, writes n e
 std::vector<StackKernel> fp32_rmsnorm_forward(std::int64_t tokens, std::int64_t hidden, DType dtype) {
     const std::int64_t n = tokens * hidden;
     const DType f = DType::kF32;
-    return {{"rmsnorm_cast_in", convert_cost(dtype, f, n)},
-            {"rmsnorm_pow", elementwise_cost(n, n, f)},
-            {"rmsnorm_mean", elementwise_cost(n, tokens, f)},
-            {"rmsnorm_add_eps", elementwise_cost(tokens, tokens, f)},
-            {"rmsnorm_rsqrt", elementwise_cost(tokens, tokens, f)},
-            {"rmsnorm_mul", elementwise_cost(n + tokens, n, f)},
-            {"rmsnorm_cast_out", convert_cost(f, dtype, n)},
-            {"rmsnorm_weight_mul", elementwise_cost(n + hidden, n, dtype)}};
+    std::vector<StackKernel> k;
+    push_cast(k, "rmsnorm_cast_in", dtype, f, n);
+    k.push_back({"rmsnorm_pow", elementwise_cost(n, n, f)});
+    k.push_back({"rmsnorm_mean", elementwise_cost(n, tokens, f)});
+    k.push_back({"rmsnorm_add_eps", elementwise_cost(tokens, tokens, f)});
+    k.push_back({"rmsnorm_rsqrt", elementwise_cost(tokens, tokens, f)});
+    k.push_back({"rmsnorm_mul", elementwise_cost(n + tokens, n, f)});
+    push_cast(k, "rmsnorm_cast_out", f, dtype, n);
+    k.push_back({"rmsnorm_weight_mul", elementwise_cost(n + hidden, n, dtype)});
+    return k;
 }
 std::vector<StackKernel> fp32_rmsnorm_backward(std::int64_t tokens, std::int64_t hidden, DType dtype, bool accumulate,
                                                bool grad_weight) {
@@ -586,16 +605,19 @@ std::vector<StackKernel> fp32_rmsnorm_backward(std::int64_t tokens, std::int64_t
         k.push_back({"rmsnorm_weight_grad_mul", elementwise_cost(2 * n, n, dtype)});
         k.push_back({"rmsnorm_weight_grad_sum", elementwise_cost(n, hidden, dtype)});
     }
-    const std::vector<StackKernel> fp32_part = {{"rmsnorm_cast_out_backward", convert_cost(dtype, f, n)},
-                                                {"rmsnorm_mul_backward_x", elementwise_cost(n + tokens, n, f)},
-                                                {"rmsnorm_mul_backward_r", elementwise_cost(2 * n, n, f)},
-                                                {"rmsnorm_mul_backward_r_sum", elementwise_cost(n, tokens, f)},
-                                                {"rmsnorm_rsqrt_backward", elementwise_cost(2 * tokens, tokens, f)},
-                                                {"rmsnorm_mean_backward", elementwise_cost(tokens, n, f)},
-                                                {"rmsnorm_pow_backward", elementwise_cost(2 * n, n, f)},
-                                                {"rmsnorm_grad_add", elementwise_cost(2 * n, n, f)},
-                                                {"rmsnorm_cast_in_backward", convert_cost(f, dtype, n)}};
-    k.insert(k.end(), fp32_part.begin(), fp32_part.end());
+    push_cast(k, "rmsnorm_cast_out_backward", dtype, f, n);
+    k.push_back({"rmsnorm_mul_backward_x", elementwise_cost(n + tokens, n, f)});
+    k.push_back({"rmsnorm_mul_backward_r", elementwise_cost(2 * n, n, f)});
+    k.push_back({"rmsnorm_mul_backward_r_sum", elementwise_cost(n, tokens, f)});
+    k.push_back({"rmsnorm_rsqrt_backward_scale", elementwise_cost(tokens, tokens, f)});
+    k.push_back({"rmsnorm_rsqrt_backward_cube", elementwise_cost(tokens, tokens, f)});
+    k.push_back({"rmsnorm_rsqrt_backward_mul", elementwise_cost(2 * tokens, tokens, f)});
+    k.push_back({"rmsnorm_mean_backward", elementwise_cost(tokens, n, f)});
+    k.push_back({"rmsnorm_pow_backward_copy", elementwise_cost(n, n, f, 0.0)});
+    k.push_back({"rmsnorm_pow_backward_scale", elementwise_cost(n, n, f)});
+    k.push_back({"rmsnorm_pow_backward_mul", elementwise_cost(2 * n, n, f)});
+    k.push_back({"rmsnorm_grad_add", elementwise_cost(2 * n, n, f)});
+    push_cast(k, "rmsnorm_cast_in_backward", f, dtype, n);
     if (accumulate) k.push_back({"rmsnorm_grad_accumulate", elementwise_cost(2 * n, n, dtype)});
     return k;
 }
@@ -613,30 +635,38 @@ std::vector<StackKernel> fp32_rmsnorm_backward(std::int64_t tokens, std::int64_t
 //   adam_exp_avg_sq_mul "exp_avg_sq.mul_(beta2)"                                         reads 4, writes 4
 //   adam_exp_avg_sq_addcmul ".addcmul_(grad, grad, value=1 - beta2)" (grad read once)    reads 8, writes 4
 //   adam_denom_sqrt     "denom = exp_avg_sq.sqrt()"                                      reads 4, writes 4
-//   adam_denom_add_eps  ".add_(group["eps"])"                                          reads 4, writes 4
+//   adam_denom_add_eps  ".add_(group[\"eps\"])"                                          reads 4, writes 4
 //   adam_param_addcdiv  "p_data_fp32.addcdiv_(exp_avg, denom, value=-step_size)"         reads 12, writes 4
 //   fp32_params_to_fp16 _sync_fp32_params_to_fp16: "p.data.copy_(p32.data)"              reads 4, writes e
 //   zero_fp32_grads     zero_grad: "p32.grad.zero_()"                                    writes 4
-// 92 + 2e bytes a parameter (scmoe's fused AdamW: 28 + e). Weight decay adds no pass: FairseqAdamConfig's
-// "weight_decay: float = field(default=0.0" and run_fairseq.sh passes none. Not here: the norm
-// (clip_grad_norm's per-tensor "torch.norm(g, p=2, dtype=torch.float32)", one fp32 read, for which the
-// trainer's own sum of squares stands), the fp16 gradients' memory beside the fp32 ones, and the
-// framework time of running each pass once per tensor (charged once per pass: the passes are whole
-// buffers here).
+// 92 + 2e bytes a parameter (scmoe's fused AdamW: 28 + e). An fp32 model has no FP16Optimizer (trainer.py
+// builds it only under --fp16, --bf16 or --amp): the gradients are multiplied in place
+// (FairseqOptimizer.multiply_grads: "p.grad.data.mul_(c)", named unscale_grads here too), Adam runs its
+// seven passes, and zero_grad sets "p.grad = None" (no kernel): 80 bytes a parameter. Weight decay adds
+// no pass: FairseqAdamConfig's "weight_decay: float = field(default=0.0" and run_fairseq.sh passes none.
+// Not here: the norm (clip_grad_norm's per-tensor "torch.norm(g, p=2, dtype=torch.float32)", one fp32
+// read of the non-expert gradients, for which the trainer's own sum of squares over all of them stands),
+// the fp16 gradients' memory beside the fp32 ones, and the framework time of running each pass once per
+// tensor (charged once per pass: the passes are whole buffers here).
 std::vector<StackKernel> fairseq_adam_step(std::int64_t n, DType param_dtype) {
     SCMOE_CHECK(n >= 0, "fairseq_adam_step: n = " << n << ", expected >= 0");
     const DType f = DType::kF32;
-    return {{"fp16_grads_to_fp32", convert_cost(param_dtype, f, n)},
-            {"unscale_grads", elementwise_cost(n, n, f)},
-            {"adam_exp_avg_mul", elementwise_cost(n, n, f)},
-            {"adam_exp_avg_add", elementwise_cost(2 * n, n, f, 2.0)},
-            {"adam_exp_avg_sq_mul", elementwise_cost(n, n, f)},
-            {"adam_exp_avg_sq_addcmul", elementwise_cost(2 * n, n, f, 3.0)},
-            {"adam_denom_sqrt", elementwise_cost(n, n, f)},
-            {"adam_denom_add_eps", elementwise_cost(n, n, f)},
-            {"adam_param_addcdiv", elementwise_cost(3 * n, n, f, 3.0)},
-            {"fp32_params_to_fp16", convert_cost(f, param_dtype, n)},
-            {"zero_fp32_grads", elementwise_cost(0, n, f, 0.0)}};
+    const bool fp16_optimizer = param_dtype != f;
+    std::vector<StackKernel> k;
+    if (fp16_optimizer) k.push_back({"fp16_grads_to_fp32", convert_cost(param_dtype, f, n)});
+    k.push_back({"unscale_grads", elementwise_cost(n, n, f)});
+    k.push_back({"adam_exp_avg_mul", elementwise_cost(n, n, f)});
+    k.push_back({"adam_exp_avg_add", elementwise_cost(2 * n, n, f, 2.0)});
+    k.push_back({"adam_exp_avg_sq_mul", elementwise_cost(n, n, f)});
+    k.push_back({"adam_exp_avg_sq_addcmul", elementwise_cost(2 * n, n, f, 3.0)});
+    k.push_back({"adam_denom_sqrt", elementwise_cost(n, n, f)});
+    k.push_back({"adam_denom_add_eps", elementwise_cost(n, n, f)});
+    k.push_back({"adam_param_addcdiv", elementwise_cost(3 * n, n, f, 3.0)});
+    if (fp16_optimizer) {
+        k.push_back({"fp32_params_to_fp16", convert_cost(f, param_dtype, n)});
+        k.push_back({"zero_fp32_grads", elementwise_cost(0, n, f, 0.0)});
+    }
+    return k;
 }
 
 }  // namespace scmoe::emu
