@@ -10,6 +10,18 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// One block per row (grid-stride over the rows), its threads over the row's `width` columns: a row's
+// indices and gate weights are loaded once per thread (the same address for the whole block), and no
+// element divides its flat index by the width. The arithmetic of each element is unchanged.
+struct RowLaunch {
+    unsigned int blocks;
+    int threads;
+};
+RowLaunch row_launch(long long rows, long long width) {
+    return {static_cast<unsigned int>(rows < 65535LL * 16 ? rows : 65535LL * 16),
+            width >= 256 ? 256 : (width >= 64 ? 128 : 32)};
+}
+
 // Row copies as V-sized words (16, 4 or 2 bytes); rows of `words` words. One block per row chunk.
 template <class V>
 __global__ void permute_kernel(const V* x, const std::int32_t* choice_of_row, V* xp, long long rows, long long words,
@@ -29,50 +41,51 @@ __global__ void permute_kernel(const V* x, const std::int32_t* choice_of_row, V*
 template <class T>
 __global__ void permute_backward_kernel(PermuteBackwardArgs a) {
     const T* gxp = static_cast<const T*>(a.grad_xp);
-    T* gx = static_cast<T*>(a.grad_x);
-    const long long n = a.tokens * a.hidden;
-    for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<long long>(gridDim.x) * blockDim.x) {
-        const long long t = i / a.hidden, h = i % a.hidden;
-        float acc = a.accumulate ? load_f32(gx + i) : 0.0f;
-        for (int j = 0; j < a.top_k; ++j) {
-            const std::int32_t slot = a.slot_of_choice[t * a.top_k + j];
-            if (slot >= 0) acc += load_f32(gxp + slot * a.hidden + h);
+    for (long long t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+        T* gx = static_cast<T*>(a.grad_x) + t * a.hidden;
+        const std::int32_t* slots = a.slot_of_choice + t * a.top_k;
+        for (long long h = threadIdx.x; h < a.hidden; h += blockDim.x) {
+            float acc = a.accumulate ? load_f32(gx + h) : 0.0f;
+            for (int j = 0; j < a.top_k; ++j) {
+                const std::int32_t slot = slots[j];
+                if (slot >= 0) acc += load_f32(gxp + slot * a.hidden + h);
+            }
+            store_f32(gx + h, acc);
         }
-        store_f32(gx + i, acc);
     }
 }
 
 template <class T>
 __global__ void combine_kernel(CombineArgs a) {
     const T* yp = static_cast<const T*>(a.yp);
-    T* y = static_cast<T*>(a.y);
-    const long long n = a.tokens * a.hidden;
-    for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<long long>(gridDim.x) * blockDim.x) {
-        const long long t = i / a.hidden, h = i % a.hidden;
-        float acc = 0.0f;
-        for (int j = 0; j < a.top_k; ++j) {
-            const std::int32_t slot = a.slot_of_choice[t * a.top_k + j];
-            if (slot >= 0) acc += a.gate_weight[t * a.top_k + j] * load_f32(yp + slot * a.hidden + h);
+    for (long long t = blockIdx.x; t < a.tokens; t += gridDim.x) {
+        T* y = static_cast<T*>(a.y) + t * a.hidden;
+        const std::int32_t* slots = a.slot_of_choice + t * a.top_k;
+        const float* weights = a.gate_weight + t * a.top_k;
+        for (long long h = threadIdx.x; h < a.hidden; h += blockDim.x) {
+            float acc = 0.0f;
+            for (int j = 0; j < a.top_k; ++j) {
+                const std::int32_t slot = slots[j];
+                if (slot >= 0) acc += weights[j] * load_f32(yp + slot * a.hidden + h);
+            }
+            store_f32(y + h, a.accumulate ? load_f32(y + h) + acc : acc);
         }
-        store_f32(y + i, a.accumulate ? load_f32(y + i) + acc : acc);
     }
 }
 
 // grad_yp[r] = w * grad_y[t] for the choice in row r; zeros for empty rows.
 template <class T>
 __global__ void combine_backward_rows_kernel(CombineBackwardArgs a) {
-    const T* gy = static_cast<const T*>(a.grad_y);
-    T* gyp = static_cast<T*>(a.grad_yp);
-    const long long n = a.rows * a.hidden;
-    for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<long long>(gridDim.x) * blockDim.x) {
-        const long long r = i / a.hidden, h = i % a.hidden;
+    for (long long r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        T* gyp = static_cast<T*>(a.grad_yp) + r * a.hidden;
         const std::int32_t choice = a.choice_of_row[r];
-        float v = 0.0f;
-        if (choice >= 0) v = a.gate_weight[choice] * load_f32(gy + (choice / a.top_k) * a.hidden + h);
-        store_f32(gyp + i, v);
+        if (choice < 0) {
+            for (long long h = threadIdx.x; h < a.hidden; h += blockDim.x) store_f32(gyp + h, 0.0f);
+            continue;
+        }
+        const float w = a.gate_weight[choice];
+        const T* gy = static_cast<const T*>(a.grad_y) + (choice / a.top_k) * a.hidden;
+        for (long long h = threadIdx.x; h < a.hidden; h += blockDim.x) store_f32(gyp + h, w * load_f32(gy + h));
     }
 }
 
@@ -100,10 +113,9 @@ __global__ void combine_backward_gate_kernel(CombineBackwardArgs a) {
 template <class V>
 void launch_permute(const PermuteArgs& a, long long row_bytes, cudaStream_t s) {
     const long long words = row_bytes / static_cast<long long>(sizeof(V));
-    const int threads = words >= 256 ? 256 : (words >= 64 ? 128 : 32);
-    const auto blocks = static_cast<unsigned int>(a.rows < 65535LL * 16 ? a.rows : 65535LL * 16);
-    permute_kernel<V><<<blocks, threads, 0, s>>>(static_cast<const V*>(a.x), a.choice_of_row, static_cast<V*>(a.xp),
-                                                 a.rows, words, a.top_k);
+    const RowLaunch l = row_launch(a.rows, words);
+    permute_kernel<V><<<l.blocks, l.threads, 0, s>>>(static_cast<const V*>(a.x), a.choice_of_row,
+                                                     static_cast<V*>(a.xp), a.rows, words, a.top_k);
     SCMOE_CUDA_CHECK_LAUNCH("permute_kernel");
 }
 
@@ -130,7 +142,8 @@ void permute_backward(const PermuteBackwardArgs& a, void* stream) {
     dispatch_float_dtype(a.dtype, "permute_backward", [&](auto tag) {
         using T = decltype(tag);
         if (a.tokens * a.hidden == 0) return;
-        permute_backward_kernel<T><<<blocks_for(a.tokens * a.hidden, kThreads), kThreads, 0, s>>>(a);
+        const RowLaunch l = row_launch(a.tokens, a.hidden);
+        permute_backward_kernel<T><<<l.blocks, l.threads, 0, s>>>(a);
         SCMOE_CUDA_CHECK_LAUNCH("permute_backward_kernel");
     });
 }
@@ -141,7 +154,8 @@ void combine(const CombineArgs& a, void* stream) {
     dispatch_float_dtype(a.dtype, "combine", [&](auto tag) {
         using T = decltype(tag);
         if (a.tokens * a.hidden == 0) return;
-        combine_kernel<T><<<blocks_for(a.tokens * a.hidden, kThreads), kThreads, 0, s>>>(a);
+        const RowLaunch l = row_launch(a.tokens, a.hidden);
+        combine_kernel<T><<<l.blocks, l.threads, 0, s>>>(a);
         SCMOE_CUDA_CHECK_LAUNCH("combine_kernel");
     });
 }
@@ -152,7 +166,8 @@ void combine_backward(const CombineBackwardArgs& a, void* stream) {
     dispatch_float_dtype(a.dtype, "combine_backward", [&](auto tag) {
         using T = decltype(tag);
         if (a.rows * a.hidden > 0) {
-            combine_backward_rows_kernel<T><<<blocks_for(a.rows * a.hidden, kThreads), kThreads, 0, s>>>(a);
+            const RowLaunch l = row_launch(a.rows, a.hidden);
+            combine_backward_rows_kernel<T><<<l.blocks, l.threads, 0, s>>>(a);
             SCMOE_CUDA_CHECK_LAUNCH("combine_backward_rows_kernel");
         }
         if (a.tokens * a.top_k > 0) {
