@@ -10,16 +10,18 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One block per row (grid-stride over the rows), its threads over the row's `width` columns: a row's
-// indices and gate weights are loaded once per thread (the same address for the whole block), and no
-// element divides its flat index by the width. The arithmetic of each element is unchanged.
+// One block per row (grid-stride over the rows), its threads over the row's `width` columns (as many
+// as the row needs, a multiple of 32, at most 256): no element divides a flat index by the width. The
+// row's base pointers are computed once; its slots and gate weights are re-read in each column's loop
+// (the same address for the whole block: cached). The arithmetic of each element is unchanged.
 struct RowLaunch {
     unsigned int blocks;
     int threads;
 };
 RowLaunch row_launch(long long rows, long long width) {
+    const long long warps = (width + 31) / 32;
     return {static_cast<unsigned int>(rows < 65535LL * 16 ? rows : 65535LL * 16),
-            width >= 256 ? 256 : (width >= 64 ? 128 : 32)};
+            static_cast<int>(warps >= 8 ? 256 : 32 * warps)};
 }
 
 // Row copies as V-sized words (16, 4 or 2 bytes); rows of `words` words. One block per row chunk.
