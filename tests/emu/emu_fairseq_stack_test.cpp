@@ -133,7 +133,7 @@ TEST(EmuFairseqStack, TheLossIsFairseqsFp32LogSoftmaxAndNllLoss) {
 }
 
 // fairseq's optimizer step (Stack::fairseq_optimizer) over n = 1e6 parameters of a bf16 model (e = 2):
-// eleven passes of 6, 8, 8, 12, 8, 12, 8, 8, 16, 6 and 4 bytes a parameter (stack.cpp lists them:
+// eleven passes of 6, 8, 8, 12, 8, 12, 8, 8, 16, 6 and 4 bytes a parameter (stack_kernels.cpp lists them:
 // 92 + 2e) -> 96 us, and 11 gaps -> 107 us. scmoe's fused AdamW: one kernel reading the gradient, the
 // master and the two moments (16 B) and writing the three (12 B) and the bf16 parameter (2 B): 30 us and
 // a gap. An fp32 model runs no FP16Optimizer: no copies and no zeroing, the multiply and Adam's seven
