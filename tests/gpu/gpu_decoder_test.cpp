@@ -79,16 +79,6 @@ F row(const F& a, std::int64_t p, std::int64_t V) {
     return F(a.begin() + static_cast<std::ptrdiff_t>(p * V), a.begin() + static_cast<std::ptrdiff_t>((p + 1) * V));
 }
 
-double rel_l2(const F& got, const F& want) {
-    double diff = 0, ref = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        const double d = static_cast<double>(got[i]) - want[i];
-        diff += d * d;
-        ref += static_cast<double>(want[i]) * want[i];
-    }
-    return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-12);
-}
-
 void expect_logits_equal_full_forward(const std::string& variant) {
     SCOPED_TRACE(variant);
     auto gpu = make_device("cuda");
@@ -106,9 +96,9 @@ void expect_logits_equal_full_forward(const std::string& variant) {
     const std::int64_t V = c.vocab, positions = static_cast<std::int64_t>(d.tokens.size());
     double worst_shifted = 0;
     for (std::int64_t p = 0; p < positions; ++p) {
-        EXPECT_LE(rel_l2(row(d.logits, p, V), row(full, p, V)), kBf16Logits) << "position " << p;
+        EXPECT_LE(testing::relative_l2(row(d.logits, p, V), row(full, p, V)), kBf16Logits) << "position " << p;
         if (p + 1 < positions)
-            worst_shifted = std::max(worst_shifted, rel_l2(row(d.logits, p, V), row(full, p + 1, V)));
+            worst_shifted = std::max(worst_shifted, testing::relative_l2(row(d.logits, p, V), row(full, p + 1, V)));
     }
     EXPECT_GT(worst_shifted, 2 * kBf16Logits) << "one position off, the logits should be far apart";
 }
@@ -160,14 +150,14 @@ TEST(GpuDecoder, FirstGeneratedLogitsMatchTheCpuReference) {
         const Decoded d = decode(lm, prompt, 0);
         first[i] = row(d.logits, static_cast<std::int64_t>(prompt.size()) - 1, c.vocab);
     }
-    EXPECT_LE(rel_l2(first[1], first[0]), kBf16Logits);
+    EXPECT_LE(testing::relative_l2(first[1], first[0]), kBf16Logits);
     // The check can fail: another position's CPU logits are far from these.
     auto cpu = make_device("cpu");
     const LmConfig c = gpu_decode_lm("scmoe-pos2", DType::kF32);
     LanguageModel lm(c, *cpu, 0);
     spread_params(lm, 17);
     const Decoded d = decode(lm, prompt, 0);
-    EXPECT_GT(rel_l2(first[1], row(d.logits, static_cast<std::int64_t>(prompt.size()) - 2, c.vocab)), 2 * kBf16Logits);
+    EXPECT_GT(testing::relative_l2(first[1], row(d.logits, static_cast<std::int64_t>(prompt.size()) - 2, c.vocab)), 2 * kBf16Logits);
 }
 
 }  // namespace
